@@ -1,0 +1,102 @@
+"""Shared-prefix plan building on CPU: time per micro-batch and the T/C each batch reaches.
+
+    python bench/plan_build.py [--repeats 30]
+
+Prints the median plan-building time for GRPO-like micro-batches of about 16k and 64k tokens
+(positions None, and M-RoPE rows [3, 1, T]; `--device cuda` puts the inputs on the GPU, so the
+timing includes the one device-to-host and the index uploads), then T, C and T/C for three GRPO-like batches
+next to the bound of section 5 of shared_prefix.md (T / C is the bound when nothing but the
+prefix is shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import random
+import statistics
+import time
+
+import torch
+from patchgen.kernels.shared_prefix import build_plan
+
+
+def grpo_batch(prompts, n, prompt_len, response_len, system_len=0, seed=0):
+    """`prompts` prompts x `n` rollouts, optional shared system prompt; lengths are (lo, hi) ranges."""
+    rng = random.Random(seed)
+    system = [rng.randrange(1, 150_000) for _ in range(system_len)]
+    seqs = []
+    for _ in range(prompts):
+        prompt = system + [rng.randrange(1, 150_000) for _ in range(rng.randint(*prompt_len))]
+        for _ in range(n):
+            seqs.append(prompt + [rng.randrange(1, 150_000) for _ in range(rng.randint(*response_len))])
+    ids = torch.tensor([t for s in seqs for t in s]).reshape(1, -1)
+    cu = torch.tensor([0] + [len(s) for s in seqs]).cumsum(0).to(torch.int32)
+    return ids, cu
+
+
+def mrope(cu, length):
+    pos = torch.cat([torch.arange(int(b - a)) for a, b in itertools.pairwise(cu)])
+    return pos.expand(3, length).reshape(3, 1, length).contiguous()
+
+
+def median_ms(fn, repeats, sync=lambda: None):
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--device", default="cpu", help="where input_ids live (cuda: includes the copies)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    print(f"plan building (host: one thread; inputs on {args.device}; median of {args.repeats})")
+    print("[3,1,T]: per-sequence M-RoPE rows; [3,1,T]*: one row offset, so positions are compared exactly")
+    print(f"{'batch':<34} {'T':>7} {'seqs':>5} {'groups':>6} {'positions':>10} {'ms':>8}")
+    timing = {
+        "16k: 2 prompts x 8, P~500, R~500": grpo_batch(2, 8, (400, 600), (256, 768), seed=1),
+        "64k: 8 prompts x 8, P~500, R~500": grpo_batch(8, 8, (400, 600), (256, 768), seed=2),
+        "64k: 64 prompts x 4, P~200, R~50": grpo_batch(64, 4, (150, 250), (10, 90), seed=3),
+    }
+    for name, (ids, cu) in timing.items():
+        t = ids.shape[1]
+        ids, cu = ids.to(args.device), cu.to(args.device)
+        shifted = mrope(cu.cpu(), t).to(args.device)
+        shifted[1] += 1  # rows that are not per-sequence aranges force the exact position compare
+        for label, pos in (
+            ("None", None),
+            ("[3,1,T]", mrope(cu.cpu(), t).to(args.device)),
+            ("[3,1,T]*", shifted),
+        ):
+            plan = build_plan(ids, cu, pos)
+            sync = torch.cuda.synchronize if ids.is_cuda else (lambda: None)
+            ms = median_ms(lambda ids=ids, cu=cu, pos=pos: build_plan(ids, cu, pos), args.repeats, sync)
+            print(f"{name:<34} {t:>7} {len(cu) - 1:>5} {len(plan.groups):>6} {label:>10} {ms:>8.2f}")
+
+    print()
+    print("T / C for GRPO-like batches")
+    print(f"{'batch':<48} {'T':>7} {'C':>7} {'T/C':>6} {'L':>7}")
+    batches = {
+        "n=4, P=2048, R=256 (section 5 example)": grpo_batch(2, 4, (2048, 2048), (256, 256), seed=4),
+        "n=8, P~1k, R~0.5k (uniform 256..768)": grpo_batch(3, 8, (900, 1100), (256, 768), seed=5),
+        "n=16, 64-token system + P~300, R~1..600": grpo_batch(
+            4, 16, (250, 350), (1, 600), system_len=64, seed=6
+        ),
+    }
+    for name, (ids, cu) in batches.items():
+        plan = build_plan(ids, cu)
+        t, c = plan.packed_length, plan.compact_length
+        print(f"{name:<48} {t:>7} {c:>7} {t / c:>6.2f} {plan.lm.length:>7}")
+
+
+if __name__ == "__main__":
+    main()

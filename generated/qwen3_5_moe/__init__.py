@@ -1,0 +1,1 @@
+"""Generated Qwen3.5-MoE modules."""

@@ -1,0 +1,25 @@
+"""Capability flags a kernel handle declares; features (such as shared-prefix training) require them."""
+
+VARLEN = "varlen"  # takes cu_seqlens over one packed row
+INITIAL_STATE = "initial_state"  # accepts an initial recurrent state
+INITIAL_STATE_GRAD = "initial_state_grad"  # returns the gradient of the initial state (dh0)
+FINAL_STATE_GRAD = "final_state_grad"  # accepts a gradient for the final state (dht)
+BOTTOM_RIGHT_CAUSAL = "bottom_right_causal"  # causal mask aligned bottom-right when q_len < k_len
+GQA = "gqa"  # grouped query / value heads without materialised repeats
+NEEDS_GPU = "needs_gpu"
+ENTROPY = "entropy"  # cross_entropy: also returns the per-token entropy (return_entropy=True)
+FLOAT64 = "float64"  # computes in float64 when given float64 (the references; used by the tests)
+
+ALL = frozenset(
+    {
+        VARLEN,
+        INITIAL_STATE,
+        INITIAL_STATE_GRAD,
+        FINAL_STATE_GRAD,
+        BOTTOM_RIGHT_CAUSAL,
+        GQA,
+        NEEDS_GPU,
+        ENTROPY,
+        FLOAT64,
+    }
+)

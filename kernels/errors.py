@@ -1,0 +1,15 @@
+"""Error types of the run-time kernel layer."""
+
+
+class BackendUnavailable(RuntimeError):
+    """A requested backend cannot serve an op slot: not installed, wrong version, or lacking a capability.
+
+    The message names the slot, the backend, the reason and the backends that would work.
+    """
+
+    def __init__(self, slot: str, backend: str, reason: str, working: list[str] | tuple[str, ...] = ()):
+        self.slot, self.backend, self.reason, self.working = slot, backend, reason, tuple(working)
+        alternatives = ", ".join(self.working) if self.working else "none available here"
+        super().__init__(
+            f"op slot '{slot}': backend '{backend}' cannot be used: {reason}. Backends that would work: {alternatives}."
+        )

@@ -1,0 +1,140 @@
+"""The LM head of the generated causal-LM forwards: logits, the loss, per-token log-probs and entropy.
+
+The loss and the per-token values go through the ``cross_entropy`` slot on hidden rows (fused
+linear cross-entropy on GPU), on both paths, so flag on and flag off compute the same thing. On
+the shared-prefix path each distinct (compact row, label) pair is scored once and the per-token
+values are expanded back to ``[1, T]``; the scalar loss is recomputed from them with the packed
+normalisation (mean over valid labels, or ``num_items_in_batch``), so it is exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.modeling_utils import slice_logits_to_keep
+
+from .packing import next_token_labels
+
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class HeadRequest:
+    """What the caller asked of the head, popped from the forward's kwargs before they go down."""
+
+    log_probs: bool = False  # ``return_log_probs=True``: ``output.log_probs [1, T]``, 0 where ignored
+    entropy: bool = False  # ``return_entropy=True``: ``output.entropy [1, T]``
+    logits: bool = True  # ``return_logits=False`` skips the ``[1, T, vocab]`` logits
+
+    @classmethod
+    def pop(cls, kwargs: dict) -> HeadRequest:
+        return cls(
+            log_probs=bool(kwargs.pop("return_log_probs", False)),
+            entropy=bool(kwargs.pop("return_entropy", False)),
+            logits=bool(kwargs.pop("return_logits", True)),
+        )
+
+
+@dataclass
+class HeadOutputs:
+    logits: torch.Tensor | None
+    loss: torch.Tensor | None
+    log_probs: torch.Tensor | None
+    entropy: torch.Tensor | None
+
+    def attach(self, output):
+        """Put ``log_probs`` / ``entropy`` on a model output (as keys and attributes) when computed."""
+        for name in ("log_probs", "entropy"):
+            value = getattr(self, name)
+            if value is not None:
+                output[name] = value
+        return output
+
+
+def _keeps_all(logits_to_keep) -> bool:
+    return isinstance(logits_to_keep, int) and logits_to_keep == 0
+
+
+def _slice_positions(values: torch.Tensor, logits_to_keep) -> torch.Tensor:
+    return slice_logits_to_keep(values.unsqueeze(-1), logits_to_keep).squeeze(-1)
+
+
+def _targets(labels, shift_labels, input_ids, cu_seqlens, logits_to_keep, want_values: bool):
+    """Next-token labels per position: ``shift_labels``, else shifted ``labels``, else from ``input_ids``."""
+    if shift_labels is not None:
+        return shift_labels
+    if labels is not None:
+        return torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
+    if want_values and input_ids is not None:
+        return _slice_positions(next_token_labels(input_ids, cu_seqlens, IGNORE_INDEX), logits_to_keep)
+    return None
+
+
+def reduce_loss(nll: torch.Tensor, targets: torch.Tensor, num_items_in_batch=None) -> torch.Tensor:
+    """transformers' causal-LM reduction: mean over valid labels, or sum over ``num_items_in_batch``."""
+    valid = targets != IGNORE_INDEX
+    total = torch.where(valid, nll, torch.zeros_like(nll)).sum()
+    if num_items_in_batch is None:
+        return total / valid.sum()
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(total.device)
+    return total / num_items_in_batch
+
+
+def causal_lm_head(
+    lm_head: torch.nn.Linear,
+    table,
+    hidden_states: torch.Tensor,
+    *,
+    plan=None,
+    labels=None,
+    input_ids=None,
+    logits_to_keep=0,
+    request: HeadRequest = HeadRequest(),
+    kwargs: dict | None = None,
+) -> HeadOutputs:
+    """Logits, loss, log-probs and entropy from the last hidden states (compact ``[1, C, d]`` under ``plan``)."""
+    kwargs = kwargs or {}
+    want_values = request.log_probs or request.entropy
+    if plan is not None and not _keeps_all(logits_to_keep):
+        # logits_to_keep picks packed positions: no dedup, score the expanded rows.
+        hidden_states, plan = plan.expand(hidden_states, dim=1), None
+    cu = kwargs.get("cu_seq_lens_q")
+    targets = _targets(labels, kwargs.get("shift_labels"), input_ids, cu, logits_to_keep, want_values)
+    scored = targets is not None and (labels is not None or kwargs.get("shift_labels") is not None or want_values)
+
+    if plan is None:
+        hidden_states = slice_logits_to_keep(hidden_states, logits_to_keep)
+        logits = lm_head(hidden_states) if request.logits else None
+        if not scored:
+            return HeadOutputs(logits, None, None, None)
+        nll, entropy = table.cross_entropy(
+            hidden_states.reshape(-1, hidden_states.shape[-1]),
+            lm_head.weight,
+            targets.reshape(-1).to(hidden_states.device),
+            ignore_index=IGNORE_INDEX,
+            return_entropy=request.entropy,
+        )
+        nll = nll.view(targets.shape)
+        entropy = entropy.view(targets.shape) if entropy is not None else None
+    else:
+        logits = plan.expand(lm_head(hidden_states), dim=1) if request.logits else None
+        if not scored:
+            return HeadOutputs(logits, None, None, None)
+        rows = plan.lm_rows(targets.to(hidden_states.device))
+        nll_rows, entropy_rows = table.cross_entropy(
+            rows.select(hidden_states)[0],
+            lm_head.weight,
+            rows.labels,
+            ignore_index=IGNORE_INDEX,
+            return_entropy=request.entropy,
+        )
+        nll = rows.expand(nll_rows)
+        entropy = rows.expand(entropy_rows) if entropy_rows is not None else None
+
+    loss = None
+    if labels is not None or kwargs.get("shift_labels") is not None:
+        loss = reduce_loss(nll, targets.to(nll.device), kwargs.get("num_items_in_batch"))
+    log_probs = -nll if request.log_probs else None
+    return HeadOutputs(logits, loss, log_probs, entropy if request.entropy else None)

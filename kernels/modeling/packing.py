@@ -1,0 +1,69 @@
+"""Packed-row metadata as the generated forwards read it from transformers' kwargs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+PACKED_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+
+@dataclass(frozen=True)
+class Varlen:
+    """Boundaries of one packed row for the ``attention`` slot (``cu_seq_lens_*`` int32, max lengths as ints)."""
+
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+
+def varlen_attention(kwargs: dict) -> Varlen | None:
+    """The packed-attention metadata in ``kwargs``, or None when the row is not packed.
+
+    ``cu_seq_lens_k`` defaults to ``cu_seq_lens_q`` and the max lengths are read from the
+    boundaries (one host sync) only when the caller did not pass them.
+    """
+    cu_q = kwargs.get("cu_seq_lens_q")
+    if cu_q is None:
+        return None
+    cu_k = kwargs.get("cu_seq_lens_k")
+    cu_k = cu_q if cu_k is None else cu_k
+    max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
+    if max_q is None:
+        max_q = int((cu_q[1:] - cu_q[:-1]).max()) if cu_q.numel() > 1 else 0
+    if max_k is None:
+        max_k = max_q if cu_k is cu_q else (int((cu_k[1:] - cu_k[:-1]).max()) if cu_k.numel() > 1 else 0)
+    return Varlen(cu_q.to(torch.int32), cu_k.to(torch.int32), int(max_q), int(max_k))
+
+
+def sequence_boundaries(kwargs: dict, batch: int, length: int, device: torch.device) -> torch.Tensor | None:
+    """``cu_seqlens`` of the ``[1, batch * length]`` row view a recurrent mixer runs on.
+
+    A packed row gives its ``cu_seq_lens_q``; a batch of ``batch > 1`` rows becomes ``batch``
+    sequences of one long row; one unpacked row needs no boundaries (None).
+    """
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is not None:
+        if batch != 1:
+            raise ValueError(f"cu_seq_lens_q describes one packed row (batch 1), got batch {batch}")
+        return cu.to(device=device, dtype=torch.int32)
+    if batch == 1:
+        return None
+    return torch.arange(0, batch * length + 1, length, dtype=torch.int32, device=device)
+
+
+def without_packed(kwargs: dict) -> dict:
+    """``kwargs`` minus the packed metadata (the shared-prefix plan replaces it below the top model)."""
+    return {key: value for key, value in kwargs.items() if key not in PACKED_KWARGS}
+
+
+def next_token_labels(input_ids: torch.Tensor, cu_seqlens: torch.Tensor | None, ignore_index: int = -100) -> torch.Tensor:
+    """``input_ids`` shifted left by one, ``ignore_index`` at the last token of every sequence."""
+    labels = torch.nn.functional.pad(input_ids[..., 1:], (0, 1), value=ignore_index)
+    if cu_seqlens is not None and cu_seqlens.numel() > 2:
+        ends = cu_seqlens[1:-1].to(device=labels.device, dtype=torch.long) - 1
+        ends = ends[ends >= 0]
+        labels = labels.index_fill(-1, ends, ignore_index)
+    return labels

@@ -1,0 +1,96 @@
+"""Deciding, guarding and building the shared-prefix plan at the top of a generated model.
+
+Called by ``ForCausalLM.forward`` and ``ForConditionalGeneration.forward``; the plan then travels
+down as the ``shared_prefix`` keyword (TextModel compacts, the mixers run on the compact row).
+Section 4 of shared_prefix.md is the table of guards implemented here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..selection import working
+from ..shared_prefix import (
+    ATTENTION_NEEDS,
+    CONV_NEEDS,
+    GDN_NEEDS,
+    build_plan,
+    check_attention_backend,
+    check_conv_backend,
+    check_gdn_backend,
+    positions_from_cu_seqlens,
+    reject_unsupported,
+    require_packed_metadata,
+    takes_ordinary_path,
+)
+
+KWARG = "shared_prefix"  # the keyword the plan travels under, from the top model to the mixers
+FLAG = "shared_prefix_training"
+
+
+def text_config(config):
+    """The text config of a multimodal config, or the config itself."""
+    return getattr(config, "text_config", None) or config
+
+
+def enabled(config) -> bool:
+    """``text_config.shared_prefix_training`` (default False)."""
+    return bool(getattr(text_config(config), FLAG, False))
+
+
+def packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs):
+    """Per-sequence positions for a packed row passed without ``position_ids`` (else unchanged)."""
+    cu = kwargs.get("cu_seq_lens_q")
+    if position_ids is not None or cu is None or cache is not None:
+        return position_ids
+    length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+    return positions_from_cu_seqlens(cu, length)
+
+
+def plan_for(config, table, *, input_ids, position_ids, cache, use_cache, kwargs, pixel_values=None, pixel_values_videos=None):
+    """The shared-prefix plan of this micro-batch, or None for the ordinary (packed) path.
+
+    Raises ``NotImplementedError`` for a cache, ``use_cache=True``, MTP and sequence parallelism,
+    a clear error without ``cu_seq_lens_q``, and ``BackendUnavailable`` when a bound backend lacks
+    what the compact row needs. Builds nothing when the flag is off or media are present.
+    """
+    cfg = text_config(config)
+    if takes_ordinary_path(enabled(config), input_ids, pixel_values, pixel_values_videos):
+        return None
+    sequence_parallel = bool(kwargs.get("sequence_parallel")) or getattr(cfg, "sequence_parallel_size", 1) > 1
+    mtp = bool(kwargs.get("use_mtp")) or bool(getattr(cfg, "mtp_training", False))
+    reject_unsupported(cache=cache, use_cache=bool(use_cache), mtp=mtp, sequence_parallel=sequence_parallel)
+    require_packed_metadata(kwargs.get("cu_seq_lens_q"))
+    check_gdn_backend(table.handle("gated_delta_rule"), working("gated_delta_rule", frozenset(GDN_NEEDS)))
+    check_conv_backend(table.handle("causal_conv1d"), working("causal_conv1d", frozenset(CONV_NEEDS)))
+    check_attention_backend(table.handle("attention"), working("attention", frozenset(ATTENTION_NEEDS)))
+    return build_plan(
+        input_ids,
+        kwargs["cu_seq_lens_q"],
+        position_ids,
+        conv_kernel_size=getattr(cfg, "linear_conv_kernel_dim", 4),
+        min_prefix=getattr(cfg, "shared_prefix_min_length", 64),
+    )
+
+
+def expand_hidden_states(plan, hidden_states):
+    """Captured compact hidden states ``[1, C, d]`` back to ``[1, T, d]`` (a tuple, or None)."""
+    if plan is None or hidden_states is None:
+        return hidden_states
+    return tuple(plan.expand(h, dim=1) for h in hidden_states)
+
+
+def expand_router_logits(plan, router_logits):
+    """Router logits of the compact rows ``[C, E]`` repeated per packed token ``[T, E]``.
+
+    The load-balancing loss then counts every packed token with its multiplicity and equals the
+    packed value exactly (the expansion is an index_select; routing itself ran on ``C`` rows).
+    """
+    if plan is None or router_logits is None:
+        return router_logits
+    return tuple(plan.expand(r, dim=0) for r in router_logits)
+
+
+def compact_positions(plan, position_ids: torch.Tensor | None) -> torch.Tensor:
+    """The compact row's positions (the plan computed them from the packed ones)."""
+    return plan.position_ids

@@ -1,0 +1,55 @@
+"""Shared-prefix training: compute each prompt shared by several packed sequences once.
+
+`build_plan` groups the sequences of one packed micro-batch and lays out the compact row; the
+mixers run Gated DeltaNet, the causal conv and attention on it through op-slot backends with a
+fixed number of calls per layer; `Plan.lm_rows` and `shared_prefix_loss` keep the LM head and
+the loss exact. The algorithm is written down in `shared/shared_prefix.md`.
+"""
+
+from .attention import AttentionIndex, attention_kv, shared_prefix_attention
+from .conv import ConvIndex, shared_prefix_causal_conv1d
+from .gdn import GDNIndex, GDNRound, shared_prefix_gated_delta_rule
+from .grouping import Group
+from .guards import (
+    ATTENTION_NEEDS,
+    CONV_NEEDS,
+    GDN_NEEDS,
+    PackedMetadataMissing,
+    check_attention_backend,
+    check_conv_backend,
+    check_gdn_backend,
+    reject_unsupported,
+    require_packed_metadata,
+    takes_ordinary_path,
+)
+from .lm_rows import LMIndex, LMRows, shared_prefix_loss
+from .plan import Plan, build_plan
+from .positions import positions_from_cu_seqlens
+
+__all__ = [
+    "ATTENTION_NEEDS",
+    "CONV_NEEDS",
+    "GDN_NEEDS",
+    "AttentionIndex",
+    "ConvIndex",
+    "GDNIndex",
+    "GDNRound",
+    "Group",
+    "LMIndex",
+    "LMRows",
+    "PackedMetadataMissing",
+    "Plan",
+    "attention_kv",
+    "build_plan",
+    "check_attention_backend",
+    "check_conv_backend",
+    "check_gdn_backend",
+    "positions_from_cu_seqlens",
+    "reject_unsupported",
+    "require_packed_metadata",
+    "shared_prefix_attention",
+    "shared_prefix_causal_conv1d",
+    "shared_prefix_gated_delta_rule",
+    "shared_prefix_loss",
+    "takes_ordinary_path",
+]

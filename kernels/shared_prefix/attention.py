@@ -1,0 +1,83 @@
+"""Full attention on the compact row: queries stay compact, keys and values are gathered.
+
+One varlen call with segments `(q=P, k=P)` for a prefix and `(q=R_i, k=P+R_i)` for each suffix
+(singletons `(L, L)`); causal aligned bottom-right, so every suffix query sees the whole prefix
+and its own earlier rows: exactly the packed mask. K and V are gathered after RoPE and q/k-norm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .layout import GroupBlock, Layout, boundaries, ranges
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionIndex:
+    kv_src: torch.Tensor  # [Tk] compact row of each gathered key/value row
+    cu_seqlens_q: torch.Tensor  # [n + 1] int32, over the compact row
+    cu_seqlens_k: torch.Tensor  # [n + 1] int32, over the gathered keys
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+
+def attention_host_index(layout: Layout) -> dict:
+    q_lengths, k_lengths, starts, lengths = [], [], [], []
+    for blk in layout.blocks:
+        if isinstance(blk, GroupBlock):
+            p = blk.prefix_length
+            q_lengths.append(p)
+            k_lengths.append(p)
+            starts.append(blk.prefix_start)
+            lengths.append(p)
+            for s_start, r in zip(blk.suffix_starts, blk.suffix_lengths):
+                q_lengths.append(r)
+                k_lengths.append(p + r)
+                starts += [blk.prefix_start, s_start]
+                lengths += [p, r]
+        elif blk.length > 0:
+            q_lengths.append(blk.length)
+            k_lengths.append(blk.length)
+            starts.append(blk.start)
+            lengths.append(blk.length)
+    return {
+        "max_q": max(q_lengths),
+        "max_k": max(k_lengths),
+        "kv_src": ranges(starts, lengths),
+        "cu_q": boundaries(q_lengths).astype(np.int32),
+        "cu_k": boundaries(k_lengths).astype(np.int32),
+    }
+
+
+def attention_index(host: dict, dev: dict) -> AttentionIndex:
+    return AttentionIndex(dev["kv_src"], dev["cu_q"], dev["cu_k"], int(host["max_q"]), int(host["max_k"]))
+
+
+def attention_kv(plan, k: torch.Tensor, v: torch.Tensor, dim: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values gathered for the shared-prefix segments (after RoPE and k-norm)."""
+    src = plan.attention.kv_src
+    return k.index_select(dim, src), v.index_select(dim, src)
+
+
+def shared_prefix_attention(plan, attn_fn, q, k, v, *, scale: float) -> torch.Tensor:
+    """Causal attention over the compact row in one `attn_fn` call (the `attention` slot).
+
+    `q: [1, C, H, D]`, `k, v: [1, C, Hkv, D]` (compact rows, after RoPE); returns `[1, C, H, D]`.
+    """
+    idx: AttentionIndex = plan.attention
+    k_all, v_all = attention_kv(plan, k[0], v[0])
+    o = attn_fn(
+        q[0],
+        k_all,
+        v_all,
+        cu_seqlens_q=idx.cu_seqlens_q,
+        cu_seqlens_k=idx.cu_seqlens_k,
+        max_seqlen_q=idx.max_seqlen_q,
+        max_seqlen_k=idx.max_seqlen_k,
+        scale=scale,
+        causal=True,
+    )
+    return o.unsqueeze(0)

@@ -1,0 +1,115 @@
+"""LM-head rows: each distinct (compact row, next-token label) pair scored once, and the exact loss.
+
+Rows `0 .. P-2` of a shared prefix have one hidden state and one next-token label across the
+members (the next token is inside the prefix), so they are scored once; row `P-1` predicts each
+member's first suffix token, so it is scored once per member. That gives
+`L = T - sum_g (n_g - 1) (P_g - 1)` scored rows. The structure is fixed at plan time; `lm_rows`
+only gathers the labels, so it never syncs. Assumption: the labels of rows `0 .. P-2` agree across
+the members of a group (true whenever labels are the shifted input ids or -100 on a prompt that
+is masked alike in every rollout); `LMRows.check_labels` verifies it with one sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .layout import Layout
+
+
+@dataclass(frozen=True, eq=False)
+class LMIndex:
+    rows: torch.Tensor  # [L] compact row of each scored entry
+    label_src: torch.Tensor  # [L] packed position whose label the entry scores
+    inverse: torch.Tensor  # [T] scored entry of each packed position
+    length: int  # L
+
+
+def lm_host_index(layout: Layout) -> dict:
+    c = layout.compact_length
+    extra_rows, extra_src = [], []  # row P-1 of a group, once for every member after the first
+    follower_starts, follower_lengths, follower_entries = [], [], []
+    for blk in layout.group_blocks:
+        p = blk.prefix_length
+        for m in blk.group.members[1:]:
+            entry = c + len(extra_rows)
+            extra_rows.append(blk.prefix_start + p - 1)
+            extra_src.append(layout.cu[m] + p - 1)
+            follower_starts.append(layout.cu[m])
+            follower_lengths.append(p - 1)
+            follower_entries.append((layout.cu[m] + p - 1, entry))
+    rows = np.concatenate([np.arange(c, dtype=np.int64), np.asarray(extra_rows, dtype=np.int64)])
+    label_src = np.concatenate([layout.compact_src, np.asarray(extra_src, dtype=np.int64)])
+    # rows 0..P-2 of a follower read the first member's entries, which are their compact rows
+    inverse = layout.expand_index.copy()
+    if follower_entries:
+        pos, entry = zip(*follower_entries)
+        inverse[np.asarray(pos)] = np.asarray(entry)
+    return {"length": len(rows), "rows": rows, "label_src": label_src, "inverse": inverse}
+
+
+def lm_index(host: dict, dev: dict) -> LMIndex:
+    return LMIndex(dev["rows"], dev["label_src"], dev["inverse"], int(host["length"]))
+
+
+@dataclass(frozen=True, eq=False)
+class LMRows:
+    """The rows to score with the LM head, their labels, and the map back to packed positions."""
+
+    rows: torch.Tensor  # [L] compact rows: `hidden.index_select(1, rows)`
+    labels: torch.Tensor  # [L] the label each entry scores
+    inverse: torch.Tensor  # [T] entry of each packed position
+    length: int  # L = T - sum (n - 1)(P - 1)
+    _shift_labels: torch.Tensor
+    _label_src: torch.Tensor
+
+    def select(self, hidden: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """The hidden states to score, `[1, C, d] -> [1, L, d]` (or along `dim`)."""
+        return hidden.index_select(dim, self.rows)
+
+    def expand(self, values: torch.Tensor) -> torch.Tensor:
+        """Per-entry values (log-probs, entropy, nll) `[..., L]` back to packed positions: `[1, T]` for `[L]`.
+
+        Its backward scatter-adds, so a shared entry receives the gradient of every position it serves.
+        """
+        out = values.index_select(-1, self.inverse)
+        return out.unsqueeze(0) if out.dim() == 1 else out
+
+    def check_labels(self) -> None:
+        """Raise if a shared row's label differs between members (one device sync; for tests and debugging)."""
+        flat = self._shift_labels.reshape(-1)
+        if not torch.equal(flat, self.labels.index_select(0, self.inverse)):
+            raise ValueError("shift_labels differ between the members of a group inside the shared prefix")
+
+
+def lm_rows(plan, shift_labels: torch.Tensor) -> LMRows:
+    """Deduplicated LM-head rows for `shift_labels: [1, T]` (labels already shifted to the next token)."""
+    idx: LMIndex = plan.lm
+    if shift_labels.shape[-1] != plan.packed_length:
+        raise ValueError(
+            f"shift_labels has {shift_labels.shape[-1]} positions, the plan {plan.packed_length}"
+        )
+    labels = shift_labels.reshape(-1).index_select(0, idx.label_src)
+    return LMRows(idx.rows, labels, idx.inverse, idx.length, shift_labels, idx.label_src)
+
+
+def shared_prefix_loss(
+    per_token_nll: torch.Tensor,
+    shift_labels: torch.Tensor,
+    *,
+    num_items_in_batch: int | torch.Tensor | None = None,
+    ignore_index: int = -100,
+) -> torch.Tensor:
+    """The packed path's loss recomputed from per-token values expanded to `[1, T]`.
+
+    Mean over valid labels, or sum over `num_items_in_batch`, like transformers' causal-LM loss.
+    Needed whenever prompt tokens carry valid labels: a mean over the deduplicated rows would
+    count each shared prompt token once instead of `n` times.
+    """
+    valid = shift_labels != ignore_index
+    total = torch.where(valid, per_token_nll, torch.zeros_like(per_token_nll)).sum()
+    if num_items_in_batch is None:
+        return total / valid.sum()
+    return total / num_items_in_batch

@@ -1,0 +1,219 @@
+"""`build_plan`: everything shared-prefix execution needs for one micro-batch, built once.
+
+One device-to-host copy (boundaries, token ids, positions together), the grouping and every
+index array on the host, one host-to-device copy per index dtype. The mixers afterwards only
+index_select, cat and call their backend: no host sync, no shape that depends on device data.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .attention import AttentionIndex, attention_host_index, attention_index
+from .conv import ConvIndex, conv_host_index, conv_index
+from .gdn import GDNIndex, gdn_host_index, gdn_index
+from .grouping import Group, find_groups
+from .layout import GroupBlock, Layout, boundaries, build_layout
+from .lm_rows import LMIndex, LMRows, lm_host_index, lm_index, lm_rows
+from .positions import host_positions
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """The compact row of one packed micro-batch and the indices of every mixer on it."""
+
+    groups: tuple[Group, ...]  # members (packed sequence indices) and prefix length, in packed order
+    packed_length: int  # T
+    compact_length: int  # C = T - sum (n - 1) P
+    compact_src: torch.Tensor  # [C] packed row of each compact row
+    expand_index: torch.Tensor  # [T] compact row of each packed row
+    position_ids: torch.Tensor  # compact positions, `[1, C]` or `[R, 1, C]` like the input
+    cu_seqlens: torch.Tensor  # int32 boundaries of the compact blocks (a group is one block)
+    gdn: GDNIndex
+    conv: ConvIndex
+    attention: AttentionIndex
+    lm: LMIndex
+    layout: Layout  # host description of the blocks (for debugging and benchmarks)
+
+    def compact(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """Packed `[.., T, ..]` to compact `[.., C, ..]` along `dim`."""
+        self._expect(x, dim, self.packed_length, "compact")
+        return x.index_select(dim, self.compact_src)
+
+    def expand(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """Compact to packed along `dim`; the backward scatter-adds every member's gradient into shared rows."""
+        self._expect(x, dim, self.compact_length, "expand")
+        return x.index_select(dim, self.expand_index)
+
+    def lm_rows(self, shift_labels: torch.Tensor) -> LMRows:
+        """Deduplicated LM-head rows for `shift_labels [1, T]`, see `lm_rows.py`."""
+        return lm_rows(self, shift_labels)
+
+    @property
+    def tokens_saved(self) -> int:
+        return self.packed_length - self.compact_length
+
+    def __repr__(self) -> str:
+        groups = ", ".join(f"{len(g.members)}x{g.prefix_length}" for g in self.groups)
+        return f"Plan(T={self.packed_length}, C={self.compact_length}, groups=[{groups}])"
+
+    @staticmethod
+    def _expect(x: torch.Tensor, dim: int, size: int, what: str) -> None:
+        if x.shape[dim] != size:
+            raise ValueError(f"{what}: dim {dim} of a {tuple(x.shape)} tensor should have {size} rows")
+
+
+def build_plan(
+    input_ids: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    position_ids: torch.Tensor | None = None,
+    conv_kernel_size: int = 4,
+    min_prefix: int = 64,
+) -> Plan | None:
+    """Plan shared-prefix execution of one packed row, or `None` when no sequences share a prefix.
+
+    `input_ids: [1, T]`, `cu_seqlens: [N + 1]`, `position_ids: [1, T]` or `[R, 1, T]` (M-RoPE) or
+    `None` (per-sequence positions). Sequences share a prefix only where token ids and every
+    position row agree; a group needs a prefix of at least `min_prefix` tokens.
+    """
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        raise ValueError(f"input_ids must be one packed row [1, T], got {tuple(input_ids.shape)}")
+    if min_prefix < 1 or conv_kernel_size < 1:
+        raise ValueError("min_prefix and conv_kernel_size must be at least 1")
+    length = input_ids.shape[1]
+    device = input_ids.device
+    pos_rows = None
+    if position_ids is not None:
+        if (
+            position_ids.shape[-1] != length
+            or position_ids.dim() not in (2, 3)
+            or position_ids.shape[-2] != 1
+        ):
+            raise ValueError(
+                f"position_ids must be [1, T] or [R, 1, T] with T={length}, got {tuple(position_ids.shape)}"
+            )
+        pos_rows = position_ids.reshape(-1, length)
+
+    cu, ids, pos = _to_host(cu_seqlens, input_ids, pos_rows)
+    if cu[0] != 0 or cu[-1] != length or any(a > b for a, b in itertools.pairwise(cu)):
+        raise ValueError(f"cu_seqlens must rise from 0 to T={length}, got {cu[:4]}...{cu[-2:]}")
+    per_sequence = host_positions(cu)
+    if pos is not None and np.array_equal(pos, np.broadcast_to(per_sequence, pos.shape)):
+        pos = None  # per-sequence positions (text-only M-RoPE too) agree wherever offsets agree
+    groups = find_groups(ids, pos, cu, min_prefix)
+    if not groups:
+        return None
+
+    layout = build_layout(groups, cu)
+    host = {
+        "plan": {
+            "compact_src": layout.compact_src,
+            "expand_index": layout.expand_index,
+            "cu_seqlens": boundaries([_block_length(b) for b in layout.blocks]).astype(np.int32),
+        },
+        "gdn": gdn_host_index(layout),
+        "conv": conv_host_index(layout, conv_kernel_size),
+        "attention": attention_host_index(layout),
+        "lm": lm_host_index(layout),
+    }
+    # built on the host, where the rows already are: cheaper than a strided index_select
+    shape = (
+        (1, layout.compact_length)
+        if position_ids is None
+        else (*position_ids.shape[:-1], layout.compact_length)
+    )
+    if pos is None:
+        compact_positions = np.broadcast_to(per_sequence[layout.compact_src], shape)
+    else:
+        compact_positions = pos[:, layout.compact_src].reshape(shape)
+    host["plan"]["positions"] = np.array(compact_positions, dtype=np.int64)  # a writable copy
+    dev = _upload(host, device)
+    compact_positions = dev["plan"]["positions"]
+    if position_ids is not None and compact_positions.dtype != position_ids.dtype:
+        compact_positions = compact_positions.to(position_ids.dtype)
+    return Plan(
+        groups=tuple(groups),
+        packed_length=length,
+        compact_length=layout.compact_length,
+        compact_src=dev["plan"]["compact_src"],
+        expand_index=dev["plan"]["expand_index"],
+        position_ids=compact_positions,
+        cu_seqlens=dev["plan"]["cu_seqlens"],
+        gdn=gdn_index(host["gdn"], dev["gdn"]),
+        conv=conv_index(host["conv"], dev["conv"]),
+        attention=attention_index(host["attention"], dev["attention"]),
+        lm=lm_index(host["lm"], dev["lm"]),
+        layout=layout,
+    )
+
+
+def _block_length(blk) -> int:
+    if isinstance(blk, GroupBlock):
+        return blk.prefix_length + sum(blk.suffix_lengths)
+    return blk.length
+
+
+def _to_host(cu_seqlens, input_ids, pos_rows) -> tuple[list[int], np.ndarray, np.ndarray | None]:
+    """The one device-to-host copy: boundaries, ids and positions travel together when on one device."""
+    parts = [cu_seqlens.reshape(-1), input_ids.reshape(-1)] + (
+        [] if pos_rows is None else [pos_rows.reshape(-1)]
+    )
+    by_device: dict[torch.device, list[int]] = {}
+    for i, p in enumerate(parts):
+        by_device.setdefault(p.device, []).append(i)
+    host = [None] * len(parts)
+    for indices in by_device.values():  # one copy per device (cu_seqlens may already be on the host)
+        flat = torch.cat([parts[i].to(torch.long) for i in indices]).cpu().numpy()
+        offset = 0
+        for i in indices:
+            host[i] = flat[offset : offset + parts[i].numel()]
+            offset += parts[i].numel()
+    pos = None if pos_rows is None else host[2].reshape(pos_rows.shape[0], -1)
+    return host[0].tolist(), host[1], pos
+
+
+_TORCH_DTYPE = {np.int64: torch.int64, np.int32: torch.int32}
+
+
+def _upload(
+    host: dict[str, dict], device: torch.device, pack: bool | None = None
+) -> dict[str, dict[str, torch.Tensor]]:
+    """Every index array to the device in one copy per dtype (int64 indices, int32 boundaries).
+
+    `pack` (default: the device is not the CPU) concatenates before copying; on the CPU the arrays
+    are wrapped as they are.
+    """
+    out: dict[str, dict[str, torch.Tensor]] = {name: {} for name in host}
+    if not (device.type != "cpu" if pack is None else pack):
+        for name, arrays in host.items():
+            for key, arr in arrays.items():
+                if isinstance(arr, np.ndarray):
+                    out[name][key] = torch.from_numpy(arr)
+        return out
+    for dtype in (np.int64, np.int32):
+        entries = [
+            (name, key, arr)
+            for name, arrays in host.items()
+            for key, arr in arrays.items()
+            if isinstance(arr, np.ndarray) and arr.dtype == dtype
+        ]
+        if not entries:
+            continue
+        parts = [arr.reshape(-1) for _, _, arr in entries]
+        if device.type == "cuda":
+            # pinned staging (torch caches these blocks and keeps one alive until its copy is done),
+            # so the copy is asynchronous and build_plan does not wait for the device
+            staging = torch.empty(sum(p.size for p in parts), dtype=_TORCH_DTYPE[dtype], pin_memory=True)
+            np.concatenate(parts, out=staging.numpy())
+            flat = staging.to(device, non_blocking=True)
+        else:
+            flat = torch.from_numpy(np.concatenate(parts)).to(device)
+        offset = 0
+        for name, key, arr in entries:
+            out[name][key] = flat[offset : offset + arr.size].view(arr.shape)
+            offset += arr.size
+    return out

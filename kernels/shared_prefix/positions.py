@@ -1,0 +1,21 @@
+"""Per-sequence positions of a packed row, for callers that pass `position_ids=None`."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def positions_from_cu_seqlens(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
+    """`[1, length]` int64 positions restarting at 0 at every sequence start; on the device, no sync."""
+    cu = cu_seqlens.to(torch.long)
+    t = torch.arange(length, device=cu.device)
+    seq = torch.searchsorted(cu[1:].contiguous(), t, right=True)
+    return (t - cu.index_select(0, seq)).unsqueeze(0)
+
+
+def host_positions(cu: list[int]) -> np.ndarray:
+    """The same positions on the host, from a host copy of `cu_seqlens`."""
+    lengths = np.diff(np.asarray(cu, dtype=np.int64))
+    starts = np.repeat(np.asarray(cu[:-1], dtype=np.int64), lengths)
+    return np.arange(cu[-1], dtype=np.int64) - starts

@@ -1,0 +1,105 @@
+"""Gated RMSNorm: weight * x * rsqrt(mean(x^2) + eps) * silu(gate), statistics in fp32.
+
+One pass over the rows forward; the backward recomputes the normalised row from the stored rstd.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from ._common import next_pow2, precision_for
+
+
+@triton.jit
+def rms_norm_gated_fwd_kernel(x, gate, weight, y, rstd, n_rows, eps, D: tl.constexpr, BD: tl.constexpr,
+                              BR: tl.constexpr, ACC: tl.constexpr):
+    o_r = tl.program_id(0) * BR + tl.arange(0, BR)
+    o_d = tl.arange(0, BD)
+    m_r = o_r < n_rows
+    m = m_r[:, None] & (o_d < D)[None, :]
+    offs = o_r.to(tl.int64)[:, None] * D + o_d[None, :]
+    xv = tl.load(x + offs, mask=m, other=0.0).to(ACC)
+    gv = tl.load(gate + offs, mask=m, other=0.0).to(ACC)
+    wv = tl.load(weight + o_d, mask=o_d < D, other=0.0).to(ACC)
+    r = 1.0 / tl.sqrt(tl.sum(xv * xv, axis=1) / D + eps)
+    out = wv[None, :] * (xv * r[:, None]) * (gv * tl.sigmoid(gv))
+    tl.store(y + offs, out.to(y.dtype.element_ty), mask=m)
+    tl.store(rstd + o_r, r, mask=m_r)
+
+
+@triton.jit
+def rms_norm_gated_bwd_kernel(x, gate, weight, rstd, dy, dx, dgate, dweight_part, n_rows,
+                              D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, ACC: tl.constexpr):
+    i_r = tl.program_id(0)
+    o_r = i_r * BR + tl.arange(0, BR)
+    o_d = tl.arange(0, BD)
+    m_r = o_r < n_rows
+    m = m_r[:, None] & (o_d < D)[None, :]
+    offs = o_r.to(tl.int64)[:, None] * D + o_d[None, :]
+    xv = tl.load(x + offs, mask=m, other=0.0).to(ACC)
+    gv = tl.load(gate + offs, mask=m, other=0.0).to(ACC)
+    dyv = tl.load(dy + offs, mask=m, other=0.0).to(ACC)
+    wv = tl.load(weight + o_d, mask=o_d < D, other=0.0).to(ACC)
+    r = tl.load(rstd + o_r, mask=m_r, other=0.0).to(ACC)
+    n = xv * r[:, None]
+    sig = tl.sigmoid(gv)
+    act = gv * sig
+    dn = dyv * wv[None, :] * act
+    dxv = r[:, None] * (dn - n * (tl.sum(dn * n, axis=1) / D)[:, None])
+    dgv = dyv * wv[None, :] * n * sig * (1.0 + gv * (1.0 - sig))
+    tl.store(dx + offs, dxv.to(dx.dtype.element_ty), mask=m)
+    tl.store(dgate + offs, dgv.to(dgate.dtype.element_ty), mask=m)
+    tl.store(dweight_part + i_r * D + o_d, tl.sum(dyv * n * act, axis=0), mask=o_d < D)
+
+
+def _rows_per_block(d: int) -> int:
+    return max(1, min(32, 8192 // next_pow2(d)))
+
+
+class RMSNormGated(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, gate, weight, eps):
+        D = x.shape[-1]
+        n_rows = x.numel() // D
+        prec = precision_for(x.dtype)
+        y = torch.empty_like(x)
+        rstd = torch.empty(n_rows, dtype=prec.acc_torch, device=x.device)
+        br = _rows_per_block(D)
+        rms_norm_gated_fwd_kernel[(triton.cdiv(n_rows, br),)](
+            x, gate, weight, y, rstd, n_rows, eps, D=D, BD=next_pow2(D), BR=br, ACC=prec.acc)
+        ctx.save_for_backward(x, gate, weight, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, gate, weight, rstd = ctx.saved_tensors
+        D = x.shape[-1]
+        n_rows = x.numel() // D
+        prec = precision_for(x.dtype)
+        br = _rows_per_block(D)
+        nb = triton.cdiv(n_rows, br)
+        dx = torch.empty_like(x)
+        dgate = torch.empty_like(gate)
+        dw_part = torch.empty(nb, D, dtype=prec.acc_torch, device=x.device)
+        rms_norm_gated_bwd_kernel[(nb,)](
+            x, gate, weight, rstd, dy.contiguous(), dx, dgate, dw_part, n_rows, D=D, BD=next_pow2(D), BR=br,
+            ACC=prec.acc)
+        return dx, dgate, dw_part.sum(0).to(weight.dtype), None
+
+
+def rms_norm_gated(x, gate, weight, eps):
+    """weight * norm(x) * silu(gate) over the last dimension; returns x's dtype."""
+    if gate.shape != x.shape or weight.shape != x.shape[-1:]:
+        raise ValueError(f"shape mismatch: x {tuple(x.shape)}, gate {tuple(gate.shape)}, weight {tuple(weight.shape)}")
+    return RMSNormGated.apply(x.contiguous(), gate.contiguous(), weight.contiguous(), float(eps))
+
+
+def rms_norm_gated_reference(x, gate, weight, eps):
+    """Naive PyTorch version, computed in fp32 (fp64 for fp64 inputs)."""
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xf = x.to(acc)
+    n = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (weight.to(acc) * n * F.silu(gate.to(acc))).to(x.dtype)

@@ -1,0 +1,213 @@
+"""`patchgen`: generate, list and check the patched modeling modules.
+
+Exit codes: 0 clean, 1 drift (--check), 2 usage, 3 configuration or generation error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from patchgen.errors import EXIT_CLEAN, EXIT_DRIFT, EXIT_ERROR, EXIT_USAGE, PatchgenError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="patchgen",
+        description="Generate readable, patched HuggingFace modeling modules (see docs/patchgen.md).",
+        epilog="exit codes: 0 clean, 1 drift, 2 usage, 3 configuration or generation error",
+    )
+    parser.add_argument("--model", help="model to generate, e.g. qwen3_5")
+    parser.add_argument("--device", help="device target, e.g. gpu or npu")
+    parser.add_argument("--all", action="store_true", help="every model x device target")
+    parser.add_argument("--list", action="store_true", help="print the targets and exit")
+    parser.add_argument("--dry-run", action="store_true", help="generate in memory and say what would change")
+    parser.add_argument(
+        "--diff", action=argparse.BooleanOptionalAction, default=True,
+        help="write the unified diff against upstream next to each module (default: on)",
+    )
+    parser.add_argument(
+        "--check", nargs="?", const="", metavar="TARGET",
+        help="regenerate in memory and fail on drift; TARGET is MODEL/DEVICE (default: all); never writes",
+    )
+    parser.add_argument("--fix", action="store_true", help="with --check: write the regenerated files")
+    parser.add_argument(
+        "--source", metavar="PATH",
+        help="generate from a transformers wheel or unpacked directory instead of the installed package "
+        "(skips the version pin: the header records the source's version)",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="say what each step did")
+    return parser
+
+
+def _report_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="patchgen upgrade-report",
+        description="What a transformers release changes under each patch (docs/upgrading.md).",
+        epilog="exit codes: 0 every patch applies to unchanged upstream code, 1 something needs review, 3 error",
+    )
+    parser.add_argument("--source", metavar="PATH", required=True, help="the new transformers: a wheel or unpacked directory")
+    parser.add_argument("--base", metavar="PATH", help="the old transformers (default: the installed pin)")
+    parser.add_argument("--model")
+    parser.add_argument("--device")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    report = bool(argv) and argv[0] == "upgrade-report"
+    parser = _report_parser() if report else _parser()
+    try:
+        args = parser.parse_args(argv[1:] if report else argv)
+    except SystemExit as exc:  # argparse exits 2 on usage errors and 0 on --help
+        return int(exc.code or 0)
+    try:
+        return _upgrade_report(parser, args) if report else _run(parser, args)
+    except PatchgenError as exc:
+        print(f"patchgen: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return EXIT_ERROR
+
+
+def _usage(parser: argparse.ArgumentParser, message: str) -> int:
+    parser.print_usage(sys.stderr)
+    print(f"patchgen: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from patchgen import targets as targets_mod
+
+    checking = args.check is not None
+    if args.fix and not checking:
+        return _usage(parser, "--fix only goes with --check")
+    if (args.model is None) != (args.device is None):
+        return _usage(parser, "--model and --device go together (or use --all)")
+    chosen_modes = sum([bool(args.all), args.model is not None, bool(args.list)])
+    if chosen_modes > 1 or (checking and (args.all or args.list)):
+        return _usage(parser, "choose one of --model/--device, --all, --list, --check")
+    if not checking and chosen_modes == 0:
+        return _usage(parser, "nothing to do: give --model M --device D, --all, --list or --check")
+
+    if args.list:
+        for target in targets_mod.all_targets():
+            print(f"{target.name}\t{target.config_path} -> generated/{target.model}/{target.output_name}.py")
+        return EXIT_CLEAN
+
+    from patchgen.source import TransformersSource, check_pinned_version
+
+    if args.source:
+        source = TransformersSource(args.source)
+        version = source.version
+    else:
+        source = None
+        version = check_pinned_version()  # before any diff: a different upstream would drift everything
+    every = targets_mod.all_targets()
+    if checking:
+        if args.check:
+            selected = [targets_mod.parse_target(args.check)]
+        elif args.model:
+            selected = [targets_mod.find_target(args.model, args.device)]
+        else:
+            selected = every
+        return _check(selected, every, source, fix=args.fix, verbose=args.verbose)
+    selected = every if args.all else [targets_mod.find_target(args.model, args.device)]
+    return _generate(selected, version, source, dry_run=args.dry_run, with_diff=args.diff, verbose=args.verbose)
+
+
+def _generate_one(target, source):
+    from patchgen.pipeline import generate
+    from patchgen.source import load_upstream
+
+    config = target.load_config()
+    return generate(target, config, load_upstream(config.upstream_module, source))
+
+
+def _generate(selected, version, source, *, dry_run: bool, with_diff: bool, verbose: bool) -> int:
+    from patchgen.check import expected_files
+    from patchgen.write import write_if_changed
+
+    results = []
+    for target in selected:  # everything is generated before anything is written
+        start = time.perf_counter()
+        results.append(_generate_one(target, source))
+        if verbose:
+            print(f"{target.name}: generated from transformers {version} in {time.perf_counter() - start:.2f}s")
+    for result in results:
+        for path, text in expected_files(result, with_diff).items():
+            if dry_run:
+                changed = not path.exists() or path.read_text(encoding="utf-8") != text
+                print(f"{'would write' if changed else 'unchanged'} {path}")
+            elif write_if_changed(path, text):
+                print(f"wrote {path}")
+            elif verbose:
+                print(f"unchanged {path}")
+    return EXIT_CLEAN
+
+
+def _check(selected, every, source, *, fix: bool, verbose: bool) -> int:
+    from patchgen.check import check_orphans, compare, expected_files
+    from patchgen.write import write_if_changed
+
+    check_orphans(every)
+    results = [_generate_one(target, source) for target in selected]
+    stale = []
+    for result in results:
+        drifts = compare(result)
+        stale += drifts
+        if verbose and not drifts:
+            print(f"{result.target.name}: clean")
+    if not stale:
+        print(f"patchgen --check: {len(results)} target(s) clean")
+        return EXIT_CLEAN
+    for drift in stale:
+        print(f"stale: {drift.path}")
+        sys.stdout.write(drift.diff)
+    if fix:
+        for result in results:
+            for path, text in expected_files(result).items():
+                if write_if_changed(path, text):
+                    print(f"fixed {path}")
+        return EXIT_CLEAN
+    print(f"patchgen --check: {len(stale)} stale file(s); run `patchgen --check --fix` (or `make generate`)")
+    return EXIT_DRIFT
+
+
+def _upgrade_report(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    import dataclasses
+    import json
+
+    from patchgen import targets as targets_mod
+    from patchgen.source import TransformersSource, check_pinned_version, load_upstream
+    from patchgen.upgrade import report_target
+
+    if (args.model is None) != (args.device is None):
+        return _usage(parser, "--model and --device go together")
+    new_source = TransformersSource(args.source)
+    base_source = TransformersSource(args.base) if args.base else None
+    if base_source is None:
+        check_pinned_version()
+    selected = [targets_mod.find_target(args.model, args.device)] if args.model else targets_mod.all_targets()
+    reports = []
+    for target in selected:
+        config = target.load_config()
+        old = load_upstream(config.upstream_module, base_source)
+        new = load_upstream(config.upstream_module, new_source)
+        reports += report_target(target.name, config, old, new)
+    if args.json:
+        print(json.dumps([{**dataclasses.asdict(r), "needs_review": r.needs_review} for r in reports], indent=2))
+    else:
+        for r in reports:
+            print(r.line())
+            if r.diff:
+                print("".join("    " + line for line in r.diff.splitlines(keepends=True)), end="")
+        review = sum(r.needs_review for r in reports)
+        print(f"{len(reports)} patch(es), {review} to review")
+    return EXIT_DRIFT if any(r.needs_review for r in reports) else EXIT_CLEAN
+
+
+if __name__ == "__main__":
+    sys.exit(main())

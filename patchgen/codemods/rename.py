@@ -1,0 +1,29 @@
+"""Renames identifiers in a tree (never text): reuses one model's bodies on a sibling model."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from patchgen.codemods.names import dotted_name, dotted_node
+from patchgen.spec import Renames
+
+
+class RenameIdentifiers(cst.CSTTransformer):
+    """Each Name node renamed once by prefix; import module paths renamed by component."""
+
+    def __init__(self, renames: Renames):
+        self.renames = renames
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.Name:
+        renamed = self.renames.identifier(updated.value)
+        return updated if renamed == updated.value else updated.with_changes(value=renamed)
+
+    def leave_ImportFrom(self, original: cst.ImportFrom, updated: cst.ImportFrom) -> cst.ImportFrom:
+        if original.module is None:
+            return updated
+        # Module paths are named by the original dotted path; Name renames above must not touch them.
+        return updated.with_changes(module=dotted_node(self.renames.module(dotted_name(original.module))))
+
+
+def rename_tree(node: cst.CSTNode, renames: Renames) -> cst.CSTNode:
+    return node.visit(RenameIdentifiers(renames)) if renames else node

@@ -1,0 +1,1 @@
+"""Patch configs: patchgen/configs/<model>/<device>.py, each defining `config`."""

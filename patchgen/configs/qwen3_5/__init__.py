@@ -1,0 +1,1 @@
+"""Qwen3.5 patch configs and their replacement bodies."""

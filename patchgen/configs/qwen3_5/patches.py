@@ -1,0 +1,38 @@
+"""The Qwen3.5 patch list, shared by every device target (devices differ in op-slot defaults only)."""
+
+from __future__ import annotations
+
+from patchgen.spec import PatchConfig
+
+BODIES = "patchgen.configs.qwen3_5.bodies"
+
+
+def dense_config(device: str, op_defaults: dict[str, str]) -> PatchConfig:
+    config = PatchConfig("qwen3_5", device, bodies=BODIES, op_defaults=op_defaults)
+    config.add_method("Qwen3_5PreTrainedModel.post_init", reason="resolve the op slots once per model build (ops.bind)")
+    config.override_method("Qwen3_5RMSNorm.forward", reason="zero-centred RMSNorm through ops.rms_norm")
+    config.override_method("Qwen3_5RMSNormGated.forward", reason="gated RMSNorm through ops.rms_norm_gated")
+    config.override_method("Qwen3_5MLP.forward", reason="SwiGLU MLP through ops.swiglu_mlp")
+    config.override_method(
+        "Qwen3_5GatedDeltaNet.forward",
+        reason="varlen conv and delta rule through ops (no leak across packed sequences); shared-prefix rounds",
+    )
+    config.add_method("Qwen3_5GatedDeltaNet._cached_mix", reason="upstream's cached conv and delta rule, for generation")
+    config.override_method(
+        "Qwen3_5Attention.forward", reason="rotary through ops.rotary; varlen ops.attention when packed or shared-prefix"
+    )
+    config.override_method("Qwen3_5DecoderLayer.forward", reason="thread packed metadata / shared-prefix plan to both mixers")
+    config.override_method(
+        "Qwen3_5TextModel.forward", reason="compact row under a shared-prefix plan; no [T, T] mask for varlen rows"
+    )
+    config.override_method(
+        "Qwen3_5Model.__init__", reason="build this module's patched text model (AutoModel would build upstream's)"
+    )
+    config.override_method(
+        "Qwen3_5ForCausalLM.forward", reason="shared-prefix plan and guards; LM head through ops.cross_entropy with row dedup"
+    )
+    config.override_method(
+        "Qwen3_5ForConditionalGeneration.forward",
+        reason="shared-prefix plan (text only) and guards; LM head through ops.cross_entropy with row dedup",
+    )
+    return config

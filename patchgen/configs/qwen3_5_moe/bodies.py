@@ -1,0 +1,306 @@
+"""Replacement bodies that only Qwen3.5-MoE has (the rest are Qwen3.5's, renamed).
+
+The text model, the causal LM and the conditional-generation forwards differ from Qwen3.5's in
+their output types and the load-balancing auxiliary loss, which under a shared-prefix plan counts
+every packed token with its multiplicity (router logits expanded to the packed row).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as upstream
+from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import (
+    ACT2FN,
+    DynamicCache,
+    MoeCausalLMOutputWithPast,
+    MoeModelOutputWithPast,
+    Qwen3_5MoeCausalLMOutputWithPast,
+    create_causal_mask,
+    create_recurrent_attention_mask,
+    load_balancing_loss_func,
+)
+
+from patchgen.kernels import ops
+from patchgen.kernels.modeling import shared_prefix
+from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
+from patchgen.kernels.modeling.packing import without_packed
+
+
+class Qwen3_5MoeExperts(nn.Module):
+    """Collection of expert weights stored as 3D tensors, computed through the `moe_experts` op slot.
+
+    Replaces upstream's class to drop its `@use_experts_implementation` dispatch: the op slot is the
+    one place that picks the experts kernel (weights and their names are upstream's).
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        self.num_experts = config.num_experts
+        self.hidden_dim = config.hidden_size
+        self.intermediate_dim = config.moe_intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(self.num_experts, 2 * self.intermediate_dim, self.hidden_dim))
+        self.down_proj = nn.Parameter(torch.empty(self.num_experts, self.hidden_dim, self.intermediate_dim))
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        return ops.of(self).moe_experts(
+            hidden_states, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj, self.act_fn
+        )
+
+
+class Qwen3_5MoeTextModel(upstream.Qwen3_5MoeTextModel):
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache=None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> MoeModelOutputWithPast:
+        if (input_ids is None) ^ (inputs_embeds is not None):
+            raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+
+        plan = kwargs.get("shared_prefix")
+        if plan is not None:
+            # The compact row: one copy of every shared prefix; the plan replaces the packed metadata
+            # and the mask (the mixers read their boundaries from the plan).
+            input_ids = plan.compact(input_ids, dim=1) if input_ids is not None else None
+            inputs_embeds = plan.compact(inputs_embeds, dim=1) if inputs_embeds is not None else None
+            position_ids = plan.position_ids
+            attention_mask = None
+            use_cache = False
+            kwargs = without_packed(kwargs)
+
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+
+        # the hard coded `4` is for text, temporal, height and width.
+        if position_ids is None:
+            past_seen_tokens = cache.get_seq_length() if cache is not None else 0
+            position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen_tokens
+            position_ids = position_ids.view(1, 1, -1).expand(4, inputs_embeds.shape[0], -1)
+        elif position_ids.ndim == 2:
+            position_ids = position_ids[None, ...].expand(4, position_ids.shape[0], -1)
+
+        if position_ids.ndim == 3 and position_ids.shape[0] == 4:
+            text_position_ids = position_ids[0]
+            position_ids = position_ids[1:]
+        else:
+            text_position_ids = None
+
+        if plan is not None or (cache is None and kwargs.get("cu_seq_lens_q") is not None):
+            # Varlen mixers read boundaries, not masks: no [T, T] mask is built.
+            causal_mask_mapping = {"full_attention": None, "linear_attention": None}
+        elif not isinstance(causal_mask_mapping := attention_mask, dict):
+            mask_kwargs = {
+                "config": self.config,
+                "inputs_embeds": inputs_embeds,
+                "attention_mask": attention_mask,
+                "cache": cache,
+                "position_ids": text_position_ids,
+            }
+            causal_mask_mapping = {
+                "full_attention": create_causal_mask(**mask_kwargs),
+                "linear_attention": create_recurrent_attention_mask(**mask_kwargs),
+            }
+
+        hidden_states = inputs_embeds
+        position_embeddings = self.rotary_emb(hidden_states, position_ids)
+
+        for i, decoder_layer in enumerate(self.layers[: self.config.num_hidden_layers]):
+            hidden_states = decoder_layer(
+                hidden_states,
+                position_embeddings=position_embeddings,
+                attention_mask=causal_mask_mapping[self.config.layer_types[i]],
+                position_ids=text_position_ids,
+                cache=cache,
+                use_cache=use_cache,
+                **kwargs,
+            )
+
+        hidden_states = self.norm(hidden_states)
+
+        return MoeModelOutputWithPast(
+            last_hidden_state=hidden_states,
+            cache=cache,
+        )
+
+
+class Qwen3_5MoeForCausalLM(upstream.Qwen3_5MoeForCausalLM):
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache=None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_router_logits: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs,
+    ) -> MoeCausalLMOutputWithPast:
+        r"""
+        Packed rows: pass `cu_seq_lens_q/k` and `max_length_q/k`. With `text_config.shared_prefix_training`
+        each prompt shared by several packed sequences runs once (routing on the compact row, the
+        auxiliary loss over the packed tokens). `return_log_probs=True` and `return_entropy=True` add
+        per-token `log_probs` and `entropy` (`[1, T]`); `return_logits=False` skips the logits.
+        """
+        request = HeadRequest.pop(kwargs)
+        output_router_logits = (
+            output_router_logits if output_router_logits is not None else self.config.output_router_logits
+        )
+        position_ids = shared_prefix.packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs)
+        plan = shared_prefix.plan_for(
+            self.config, ops.of(self), input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=use_cache, kwargs=kwargs
+        )
+        model_kwargs = kwargs if plan is None else {**kwargs, "shared_prefix": plan}
+        outputs: MoeModelOutputWithPast = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache if plan is None else False,
+            output_router_logits=output_router_logits,
+            **model_kwargs,
+        )
+
+        head = causal_lm_head(
+            self.lm_head,
+            ops.of(self),
+            outputs.last_hidden_state,
+            plan=plan,
+            labels=labels,
+            input_ids=input_ids,
+            logits_to_keep=logits_to_keep,
+            request=request,
+            kwargs=kwargs,
+        )
+        loss = head.loss
+
+        aux_loss = None
+        router_logits = shared_prefix.expand_router_logits(plan, outputs.router_logits)
+        if output_router_logits:
+            aux_loss = load_balancing_loss_func(
+                router_logits,
+                self.num_experts,
+                self.num_experts_per_tok,
+                attention_mask,
+            )
+            if labels is not None:
+                loss += self.router_aux_loss_coef * aux_loss.to(loss.device)  # make sure to reside in the same device
+
+        output = MoeCausalLMOutputWithPast(
+            loss=loss,
+            aux_loss=aux_loss,
+            logits=head.logits,
+            cache=outputs.cache,
+            hidden_states=shared_prefix.expand_hidden_states(plan, outputs.hidden_states),
+            attentions=outputs.attentions,
+            router_logits=router_logits,
+        )
+        return head.attach(output)
+
+
+class Qwen3_5MoeForConditionalGeneration(upstream.Qwen3_5MoeForConditionalGeneration):
+    def forward(
+        self,
+        input_ids: torch.LongTensor = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache=None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        pixel_values: torch.Tensor | None = None,
+        pixel_values_videos: torch.Tensor | None = None,
+        image_grid_thw: torch.LongTensor | None = None,
+        video_grid_thw: torch.LongTensor | None = None,
+        mm_token_type_ids: torch.IntTensor | None = None,
+        output_router_logits: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        mm_encoder_outputs=None,
+        **kwargs,
+    ) -> tuple | Qwen3_5MoeCausalLMOutputWithPast:
+        r"""
+        As upstream, plus packed rows and shared-prefix training (text only: with media the ordinary
+        path runs); `return_log_probs`, `return_entropy` and `return_logits` as in ForCausalLM.
+        """
+        request = HeadRequest.pop(kwargs)
+        output_router_logits = (
+            output_router_logits if output_router_logits is not None else self.config.text_config.output_router_logits
+        )
+        if pixel_values is None and pixel_values_videos is None:
+            position_ids = shared_prefix.packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs)
+        plan = shared_prefix.plan_for(
+            self.config,
+            ops.of(self),
+            input_ids=input_ids,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=kwargs.get("use_cache"),
+            kwargs=kwargs,
+            pixel_values=pixel_values,
+            pixel_values_videos=pixel_values_videos,
+        )
+        model_kwargs = kwargs if plan is None else {**kwargs, "shared_prefix": plan, "use_cache": False}
+
+        outputs = self.model(
+            input_ids=input_ids,
+            pixel_values=pixel_values,
+            pixel_values_videos=pixel_values_videos,
+            image_grid_thw=image_grid_thw,
+            video_grid_thw=video_grid_thw,
+            position_ids=position_ids,
+            attention_mask=attention_mask,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            mm_token_type_ids=mm_token_type_ids,
+            output_router_logits=output_router_logits,
+            mm_encoder_outputs=mm_encoder_outputs,
+            **model_kwargs,
+        )
+
+        head = causal_lm_head(
+            self.lm_head,
+            ops.of(self),
+            outputs[0],
+            plan=plan,
+            labels=labels,
+            input_ids=input_ids,
+            logits_to_keep=logits_to_keep,
+            request=request,
+            kwargs=kwargs,
+        )
+        loss = head.loss
+
+        aux_loss = None
+        router_logits = shared_prefix.expand_router_logits(plan, outputs.router_logits)
+        if output_router_logits:
+            aux_loss = load_balancing_loss_func(
+                router_logits,
+                self.config.text_config.num_experts,
+                self.config.text_config.num_experts_per_tok,
+                attention_mask,
+            )
+            if labels is not None:
+                loss += self.config.text_config.router_aux_loss_coef * aux_loss.to(loss.device)
+
+        output = Qwen3_5MoeCausalLMOutputWithPast(
+            loss=loss,
+            aux_loss=aux_loss,
+            logits=head.logits,
+            cache=outputs.cache,
+            hidden_states=shared_prefix.expand_hidden_states(plan, outputs.hidden_states),
+            attentions=outputs.attentions,
+            router_logits=router_logits,
+            image_outputs=outputs.image_outputs,
+            video_outputs=outputs.video_outputs,
+        )
+        return head.attach(output)

@@ -1,0 +1,234 @@
+"""One target, one pass: source -> codemods -> verify -> render. Pure: nothing here writes files."""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import difflib
+import hashlib
+
+import libcst as cst
+
+import patchgen
+from patchgen.bodies import load_body
+from patchgen.codemods.absolute_imports import AbsoluteImports
+from patchgen.codemods.definitions import ApplyDefinitionEdits, DefinitionEdits, MethodEdit
+from patchgen.codemods.exports import DropFromAll
+from patchgen.codemods.imports import DropUnusedImports, insert_imports
+from patchgen.codemods.names import class_methods, import_bindings, names_used, top_level_definitions
+from patchgen.codemods.rename import rename_tree
+from patchgen.errors import PatchApplyError, PatchTargetMissing
+from patchgen.render import render_constants, render_header, render_marker
+from patchgen.source import UpstreamSource, load_upstream
+from patchgen.spec import Patch, PatchConfig
+from patchgen.targets import Target
+
+
+@dataclasses.dataclass(frozen=True)
+class Generated:
+    target: Target
+    python: str
+    diff: str
+    upstream: UpstreamSource
+    upstream_hashes: dict[str, str]  # patch target -> short hash of the upstream node it edits
+
+
+def node_hash(node: cst.CSTNode) -> str:
+    """Short hash of an upstream node's source, recorded per patch so upgrades show what moved."""
+    return hashlib.sha256(cst.Module(body=[]).code_for_node(node).encode()).hexdigest()[:12]
+
+
+def generate(target: Target, config: PatchConfig | None = None, upstream: UpstreamSource | None = None) -> Generated:
+    config = config or target.load_config()
+    upstream = upstream or load_upstream(config.upstream_module)
+    try:
+        tree = cst.parse_module(upstream.text)
+    except cst.ParserSyntaxError as exc:
+        raise PatchApplyError(f"upstream {upstream.module} ({upstream.path}) does not parse: {exc}") from None
+    tree = tree.visit(AbsoluteImports(upstream.module))
+    used_upstream = names_used(tree)
+
+    plan = _plan_edits(target, config, upstream, tree)
+    tree = tree.visit(ApplyDefinitionEdits(plan.edits))
+    if plan.edits.exclude:
+        tree = tree.visit(DropFromAll(set(plan.edits.exclude)))
+    _verify_applied(plan, config, upstream)
+
+    constants = cst.parse_module(render_constants(target.device, sorted(config.op_defaults.items())))
+    tree = insert_imports(tree, list(constants.body))
+    tree = _carry_imports(tree, plan, config)
+    defined = top_level_definitions(tree)
+    unused = {n for n, kind in defined.items() if kind == "import" and n in used_upstream} - names_used(tree)
+    tree = tree.visit(DropUnusedImports(unused))
+
+    body = tree.code
+    output = f"generated/{target.model}/{target.output_name}.py"
+    try:
+        compile(body, output, "exec")
+    except SyntaxError as exc:
+        raise PatchApplyError(f"{target.name}: generated code does not compile: {exc}") from None
+
+    header = render_header(
+        patchgen_version=patchgen.__version__,
+        transformers_version=upstream.version,
+        upstream_module=upstream.module,
+        upstream_sha256=upstream.sha256,
+        config_path=target.config_path,
+        model=target.model,
+        device=target.device,
+        patches=[
+            {"verb": p.verb, "target": config.resolved_target(p), "reason": p.reason,
+             "upstream_hash": plan.hashes.get(config.resolved_target(p), "")}
+            for p in config.patches
+        ],
+        op_defaults=sorted(config.op_defaults.items()),
+    )
+    python = header + body
+    upstream_name = upstream.module.replace(".", "/") + ".py"
+    diff = "".join(
+        difflib.unified_diff(
+            upstream.text.splitlines(keepends=True),
+            python.splitlines(keepends=True),
+            fromfile=f"a/{upstream_name}",
+            tofile=f"b/{output}",
+        )
+    )
+    return Generated(target, python, diff, upstream, plan.hashes)
+
+
+@dataclasses.dataclass
+class _Plan:
+    edits: DefinitionEdits
+    imports: dict[str, tuple[cst.Import | cst.ImportFrom, str]]  # bound name -> (statement, body source)
+    unresolved: dict[str, str]  # name -> body source that reads it
+    extra: list[cst.SimpleStatementLine]
+    expected: dict[tuple, Patch]
+    hashes: dict[str, str]
+
+
+def _plan_edits(target: Target, config: PatchConfig, upstream: UpstreamSource, tree: cst.Module) -> _Plan:
+    defined = top_level_definitions(tree)
+    nodes = {s.name.value: s for s in tree.body if isinstance(s, (cst.ClassDef, cst.FunctionDef))}
+    plan = _Plan(DefinitionEdits(), {}, {}, [], {}, {})
+    for patch in config.patches:
+        name = config.resolved_target(patch)
+        if patch.verb == "add_import":
+            plan.extra.append(cst.parse_statement(patch.statement))
+            continue
+        head, _, method = name.partition(".")
+        node = _check_target(patch, name, head, method, defined, nodes, config, upstream)
+        plan.hashes[name] = node_hash(node)
+        marker = render_marker(patch.verb, patch.reason)
+        if patch.verb == "exclude":
+            plan.edits.exclude[head] = marker
+            plan.expected[("exclude", head)] = patch
+            continue
+        body = load_body(patch.body_module, patch.body_name, patch.kind)
+        renamed = rename_tree(body.node, config.renames)
+        # An explicit body= may be named freely; it takes the target's name in the generated module.
+        renamed = renamed.with_changes(name=cst.Name(method or head))
+        for bound, statement in body.imports.items():
+            plan.imports.setdefault(config.renames.identifier(bound), (rename_tree(statement, config.renames), body.source))
+        for bound in body.unresolved:
+            plan.unresolved.setdefault(config.renames.identifier(bound), body.source)
+        if method:
+            plan.edits.methods.setdefault(head, {})[method] = MethodEdit(
+                renamed, marker, keep_upstream_decorators=patch.decorators == "upstream", add=patch.verb == "add_method"
+            )
+            plan.expected[("method", head, method)] = patch
+        else:
+            plan.edits.replace[head] = (renamed, marker)
+            plan.expected[("replace", head)] = patch
+    return plan
+
+
+def _check_target(patch, name, head, method, defined, nodes, config, upstream):
+    where = f"declared at {patch.declared_at}, upstream {upstream.module} in transformers {upstream.version}"
+    if head not in nodes:
+        close = difflib.get_close_matches(head, list(nodes), n=3)
+        hint = f"; closest upstream names: {', '.join(close)}" if close else ""
+        raise PatchTargetMissing(f"{patch.verb} {name}: {head!r} is not defined upstream ({where}){hint}")
+    node = nodes[head]
+    want_class = patch.verb in ("replace_class", "override_method", "add_method")
+    if want_class and not isinstance(node, cst.ClassDef):
+        raise PatchTargetMissing(f"{patch.verb} {name}: upstream {head!r} is a function, not a class ({where})")
+    if patch.verb == "replace_function" and not isinstance(node, cst.FunctionDef):
+        raise PatchTargetMissing(f"{patch.verb} {name}: upstream {head!r} is a class, not a function ({where})")
+    if not method:
+        return node
+    methods = class_methods(node)
+    if patch.verb == "override_method" and method not in methods:
+        raise PatchTargetMissing(
+            f"override_method {name}: class {head} has no method {method!r} upstream ({where}); "
+            "use add_method to add one"
+        )
+    if patch.verb == "add_method" and method in methods:
+        raise PatchTargetMissing(
+            f"add_method {name}: class {head} already has {method!r} upstream ({where}); use override_method"
+        )
+    return methods.get(method, node)
+
+
+def _verify_applied(plan: _Plan, config: PatchConfig, upstream: UpstreamSource) -> None:
+    for key, patch in plan.expected.items():
+        count = plan.edits.applied[key]
+        if count != 1:
+            raise PatchApplyError(
+                f"{patch.verb} {config.resolved_target(patch)} applied {count} times, expected exactly once "
+                f"(declared at {patch.declared_at}, transformers {upstream.version})"
+            )
+
+
+def _carry_imports(tree: cst.Module, plan: _Plan, config: PatchConfig) -> cst.Module:
+    defined = top_level_definitions(tree)
+    bindings: dict[str, str] = {}
+    for stmt in tree.body:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, (cst.Import, cst.ImportFrom)):
+                    bindings.update(import_bindings(small))
+    upstream_package = config.upstream_module.rpartition(".")[0]
+    added: dict[str, cst.SimpleStatementLine] = {}
+    for name in sorted(plan.imports):
+        statement, source = plan.imports[name]
+        wanted = import_bindings(statement)[name]
+        if name in defined:
+            from_upstream = wanted.startswith(config.upstream_module + ".")
+            if defined[name] == "import" and not from_upstream and bindings.get(name, wanted) != wanted:
+                raise PatchApplyError(
+                    f"body {source} imports {name!r} as {wanted}, but upstream binds it to {bindings[name]}: "
+                    "rename the import in the bodies module"
+                )
+            continue  # upstream already defines the name; a body importing it from upstream reads the local one
+        if wanted.startswith(upstream_package + "."):
+            raise PatchApplyError(
+                f"body {source} imports {name!r} from the upstream model package ({wanted}) but the generated "
+                f"module does not define it: check the rename map of {config.model}/{config.device}"
+            )
+        added[name] = statement
+    for name, source in sorted(plan.unresolved.items()):
+        if name not in defined and name not in added and not hasattr(builtins, name):
+            raise PatchApplyError(
+                f"body {source} reads {name!r}, which neither the upstream module nor the bodies module's imports "
+                "define: import it in the bodies module"
+            )
+    return insert_imports(tree, list(plan.extra) + _grouped(added.values()))
+
+
+def _grouped(statements) -> list[cst.SimpleStatementLine]:
+    """One `from m import a, b` line per module, plain imports first, sorted: stable, readable output."""
+    plain: dict[str, cst.Import] = {}
+    by_module: dict[str, list[cst.ImportAlias]] = {}
+    for statement in statements:
+        code = cst.Module(body=[]).code_for_node(statement)
+        if isinstance(statement, cst.Import):
+            plain[code] = statement
+        else:
+            module = code.split(" import ", 1)[0][len("from "):]
+            by_module.setdefault(module, []).extend(statement.names)
+    lines = [cst.SimpleStatementLine(body=[plain[key]]) for key in sorted(plain)]
+    for module in sorted(by_module):
+        aliases = sorted(by_module[module], key=lambda a: cst.Module(body=[]).code_for_node(a.name))
+        aliases = [a.with_changes(comma=cst.MaybeSentinel.DEFAULT) for a in aliases]
+        lines.append(cst.SimpleStatementLine(body=[cst.ImportFrom(module=cst.parse_expression(module), names=aliases)]))
+    return lines

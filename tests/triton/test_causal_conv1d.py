@@ -1,0 +1,55 @@
+"""causal_conv1d against one F.conv1d per sequence (float64): outputs and gradients of x, weight, bias."""
+
+import pytest
+import torch
+from patchgen.kernels.triton import causal_conv1d
+from patchgen.kernels.triton.causal_conv1d import causal_conv1d_reference
+from triton_helpers import grads, max_err
+
+TOL = 1e-12
+
+
+@pytest.mark.parametrize("width", [2, 3, 4])
+@pytest.mark.parametrize("activation", ["silu", None])
+def test_varlen_forward_and_gradients(device, width, activation):
+    # sequences shorter than the kernel, and a D that is not a power of two, are included
+    cu = torch.tensor([0, 1, 3, 70, 100], dtype=torch.int32, device=device)
+    x = torch.randn(1, 100, 40, dtype=torch.float64, device=device, requires_grad=True)
+    w = torch.randn(40, width, dtype=torch.float64, device=device, requires_grad=True)
+    b = torch.randn(40, dtype=torch.float64, device=device, requires_grad=True)
+    y = causal_conv1d(x, w, b, activation=activation, cu_seqlens=cu)
+    y_ref = causal_conv1d_reference(x, w, b, activation=activation, cu_seqlens=cu.cpu())
+    assert max_err(y, y_ref) < TOL
+    dy = torch.randn_like(y)
+    for a, r in zip(grads([y], [x, w, b], [dy]), grads([y_ref], [x, w, b], [dy])):
+        assert max_err(a, r) < TOL
+
+
+def test_sequences_do_not_leak_into_each_other(device):
+    x = torch.randn(1, 20, 16, dtype=torch.float64, device=device)
+    w = torch.randn(16, 4, dtype=torch.float64, device=device)
+    cu = torch.tensor([0, 8, 20], dtype=torch.int32, device=device)
+    y = causal_conv1d(x, w, cu_seqlens=cu)
+    alone = causal_conv1d(x[:, 8:], w)
+    assert max_err(y[:, 8:], alone) < TOL
+
+
+def test_batch_without_bias(device):
+    x = torch.randn(2, 30, 16, dtype=torch.float64, device=device, requires_grad=True)
+    w = torch.randn(16, 4, dtype=torch.float64, device=device, requires_grad=True)
+    y = causal_conv1d(x, w)
+    y_ref = causal_conv1d_reference(x, w)
+    assert max_err(y, y_ref) < TOL
+    dy = torch.randn_like(y)
+    for a, r in zip(grads([y], [x, w], [dy]), grads([y_ref], [x, w], [dy])):
+        assert max_err(a, r) < TOL
+
+
+def test_bfloat16_output_dtype_and_accuracy(device):
+    """bf16 in and out, fp32 accumulation: one bf16 rounding of the output (relative 4e-3)."""
+    x = torch.randn(1, 50, 32, device=device)
+    w = torch.randn(32, 4, device=device)
+    y = causal_conv1d(x.bfloat16(), w.bfloat16())
+    y_ref = causal_conv1d_reference(x.bfloat16().double(), w.bfloat16().double())
+    assert y.dtype == torch.bfloat16
+    assert max_err(y, y_ref) < 8e-3 * y_ref.abs().max().item()
