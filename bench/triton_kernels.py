@@ -137,14 +137,16 @@ def norm_arms():
     return arms
 
 
-def bench_arm(fn, make_inputs, backward: bool, repeats: int):
+def bench_arm(fn, make_inputs, backward: bool, repeats: int, warmup: int = 3):
     ins, extra = make_inputs(backward)
+    leaves = [t for t in ins if t.requires_grad]
+    grad_out = torch.ones_like(fn(*ins, *extra)) if backward else None
 
     def step():
         out = fn(*ins, *extra)
-        if backward:
-            out.backward(torch.ones_like(out))
-    return timed(step, repeats)
+        if backward:  # autograd.grad: nothing accumulates into .grad between repeats
+            torch.autograd.grad(out, leaves, grad_out)
+    return timed(step, repeats, warmup)
 
 
 def main() -> None:
@@ -152,6 +154,8 @@ def main() -> None:
     parser.add_argument("--csv", default=os.path.join(os.path.dirname(__file__), "results", "triton_kernels.csv"))
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--torch-repeats", type=int, default=3)
+    parser.add_argument("--ops", default="gated_delta_rule,causal_conv1d,rms_norm_gated",
+                        help="comma-separated subset of the ops to run")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench/triton_kernels.py needs a CUDA device")
@@ -179,18 +183,21 @@ def main() -> None:
     conv_bytes = {False: 2 * T * CONV_D * BYTES, True: 5 * T * CONV_D * BYTES}  # fwd: x, y; +bwd: dy, x, dx
     norm_bytes = {False: 3 * T * HV * V * BYTES, True: 8 * T * HV * V * BYTES}
     rows = []
-    for op, arms, make, cost in (
-        ("gated_delta_rule", gdn_arms(), gdn_inputs, lambda b: gdn_cost(b)),
-        ("causal_conv1d", conv_arms(), conv_inputs, lambda b: (conv_bytes[b], 0.0)),
-        ("rms_norm_gated", norm_arms(), norm_inputs, lambda b: (norm_bytes[b], 0.0)),
-    ):
+    ops = {
+        "gated_delta_rule": (gdn_arms, gdn_inputs, gdn_cost),
+        "causal_conv1d": (conv_arms, conv_inputs, lambda b: (conv_bytes[b], 0.0)),
+        "rms_norm_gated": (norm_arms, norm_inputs, lambda b: (norm_bytes[b], 0.0)),
+    }
+    for op in args.ops.split(","):
+        make_arms, make, cost = ops[op]
+        arms = make_arms()
         for backward in (False, True):
             nbytes, flops = cost(backward)
             floor_ms = max(nbytes / bandwidth, flops / matmul) * 1e3
             for arm, fn in arms.items():
                 repeats = args.torch_repeats if arm == "torch" else args.repeats
                 try:
-                    ms = bench_arm(fn, make, backward, repeats)
+                    ms = bench_arm(fn, make, backward, repeats, warmup=1 if arm == "torch" else 3)
                 except Exception as exc:  # noqa: BLE001 - e.g. fla's GDN backward on Triton < 3.7.1
                     print(f"{op} {arm} {'fwd+bwd' if backward else 'fwd'} failed: {exc!r}", file=sys.stderr)
                     ms = float("nan")

@@ -32,7 +32,7 @@ class _ParsedBodies:
     path: Path
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _parse(module_name: str) -> _ParsedBodies:
     path = module_file(module_name)
     tree = cst.parse_module(path.read_text(encoding="utf-8"))

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import importlib
 import importlib.util
+import os
 import traceback
 from pathlib import Path
 

@@ -90,8 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     largest = max(g.abs().max().item() for g in grads_off.values())
     bound = total / compact
     rows = [
-        ("batch", f"{args.prompts} prompts x {args.rollouts} rollouts (P={args.prompt_len}, "
-                  f"R={args.response_len}) + 1 x {args.single}"),
+        ("batch", (f"{args.prompts} prompts x {args.rollouts} rollouts (P={args.prompt_len}, "
+                   f"R={args.response_len}) + 1 x {args.single}")),
         ("model", f"Qwen3.5 {args.layers} layers, d=128, float64, CPU torch backends (npu module)"),
         ("tokens packed T", f"{total}"),
         ("tokens compact C", f"{compact}"),

@@ -9,7 +9,7 @@ from .causal_conv1d import causal_conv1d
 from .gated_delta_rule import gated_delta_rule
 from .rms_norm_gated import rms_norm_gated
 
-__all__ = ["gated_delta_rule", "causal_conv1d", "rms_norm_gated", "CAPABILITIES"]
+__all__ = ["CAPABILITIES", "causal_conv1d", "gated_delta_rule", "rms_norm_gated"]
 
 # What each op of this backend can serve, for its kernel handle (shared-prefix training needs
 # varlen + initial-state gradient from the GDN backend, varlen from the conv).

@@ -60,8 +60,14 @@ def precision_for(dtype: torch.dtype) -> Precision:
         return Precision(tl.float64, tl.float64, "ieee", "ieee", torch.float64)
     half = dtype in (torch.float16, torch.bfloat16)
     dot = tl.float32 if (half and interpreting()) else _TL_DTYPES[dtype]
-    # tf32x3 keeps fp32 accuracy on NVIDIA tensor cores; "ieee" is the portable fallback.
-    solve = "tf32x3" if _on_cuda() else "ieee"
+    # The intra-chunk inverse takes fp32 operands. On NVIDIA: tf32x3 (fp32-accurate) for fp32 inputs;
+    # tf32 for half inputs, still finer than the half cast its result gets before the next product,
+    # and tf32x3 next to half-precision products in one kernel makes Triton 3.6 on Hopper emit code
+    # that faults (illegal memory access). "ieee" is the portable fallback.
+    if not _on_cuda():
+        solve = "ieee"
+    else:
+        solve = "tf32" if half else "tf32x3"
     # For half operands the precision flag is meaningless: leave the backend's default.
     dot_precision = None if dot in (tl.float16, tl.bfloat16) else "ieee"
     return Precision(tl.float32, dot, dot_precision, solve, torch.float32)
@@ -78,8 +84,30 @@ def scale_arg(scale, prec: Precision, device) -> torch.Tensor:
     return torch.full((1,), scale, dtype=prec.acc_torch, device=device)
 
 
+def bwd_tuning(dtype: torch.dtype) -> dict:
+    """Launch options of the backward kernels: fp32 tiles are twice the bytes of half ones, and at
+    head dim 128 the pipelined loads overflow Hopper's 227 KiB of shared memory, so wide dtypes
+    narrow the V block and do not pipeline."""
+    if torch.empty((), dtype=dtype).element_size() >= 4:
+        return {"block_v": 32, "num_stages": 1}
+    return {"block_v": 64, "num_stages": 3}
+
+
 def next_pow2(n: int) -> int:
     return triton.next_power_of_2(int(n))
+
+
+def head_block(n: int, dtype: torch.dtype, cap: int | None = None) -> int:
+    """Tile width for a head dimension of size n (masked past n).
+
+    Compiled half-precision products on tiles narrower than 64 fault on Hopper under Triton 3.6
+    (illegal memory access, seen at head dim 16; 64 and 128 run), so half inputs pad to 64.
+    That only costs anything at toy sizes.
+    """
+    b = next_pow2(n) if cap is None else min(cap, next_pow2(n))
+    if dtype in (torch.float16, torch.bfloat16) and not interpreting():
+        b = max(b, 64)
+    return b
 
 
 @triton.jit

@@ -91,8 +91,10 @@ def _token_bounds(cu_seqlens: torch.Tensor, T: int):
     return cu[seq].to(torch.int32).contiguous(), cu[seq + 1].to(torch.int32).contiguous()
 
 
-def _blocks(T: int, D: int) -> tuple[int, int]:
-    return 64, min(128, next_pow2(D))
+def _blocks(D: int, backward: bool) -> tuple[int, int]:
+    """Rows x channels per program: small enough that the unrolled W x W loop keeps its fp32 tiles
+    in registers (the backward holds about five of them)."""
+    return (32 if backward else 64), min(64, next_pow2(D))
 
 
 class CausalConv1d(torch.autograd.Function):
@@ -102,7 +104,7 @@ class CausalConv1d(torch.autograd.Function):
         W = weight.shape[1]
         prec = precision_for(x.dtype)
         y = torch.empty_like(x)
-        BT, BD = _blocks(T, D)
+        BT, BD = _blocks(D, backward=False)
         causal_conv1d_fwd_kernel[(triton.cdiv(T, BT), triton.cdiv(D, BD))](
             x, weight, bias, y, seq_start, T, D=D, W=W, BT=BT, BD=BD, HAS_BIAS=bias is not None, SILU=silu,
             ACC=prec.acc)
@@ -116,7 +118,7 @@ class CausalConv1d(torch.autograd.Function):
         T, D = x.shape
         W = weight.shape[1]
         prec = precision_for(x.dtype)
-        BT, BD = _blocks(T, D)
+        BT, BD = _blocks(D, backward=True)
         nt = triton.cdiv(T, BT)
         dx = torch.empty_like(x)
         dw_part = torch.empty(nt, W, D, dtype=prec.acc_torch, device=x.device)

@@ -55,8 +55,9 @@ def rms_norm_gated_bwd_kernel(x, gate, weight, rstd, dy, dx, dgate, dweight_part
     tl.store(dweight_part + i_r * D + o_d, tl.sum(dyv * n * act, axis=0), mask=o_d < D)
 
 
-def _rows_per_block(d: int) -> int:
-    return max(1, min(32, 8192 // next_pow2(d)))
+def _rows_per_block(d: int, backward: bool = False) -> int:
+    """About 4096 (forward) or 2048 (backward, more live tiles) elements per program."""
+    return max(1, min(32, (2048 if backward else 4096) // next_pow2(d)))
 
 
 class RMSNormGated(torch.autograd.Function):
@@ -79,7 +80,7 @@ class RMSNormGated(torch.autograd.Function):
         D = x.shape[-1]
         n_rows = x.numel() // D
         prec = precision_for(x.dtype)
-        br = _rows_per_block(D)
+        br = _rows_per_block(D, backward=True)
         nb = triton.cdiv(n_rows, br)
         dx = torch.empty_like(x)
         dgate = torch.empty_like(gate)

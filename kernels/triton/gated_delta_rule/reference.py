@@ -77,7 +77,7 @@ def wy_ref(k, v, beta, gc, cu_seqlens, chunk: int = CHUNK):
             kc, vc, bc, Gc = k[s:e].transpose(0, 1), v[s:e].transpose(0, 1), beta[s:e].T, gc[s:e].T
             decay = (Gc[:, :, None] - Gc[:, None, :]).tril(-1).exp().tril(-1)
             L = bc[:, :, None] * decay * (kc @ kc.transpose(1, 2))
-            eye = torch.eye(n, dtype=L.dtype)
+            eye = torch.eye(n, dtype=L.dtype, device=L.device)
             A = torch.linalg.solve_triangular(eye + L, eye.expand(HV, n, n), upper=False, unitriangular=True)
             ws.append((A @ (kc * (bc * Gc.exp())[:, :, None])).transpose(0, 1))
             us.append((A @ (vc * bc[:, :, None])).transpose(0, 1))

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._common import mm, next_pow2, precision_for
+from .._common import bwd_tuning, head_block, mm, precision_for
 from .varlen import Chunking
 
 
@@ -165,8 +165,8 @@ def wy_bwd_kernel(k, v, beta, gc, A, dw, du, dk, dv, dbeta, dg, cu_seqlens, chun
     tl.store(dg + rows * HV + i_hv, dG.to(dg.dtype.element_ty), mask=m_t)
 
 
-def _bv(v: int, block_v: int | None) -> int:
-    return block_v or min(64, next_pow2(v))
+def _bv(v: int, dtype, block_v: int | None) -> int:
+    return block_v or head_block(v, dtype, cap=64)
 
 
 def wy_fwd(k, v, beta, gc, chunking: Chunking, *, block_v: int | None = None):
@@ -180,7 +180,7 @@ def wy_fwd(k, v, beta, gc, chunking: Chunking, *, block_v: int | None = None):
     u = torch.empty(T, HV, V, dtype=v.dtype, device=k.device)
     wy_fwd_kernel[(chunking.num_chunks, HV)](
         k, v, beta, gc, A, w, u, chunking.cu_seqlens, chunking.chunk_indices,
-        H=H, HV=HV, K=K, V=V, BT=BT, LOG2_BT=BT.bit_length() - 1, BK=next_pow2(K), BV=_bv(V, block_v),
+        H=H, HV=HV, K=K, V=V, BT=BT, LOG2_BT=BT.bit_length() - 1, BK=head_block(K, k.dtype), BV=_bv(V, k.dtype, block_v),
         ACC=prec.acc, DOT=prec.dot, PREC=prec.dot_precision, SOLVE_PREC=prec.solve_precision, num_warps=4)
     return A, w, u
 
@@ -199,9 +199,10 @@ def wy_bwd(k, v, beta, gc, A, dw, du, chunking: Chunking, *, dk=None, dg=None, b
         dg = torch.empty(T, HV, dtype=prec.acc_torch, device=k.device)
     dv = torch.empty_like(v)
     dbeta = torch.empty(T, HV, dtype=prec.acc_torch, device=k.device)
+    tuning = bwd_tuning(k.dtype)
     wy_bwd_kernel[(chunking.num_chunks, HV)](
         k, v, beta, gc, A, dw, du, dk, dv, dbeta, dg, chunking.cu_seqlens, chunking.chunk_indices,
-        H=H, HV=HV, K=K, V=V, BT=chunking.chunk_size, BK=next_pow2(K), BV=_bv(V, block_v),
+        H=H, HV=HV, K=K, V=V, BT=chunking.chunk_size, BK=head_block(K, k.dtype), BV=_bv(V, k.dtype, block_v or tuning["block_v"]),
         ACC=prec.acc, DOT=prec.dot, PREC=prec.dot_precision, SOLVE_PREC=prec.solve_precision,
-        ACCUMULATE=accumulate, num_warps=8)
+        ACCUMULATE=accumulate, num_warps=8, num_stages=tuning["num_stages"])
     return dk, dv, dbeta, dg

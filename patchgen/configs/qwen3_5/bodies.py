@@ -41,7 +41,6 @@ from patchgen.kernels.shared_prefix import (
     shared_prefix_gated_delta_rule,
 )
 
-
 # Stand-ins for the constants the generator writes into each generated module (its device target's
 # op-slot defaults); here, where the bodies run unpatched in tests, nothing is preferred.
 PATCHGEN_OP_DEFAULTS: dict[str, str] = {}
