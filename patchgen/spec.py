@@ -56,13 +56,17 @@ class Renames:
 
     `prefixes` maps an identifier prefix to its replacement (`Qwen3_5` -> `Qwen3_5Moe`); an identifier
     that already starts with the replacement is left alone, so `Qwen3_5MoeMoe` never happens.
-    `modules` maps dotted module path components (`qwen3_5` -> `qwen3_5_moe`) in imports.
+    `modules` maps dotted module path components (`qwen3_5` -> `qwen3_5_moe`) in imports, and `names`
+    whole identifiers that differ between siblings (`BaseModelOutputWithPast` -> `MoeModelOutputWithPast`).
     """
 
     prefixes: Mapping[str, str] = dataclasses.field(default_factory=dict)
     modules: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    names: Mapping[str, str] = dataclasses.field(default_factory=dict)  # exact identifiers, before prefixes
 
     def identifier(self, name: str) -> str:
+        if name in self.names:
+            return self.names[name]
         for old, new in self.prefixes.items():
             if name.startswith(old) and not name.startswith(new):
                 return new + name[len(old):]
@@ -75,7 +79,7 @@ class Renames:
         return ".".join(self.modules.get(part, part) for part in dotted.split("."))
 
     def __bool__(self) -> bool:
-        return bool(self.prefixes or self.modules)
+        return bool(self.prefixes or self.modules or self.names)
 
 
 class PatchConfig:
@@ -155,7 +159,11 @@ class PatchConfig:
             bodies=bodies or self.bodies,
             upstream_module=upstream_module or (None if model != self.model else self.upstream_module),
             op_defaults={**self.op_defaults, **(op_defaults or {})},
-            renames=Renames({**self.renames.prefixes, **renames.prefixes}, {**self.renames.modules, **renames.modules}),
+            renames=Renames(
+                {**self.renames.prefixes, **renames.prefixes},
+                {**self.renames.modules, **renames.modules},
+                {**self.renames.names, **renames.names},
+            ),
         )
         child.patches = list(self.patches)
         child._inherited = {id(p) for p in child.patches}

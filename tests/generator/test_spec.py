@@ -79,6 +79,13 @@ def test_rename_prefix_is_applied_once_never_twice():
     assert renames.qualname("Qwen3_5Attention.forward") == "Qwen3_5MoeAttention.forward"
 
 
+def test_exact_name_renames_win_over_prefixes():
+    renames = Renames({"Qwen3_5": "Qwen3_5Moe"}, names={"BaseModelOutputWithPast": "MoeModelOutputWithPast"})
+    assert renames.identifier("BaseModelOutputWithPast") == "MoeModelOutputWithPast"
+    assert renames.identifier("BaseModelOutputWithPooling") == "BaseModelOutputWithPooling"
+    assert renames.identifier("Qwen3_5TextModel") == "Qwen3_5MoeTextModel"
+
+
 def test_module_renames_apply_to_whole_path_components():
     renames = Renames(modules={"qwen3_5": "qwen3_5_moe", "modeling_qwen3_5": "modeling_qwen3_5_moe"})
     assert renames.module("transformers.models.qwen3_5.modeling_qwen3_5") == (

@@ -12,19 +12,15 @@ from torch import nn
 from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as upstream
 from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import (
     ACT2FN,
-    DynamicCache,
     MoeCausalLMOutputWithPast,
     MoeModelOutputWithPast,
     Qwen3_5MoeCausalLMOutputWithPast,
-    create_causal_mask,
-    create_recurrent_attention_mask,
     load_balancing_loss_func,
 )
 
 from patchgen.kernels import ops
 from patchgen.kernels.modeling import shared_prefix
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
-from patchgen.kernels.modeling.packing import without_packed
 
 
 class Qwen3_5MoeExperts(nn.Module):
@@ -46,89 +42,6 @@ class Qwen3_5MoeExperts(nn.Module):
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         return ops.of(self).moe_experts(
             hidden_states, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj, self.act_fn
-        )
-
-
-class Qwen3_5MoeTextModel(upstream.Qwen3_5MoeTextModel):
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        cache=None,
-        inputs_embeds: torch.Tensor | None = None,
-        use_cache: bool | None = None,
-        **kwargs,
-    ) -> MoeModelOutputWithPast:
-        if (input_ids is None) ^ (inputs_embeds is not None):
-            raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
-
-        plan = kwargs.get("shared_prefix")
-        if plan is not None:
-            # The compact row: one copy of every shared prefix; the plan replaces the packed metadata
-            # and the mask (the mixers read their boundaries from the plan).
-            input_ids = plan.compact(input_ids, dim=1) if input_ids is not None else None
-            inputs_embeds = plan.compact(inputs_embeds, dim=1) if inputs_embeds is not None else None
-            position_ids = plan.position_ids
-            attention_mask = None
-            use_cache = False
-            kwargs = without_packed(kwargs)
-
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)
-
-        if use_cache and cache is None:
-            cache = DynamicCache(config=self.config)
-
-        # the hard coded `4` is for text, temporal, height and width.
-        if position_ids is None:
-            past_seen_tokens = cache.get_seq_length() if cache is not None else 0
-            position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen_tokens
-            position_ids = position_ids.view(1, 1, -1).expand(4, inputs_embeds.shape[0], -1)
-        elif position_ids.ndim == 2:
-            position_ids = position_ids[None, ...].expand(4, position_ids.shape[0], -1)
-
-        if position_ids.ndim == 3 and position_ids.shape[0] == 4:
-            text_position_ids = position_ids[0]
-            position_ids = position_ids[1:]
-        else:
-            text_position_ids = None
-
-        if plan is not None or (cache is None and kwargs.get("cu_seq_lens_q") is not None):
-            # Varlen mixers read boundaries, not masks: no [T, T] mask is built.
-            causal_mask_mapping = {"full_attention": None, "linear_attention": None}
-        elif not isinstance(causal_mask_mapping := attention_mask, dict):
-            mask_kwargs = {
-                "config": self.config,
-                "inputs_embeds": inputs_embeds,
-                "attention_mask": attention_mask,
-                "cache": cache,
-                "position_ids": text_position_ids,
-            }
-            causal_mask_mapping = {
-                "full_attention": create_causal_mask(**mask_kwargs),
-                "linear_attention": create_recurrent_attention_mask(**mask_kwargs),
-            }
-
-        hidden_states = inputs_embeds
-        position_embeddings = self.rotary_emb(hidden_states, position_ids)
-
-        for i, decoder_layer in enumerate(self.layers[: self.config.num_hidden_layers]):
-            hidden_states = decoder_layer(
-                hidden_states,
-                position_embeddings=position_embeddings,
-                attention_mask=causal_mask_mapping[self.config.layer_types[i]],
-                position_ids=text_position_ids,
-                cache=cache,
-                use_cache=use_cache,
-                **kwargs,
-            )
-
-        hidden_states = self.norm(hidden_states)
-
-        return MoeModelOutputWithPast(
-            last_hidden_state=hidden_states,
-            cache=cache,
         )
 
 

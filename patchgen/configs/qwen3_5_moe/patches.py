@@ -5,13 +5,18 @@ from __future__ import annotations
 from patchgen.spec import PatchConfig, Renames
 
 BODIES = "patchgen.configs.qwen3_5_moe.bodies"
-RENAMES = Renames(prefixes={"Qwen3_5": "Qwen3_5Moe"}, modules={"qwen3_5": "qwen3_5_moe", "modeling_qwen3_5": "modeling_qwen3_5_moe"})
+RENAMES = Renames(
+    prefixes={"Qwen3_5": "Qwen3_5Moe"},
+    modules={"qwen3_5": "qwen3_5_moe", "modeling_qwen3_5": "modeling_qwen3_5_moe"},
+    # The MoE text model returns the MoE output class (same fields as far as the body fills them).
+    names={"BaseModelOutputWithPast": "MoeModelOutputWithPast"},
+)
 
 
 def moe_config(dense: PatchConfig, op_defaults: dict[str, str]) -> PatchConfig:
     config = dense.derive(model="qwen3_5_moe", renames=RENAMES, op_defaults=op_defaults)
-    # TextModel, ForCausalLM and ForConditionalGeneration return MoE outputs and carry the auxiliary
-    # loss: the MoE bodies below supersede the inherited Qwen3.5 patches of the same targets.
+    # ForCausalLM and ForConditionalGeneration carry the auxiliary loss: the MoE bodies below
+    # supersede the inherited Qwen3.5 patches of the same targets.
 
     def own(target: str, reason: str) -> None:
         config.override_method(target, reason=reason, body=f"{BODIES}:{target}")
@@ -21,7 +26,6 @@ def moe_config(dense: PatchConfig, op_defaults: dict[str, str]) -> PatchConfig:
         reason="experts through ops.moe_experts, without upstream's experts-implementation dispatch",
         body=f"{BODIES}:Qwen3_5MoeExperts",
     )
-    own("Qwen3_5MoeTextModel.forward", "compact row under a shared-prefix plan; no [T, T] mask for varlen rows")
     own(
         "Qwen3_5MoeForCausalLM.forward",
         "shared-prefix plan and guards; LM head through ops.cross_entropy; aux loss over packed tokens",
