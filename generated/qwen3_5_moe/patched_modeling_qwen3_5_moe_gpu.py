@@ -105,7 +105,7 @@ from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5Moe
 from patchgen.kernels import ops
 from patchgen.kernels.modeling import shared_prefix
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
-from patchgen.kernels.modeling.packing import sequence_boundaries, varlen_attention, without_packed
+from patchgen.kernels.modeling.packing import PACKED_ROW, packed_row, varlen_attention, without_packed
 from patchgen.kernels.shared_prefix import shared_prefix_attention, shared_prefix_causal_conv1d, shared_prefix_gated_delta_rule
 
 PATCHGEN_DEVICE = "gpu"
@@ -635,9 +635,10 @@ class Qwen3_5MoeGatedDeltaNet(nn.Module):
                     plan, table.causal_conv1d, mixed_qkv, weight, self.conv1d.bias, activation=self.activation
                 )
             else:
-                cu_seqlens = sequence_boundaries(kwargs, batch_size, seq_len, hidden_states.device)
+                row = packed_row(kwargs, batch_size, seq_len, hidden_states.device)
                 mixed_qkv = table.causal_conv1d(
-                    mixed_qkv, weight, self.conv1d.bias, activation=self.activation, cu_seqlens=cu_seqlens
+                    mixed_qkv, weight, self.conv1d.bias, activation=self.activation,
+                    cu_seqlens=None if row is None else row.cu_seqlens,
                 )
             query, key, value = torch.split(mixed_qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
             query = query.reshape(1, batch_size * seq_len, -1, self.head_k_dim)
@@ -648,9 +649,10 @@ class Qwen3_5MoeGatedDeltaNet(nn.Module):
                     plan, table.gated_delta_rule, query, key, value, g, beta, use_qk_l2norm_in_kernel=True
                 )
             else:
-                core_attn_out, _ = table.gated_delta_rule(
-                    query, key, value, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens
+                varlen = {} if row is None else dict(
+                    cu_seqlens=row.cu_seqlens, cu_seqlens_cpu=row.cu_seqlens_cpu, chunk_indices=row.chunk_indices
                 )
+                core_attn_out, _ = table.gated_delta_rule(query, key, value, g, beta, use_qk_l2norm_in_kernel=True, **varlen)
 
         # reshape input data into 2D tensor
         core_attn_out = core_attn_out.reshape(-1, self.head_v_dim)
@@ -1417,6 +1419,9 @@ class Qwen3_5MoeTextModel(Qwen3_5MoePreTrainedModel):
         if plan is not None or (cache is None and kwargs.get("cu_seq_lens_q") is not None):
             # Varlen mixers read boundaries, not masks: no [T, T] mask is built.
             causal_mask_mapping = {"full_attention": None, "linear_attention": None}
+            if plan is None:
+                # The recurrent mixers' metadata, once per micro-batch rather than once per layer.
+                kwargs = {**kwargs, PACKED_ROW: packed_row(kwargs, *inputs_embeds.shape[:2], inputs_embeds.device)}
         elif not isinstance(causal_mask_mapping := attention_mask, dict):
             mask_kwargs = {
                 "config": self.config,

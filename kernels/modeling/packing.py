@@ -38,6 +38,37 @@ def varlen_attention(kwargs: dict) -> Varlen | None:
     return Varlen(cu_q.to(torch.int32), cu_k.to(torch.int32), int(max_q), int(max_k))
 
 
+PACKED_ROW = "packed_row"  # the keyword a PackedRow travels under, from the text model to the mixers
+
+
+@dataclass(frozen=True)
+class PackedRow:
+    """Recurrent-mixer metadata of one packed row, built once per micro-batch (one host copy).
+
+    Passing `cu_seqlens_cpu` and `chunk_indices` to the GDN slot spares every layer's call a host
+    sync to derive them from the device boundaries.
+    """
+
+    cu_seqlens: torch.Tensor  # [N + 1] int32, on the device
+    cu_seqlens_cpu: torch.Tensor  # the same, on the host
+    chunk_indices: torch.Tensor  # [chunks, 2] int32 on the device: (sequence, chunk within it)
+
+
+def packed_row(kwargs: dict, batch: int, length: int, device: torch.device) -> PackedRow | None:
+    """The row's PackedRow: the one the text model put in ``kwargs``, else built here (None unpacked)."""
+    row = kwargs.get(PACKED_ROW)
+    if row is not None:
+        return row
+    cu = sequence_boundaries(kwargs, batch, length, device)
+    if cu is None:
+        return None
+    from ..shared_prefix.gdn import chunk_indices
+
+    host = cu.cpu()
+    chunks = torch.from_numpy(chunk_indices(host.diff().tolist()).astype("int32"))
+    return PackedRow(cu, host, chunks.to(device, non_blocking=True))
+
+
 def sequence_boundaries(kwargs: dict, batch: int, length: int, device: torch.device) -> torch.Tensor | None:
     """``cu_seqlens`` of the ``[1, batch * length]`` row view a recurrent mixer runs on.
 
@@ -56,7 +87,7 @@ def sequence_boundaries(kwargs: dict, batch: int, length: int, device: torch.dev
 
 def without_packed(kwargs: dict) -> dict:
     """``kwargs`` minus the packed metadata (the shared-prefix plan replaces it below the top model)."""
-    return {key: value for key, value in kwargs.items() if key not in PACKED_KWARGS}
+    return {key: value for key, value in kwargs.items() if key not in PACKED_KWARGS and key != PACKED_ROW}
 
 
 def next_token_labels(input_ids: torch.Tensor, cu_seqlens: torch.Tensor | None, ignore_index: int = -100) -> torch.Tensor:

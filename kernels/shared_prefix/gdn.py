@@ -42,7 +42,8 @@ class GDNIndex:
     out_index: torch.Tensor  # [C] row of cat(round A outputs, round B outputs) for each compact row
 
 
-def _chunk_indices(lengths: list[int]) -> np.ndarray:
+def chunk_indices(lengths) -> np.ndarray:
+    """[chunks, 2]: (sequence, chunk within it) for chunks of 64, flash-linear-attention's layout."""
     counts = -(-np.asarray(lengths, dtype=np.int64) // CHUNK)
     seq = np.repeat(np.arange(len(lengths), dtype=np.int64), counts)
     within = ranges(np.zeros(len(lengths), dtype=np.int64), counts)
@@ -98,13 +99,13 @@ def gdn_host_index(layout: Layout) -> dict:
         "state_index": state_index,
         "b_src": ranges(b_starts, b_lengths),
         "b_cu": boundaries(b_seq_lengths).astype(np.int32),
-        "b_chunks": _chunk_indices(b_seq_lengths).astype(np.int32),
+        "b_chunks": chunk_indices(b_seq_lengths).astype(np.int32),
     }
     if a_starts:
         host |= {
             "a_src": ranges(a_starts, a_lengths),
             "a_cu": boundaries(a_lengths).astype(np.int32),
-            "a_chunks": _chunk_indices(a_lengths).astype(np.int32),
+            "a_chunks": chunk_indices(a_lengths).astype(np.int32),
         }
     return host
 

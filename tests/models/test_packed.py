@@ -49,3 +49,36 @@ def test_loss_log_probs_and_entropy_when_packed():
     assert torch.allclose(out.log_probs, expected, atol=1e-12)
     assert torch.allclose(out.entropy, -(logp.exp() * logp).sum(-1), atol=1e-12)
     assert torch.allclose(out.loss, -expected[:, :-1].mean(), atol=1e-12)
+
+
+@pytest.mark.parametrize("model", ["qwen3_5", "qwen3_5_moe"])
+def test_packed_metadata_is_built_once_per_micro_batch_not_per_layer(model, monkeypatch):
+    """The GDN slot gets host boundaries and chunk indices, so no layer syncs to derive them."""
+    mod = tiny.module(model, "gpu")
+    from patchgen.kernels.modeling import packing
+
+    builds, gdn_calls = [], []
+    real_row = mod.packed_row
+
+    def counting_row(kwargs, *args):
+        builds.append(kwargs.get(packing.PACKED_ROW) is None)
+        return real_row(kwargs, *args)
+
+    monkeypatch.setattr(mod, "packed_row", counting_row)
+    net = tiny.build(model, "gpu")
+    table = mod.ops.of(net)
+    real_gdn = table.gated_delta_rule
+
+    def spy(*args, **kwargs):
+        gdn_calls.append(kwargs)
+        return real_gdn(*args, **kwargs)
+
+    monkeypatch.setitem(table.__dict__, "gated_delta_rule", spy)  # the table is immutable by design
+    ids, cu = tiny.packed_batch([40, 9, 70], seed=5)
+    net(input_ids=ids, **tiny.packed_kwargs(cu))
+    linear_layers = net.config.layer_types.count("linear_attention")
+    assert builds.count(True) == 1 and len(builds) == 1 + linear_layers
+    assert len(gdn_calls) == linear_layers
+    for kwargs in gdn_calls:
+        assert kwargs["cu_seqlens_cpu"].device.type == "cpu"
+        assert kwargs["chunk_indices"].tolist() == [[0, 0], [1, 0], [2, 0], [2, 1]]  # 40, 9, 70 tokens
