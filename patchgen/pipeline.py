@@ -202,8 +202,9 @@ def _carry_imports(tree: cst.Module, plan: _Plan, config: PatchConfig) -> cst.Mo
             continue  # upstream already defines the name; a body importing it from upstream reads the local one
         if wanted.startswith(upstream_package + "."):
             raise PatchApplyError(
-                f"body {source} imports {name!r} from the upstream model package ({wanted}) but the generated "
-                f"module does not define it: check the rename map of {config.model}/{config.device}"
+                f"body {source} imports {name!r} from the upstream model package ({wanted}), which this "
+                f"upstream does not define: adapt the body to this transformers release, or check the rename "
+                f"map of {config.model}/{config.device}"
             )
         added[name] = statement
     for name, source in sorted(plan.unresolved.items()):

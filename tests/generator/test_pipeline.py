@@ -15,7 +15,7 @@ def body_of(result):
 def test_override_method_replaces_body_keeps_signature_position_and_marks_reason(toy_config, toy_generate):
     toy_config.override_method("ToyNorm.forward", reason="norm through ops")
     out = toy_generate(toy_config).python
-    assert "# patchgen[override_method]: norm through ops\n    def forward(self, x):\n        # body comment survives" in out
+    assert "# patchgen[override_method]: norm through ops\n    def forward(self, x):\n        # body comment survives;" in out
     assert "return ops.norm(helper_a(x), self.eps)" in out
     assert "# upstream comment in a patched method" not in out
     assert "self.eps = eps  # keep this comment" in out  # untouched code keeps its comments
@@ -94,6 +94,12 @@ def test_body_missing_from_bodies_module(toy_config, toy_generate):
 def test_body_reading_an_undefined_name_is_refused(toy_config, toy_generate):
     toy_config.replace_function("toy_function", reason="r", body="fixture_bodies.toy:uses_unknown")
     with pytest.raises(PatchApplyError, match="reads 'not_imported_anywhere'.*import it in the bodies module"):
+        toy_generate(toy_config)
+
+
+def test_body_importing_a_name_upstream_lacks_is_refused(toy_config, toy_generate):
+    toy_config.replace_function("toy_function", reason="r", body="fixture_bodies.toy:uses_gone_upstream_name")
+    with pytest.raises(PatchApplyError, match="imports 'ToyGone' from the upstream model package .* which this upstream"):
         toy_generate(toy_config)
 
 
@@ -199,6 +205,7 @@ def test_renames_touch_identifiers_only(toy_upstream, toy_generate):
     out = generate(Target("toy_moe", "gpu"), moe, upstream).python
     assert "ToyMoeMoe" not in out
     assert "#   override_method ToyMoeNorm.forward" in out
+    assert '# body comment survives; "ToyNorm" in a comment is never renamed' in out
     assert "class ToyMoeNorm:" in out
     cst.parse_module(out)
 
