@@ -26,31 +26,25 @@ def main(argv=None):
     rows = list(csv.DictReader(args.csv.open()))
     out = args.out or args.csv.parent
     out.mkdir(parents=True, exist_ok=True)
-    shapes = [row["shape"] for row in rows]
-    x = range(len(rows))
+    plots = {
+        "speedup": ("speed-up over packed (x)", "Shared-prefix speed-up against its bound",
+                    (("bound", "bound T / C"), ("speedup_train", "training step"), ("speedup_logprob", "log-prob pass"))),
+        "memory": ("peak memory, training step (GiB)", "Peak memory per arm",
+                   (("packed_train_peak_gib", "packed"), ("shared_train_peak_gib", "shared prefix"))),
+    }
     width = 0.27
-
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows)), 4))
-    for offset, (key, label) in enumerate(
-        (("bound", "bound T / C"), ("speedup_train", "training step"), ("speedup_logprob", "log-prob pass"))
-    ):
-        ax.bar([i + (offset - 1) * width for i in x], [float(r[key]) for r in rows], width, label=label)
-    ax.set_xticks(list(x), shapes, rotation=20, ha="right")
-    ax.set_ylabel("speed-up over packed (x)")
-    ax.set_title("Shared-prefix speed-up against its bound")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / f"{args.csv.stem}_speedup.png", dpi=120)
-
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows)), 4))
-    for offset, (key, label) in enumerate((("packed_train_peak_gib", "packed"), ("shared_train_peak_gib", "shared prefix"))):
-        ax.bar([i + (offset - 0.5) * width for i in x], [float(r[key]) for r in rows], width, label=label)
-    ax.set_xticks(list(x), shapes, rotation=20, ha="right")
-    ax.set_ylabel("peak memory, training step (GiB)")
-    ax.set_title("Peak memory per arm")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / f"{args.csv.stem}_memory.png", dpi=120)
+    for name, (ylabel, title, series) in plots.items():
+        fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows)), 4))
+        centre = (len(series) - 1) / 2
+        for offset, (key, label) in enumerate(series):
+            ax.bar([i + (offset - centre) * width for i in range(len(rows))], [float(r[key]) for r in rows], width,
+                   label=label)
+        ax.set_xticks(list(range(len(rows))), [row["shape"] for row in rows], rotation=20, ha="right")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / f"{args.csv.stem}_{name}.png", dpi=120)
     print(f"wrote {out / (args.csv.stem + '_speedup.png')} and {out / (args.csv.stem + '_memory.png')}")
 
 
