@@ -10,7 +10,7 @@ import libcst as cst
 from libcst.metadata import BuiltinScope, GlobalScope, MetadataWrapper, ScopeProvider
 
 from patchgen.codemods.absolute_imports import AbsoluteImports
-from patchgen.codemods.names import import_bindings
+from patchgen.codemods.names import import_bindings, top_level_import_nodes
 from patchgen.errors import ConfigError
 from patchgen.source import module_file
 
@@ -35,8 +35,11 @@ class _ParsedBodies:
 @functools.cache
 def _parse(module_name: str) -> _ParsedBodies:
     path = module_file(module_name)
-    tree = cst.parse_module(path.read_text(encoding="utf-8"))
-    tree = tree.visit(AbsoluteImports(module_name))
+    try:
+        tree = cst.parse_module(path.read_text(encoding="utf-8"))
+    except cst.ParserSyntaxError as exc:
+        raise ConfigError(f"bodies module {module_name} ({path}) does not parse: {exc}") from None
+    tree = tree.visit(AbsoluteImports(module_name, is_package=path.name == "__init__.py"))
     wrapper = MetadataWrapper(tree)
     scopes = wrapper.resolve(ScopeProvider)
     return _ParsedBodies(wrapper.module, scopes, path)
@@ -64,6 +67,7 @@ def load_body(module_name: str, qualname: str, expected: str) -> Body:
     node.visit(Mark())
     imports: dict[str, cst.Import | cst.ImportFrom] = {}
     unresolved: set[str] = set()
+    unguarded = top_level_import_nodes(parsed.module)
     for scope in {s for s in parsed.scopes.values() if s is not None}:
         for access in scope.accesses:
             if id(access.node) not in inside:
@@ -82,6 +86,12 @@ def load_body(module_name: str, qualname: str, expected: str) -> Body:
                 bound = referent.name
                 statement = referent.node
                 if isinstance(statement, (cst.Import, cst.ImportFrom)):
+                    if id(statement) not in unguarded:
+                        raise ConfigError(
+                            f"body {where} reads {bound!r}, which {module_name} imports inside a block (try/if): "
+                            "the generated module would import it unguarded; import it at the top of the bodies "
+                            "module, or put the fallback in patchgen.kernels and import that"
+                        )
                     imports[bound.split(".")[0]] = _single_alias(statement, bound)
                 elif id(referent.node) not in inside:
                     # Defined by the bodies module itself (usually the upstream-named class a method sits in):

@@ -27,7 +27,8 @@ def expected_files(result: Generated, with_diff: bool = True) -> dict[Path, str]
 def compare(result: Generated) -> list[Drift]:
     drifts = []
     for path, want in expected_files(result).items():
-        have = path.read_text(encoding="utf-8") if path.exists() else ""
+        # Bytes, not read_text: newline translation would hide a CRLF file on disk.
+        have = path.read_bytes().decode("utf-8", errors="replace") if path.exists() else ""
         if have != want:
             label = path.relative_to(generated_dir().parent) if path.is_relative_to(generated_dir().parent) else path
             diff = "".join(

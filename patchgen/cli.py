@@ -70,6 +70,12 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return EXIT_ERROR
+    except Exception as exc:  # noqa: BLE001 (never let a crash read as exit 1, "drift")
+        import traceback
+
+        traceback.print_exc()
+        print(f"patchgen: internal error: {type(exc).__name__}: {exc} (please report it)", file=sys.stderr)
+        return EXIT_ERROR
 
 
 def _usage(parser: argparse.ArgumentParser, message: str) -> int:
@@ -139,7 +145,7 @@ def _generate(selected, version, source, *, dry_run: bool, with_diff: bool, verb
     for result in results:
         for path, text in expected_files(result, with_diff).items():
             if dry_run:
-                changed = not path.exists() or path.read_text(encoding="utf-8") != text
+                changed = not path.exists() or path.read_bytes() != text.encode("utf-8")
                 print(f"{'would write' if changed else 'unchanged'} {path}")
             elif write_if_changed(path, text):
                 print(f"wrote {path}")

@@ -15,7 +15,13 @@ from patchgen.codemods.absolute_imports import AbsoluteImports
 from patchgen.codemods.definitions import ApplyDefinitionEdits, DefinitionEdits, MethodEdit
 from patchgen.codemods.exports import DropFromAll
 from patchgen.codemods.imports import DropUnusedImports, insert_imports
-from patchgen.codemods.names import class_methods, import_bindings, names_used, top_level_definitions
+from patchgen.codemods.names import (
+    all_import_bindings,
+    class_methods,
+    import_bindings,
+    names_used,
+    top_level_definitions,
+)
 from patchgen.codemods.rename import rename_tree
 from patchgen.errors import PatchApplyError, PatchTargetMissing
 from patchgen.render import render_constants, render_header, render_marker
@@ -52,6 +58,12 @@ def generate(target: Target, config: PatchConfig | None = None, upstream: Upstre
     tree = tree.visit(ApplyDefinitionEdits(plan.edits))
     if plan.edits.exclude:
         tree = tree.visit(DropFromAll(set(plan.edits.exclude)))
+        still_read = sorted(set(plan.edits.exclude) & names_used(tree))
+        if still_read:
+            raise PatchApplyError(
+                f"{target.name}: excluded {', '.join(still_read)} still read by code that remains "
+                f"(transformers {upstream.version}): exclude or replace the code that uses it too"
+            )
     _verify_applied(plan, config, upstream)
 
     constants = cst.parse_module(render_constants(target.device, sorted(config.op_defaults.items())))
@@ -63,11 +75,6 @@ def generate(target: Target, config: PatchConfig | None = None, upstream: Upstre
 
     body = tree.code
     output = f"generated/{target.model}/{target.output_name}.py"
-    try:
-        compile(body, output, "exec")
-    except SyntaxError as exc:
-        raise PatchApplyError(f"{target.name}: generated code does not compile: {exc}") from None
-
     header = render_header(
         patchgen_version=patchgen.__version__,
         transformers_version=upstream.version,
@@ -84,6 +91,12 @@ def generate(target: Target, config: PatchConfig | None = None, upstream: Upstre
         op_defaults=sorted(config.op_defaults.items()),
     )
     python = header + body
+    try:
+        compile(python, output, "exec")
+    except SyntaxError as exc:
+        raise PatchApplyError(f"{target.name}: generated code does not compile: {exc}") from None
+    if cst.parse_module(header).body:
+        raise PatchApplyError(f"{target.name}: the rendered header holds code, not only comments (check patch reasons)")
     upstream_name = upstream.module.replace(".", "/") + ".py"
     diff = "".join(
         difflib.unified_diff(
@@ -128,7 +141,17 @@ def _plan_edits(target: Target, config: PatchConfig, upstream: UpstreamSource, t
         # An explicit body= may be named freely; it takes the target's name in the generated module.
         renamed = renamed.with_changes(name=cst.Name(method or head))
         for bound, statement in body.imports.items():
-            plan.imports.setdefault(config.renames.identifier(bound), (rename_tree(statement, config.renames), body.source))
+            name, renamed_statement = config.renames.identifier(bound), rename_tree(statement, config.renames)
+            if name in plan.imports:
+                first, first_source = plan.imports[name]
+                if import_bindings(first)[name] != import_bindings(renamed_statement)[name]:
+                    raise PatchApplyError(
+                        f"bodies {first_source} and {body.source} import {name!r} from different places "
+                        f"({import_bindings(first)[name]} and {import_bindings(renamed_statement)[name]}): "
+                        "one generated module has one binding per name; rename one of the imports"
+                    )
+                continue
+            plan.imports[name] = (renamed_statement, body.source)
         for bound in body.unresolved:
             plan.unresolved.setdefault(config.renames.identifier(bound), body.source)
         if method:
@@ -181,30 +204,42 @@ def _verify_applied(plan: _Plan, config: PatchConfig, upstream: UpstreamSource) 
 
 def _carry_imports(tree: cst.Module, plan: _Plan, config: PatchConfig) -> cst.Module:
     defined = top_level_definitions(tree)
-    bindings: dict[str, str] = {}
-    for stmt in tree.body:
-        if isinstance(stmt, cst.SimpleStatementLine):
-            for small in stmt.body:
-                if isinstance(small, (cst.Import, cst.ImportFrom)):
-                    bindings.update(import_bindings(small))
-    upstream_package = config.upstream_module.rpartition(".")[0]
-    added: dict[str, cst.SimpleStatementLine] = {}
+    bindings = all_import_bindings(tree)
+    upstream_module = config.upstream_module
+    upstream_package = upstream_module.rpartition(".")[0]
+
+    def clash(name: str, wanted: str, source: str) -> PatchApplyError:
+        have = bindings.get(name) or f"its own {defined[name]} {name}"
+        return PatchApplyError(
+            f"{source} imports {name!r} as {wanted}, but the upstream module binds {name!r} to {have}: "
+            f"import it under another name (e.g. `... import {wanted.rpartition('.')[2]} as my_{name}`)"
+        )
+
+    for statement in plan.extra:
+        for name, wanted in import_bindings(statement.body[0]).items():
+            if name in defined and bindings.get(name) != wanted:
+                raise clash(name, wanted, f"add_import {cst.Module(body=[]).code_for_node(statement).strip()!r}")
+    added: dict[str, cst.Import | cst.ImportFrom] = {}
     for name in sorted(plan.imports):
         statement, source = plan.imports[name]
         wanted = import_bindings(statement)[name]
-        if name in defined:
-            from_upstream = wanted.startswith(config.upstream_module + ".")
-            if defined[name] == "import" and not from_upstream and bindings.get(name, wanted) != wanted:
-                raise PatchApplyError(
-                    f"body {source} imports {name!r} as {wanted}, but upstream binds it to {bindings[name]}: "
-                    "rename the import in the bodies module"
-                )
-            continue  # upstream already defines the name; a body importing it from upstream reads the local one
-        if wanted.startswith(upstream_package + "."):
+        if wanted == upstream_module:
             raise PatchApplyError(
-                f"body {source} imports {name!r} from the upstream model package ({wanted}), which this "
-                f"upstream does not define: adapt the body to this transformers release, or check the rename "
-                f"map of {config.model}/{config.device}"
+                f"body {source} reads the upstream module object {name!r}: import the names it needs from "
+                f"{upstream_module} instead (the generated module is that module)"
+            )
+        from_upstream = wanted.startswith(upstream_module + ".")
+        if name in defined:
+            if from_upstream or bindings.get(name) == wanted:
+                continue  # the generated module already binds this very name
+            raise clash(name, wanted, f"body {source}")
+        if from_upstream or wanted.startswith(upstream_package + "."):
+            excluded = name in plan.edits.exclude
+            raise PatchApplyError(
+                f"body {source} imports {name!r} from the upstream model package ({wanted}), which "
+                + ("a declared exclude removes: keep it or adapt the body" if excluded else
+                   "this upstream does not define: adapt the body to this transformers release, or check the "
+                   f"rename map of {config.model}/{config.device}")
             )
         added[name] = statement
     for name, source in sorted(plan.unresolved.items()):

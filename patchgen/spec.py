@@ -128,7 +128,7 @@ class PatchConfig:
     def add_import(self, statement: str, *, reason: str) -> Patch:
         """Add an import statement that no body references by name (bodies' own imports are carried in)."""
         statement = statement.strip()
-        if not re.match(r"^(import|from)\s+\S", statement) or "\n" in statement:
+        if not _one_import_line(statement):
             raise ConfigError(f"add_import: expected one 'import ...' or 'from ... import ...' line, got {statement!r}")
         self._check_reason(statement, reason)
         patch = Patch("add_import", statement, reason, None, None, _caller(), statement=statement)
@@ -207,8 +207,25 @@ class PatchConfig:
 
     @staticmethod
     def _check_reason(target: str, reason: str) -> None:
-        if not isinstance(reason, str) or not reason.strip() or "\n" in reason:
+        if not isinstance(reason, str) or not reason.strip() or not reason.isprintable():
             raise ConfigError(f"patch {target!r}: reason must be one non-empty line (it is printed in the generated file)")
+
+
+def _one_import_line(statement: str) -> bool:
+    import libcst as cst  # the DSL validates with the generator's own parser
+
+    if "\n" in statement or not statement.isprintable():
+        return False
+    try:
+        parsed = cst.parse_statement(statement)
+    except cst.ParserSyntaxError:
+        return False
+    return (
+        isinstance(parsed, cst.SimpleStatementLine)
+        and len(parsed.body) == 1
+        and isinstance(parsed.body[0], (cst.Import, cst.ImportFrom))
+        and not (isinstance(parsed.body[0], cst.ImportFrom) and parsed.body[0].relative)
+    )
 
 
 def _caller() -> str:

@@ -66,16 +66,35 @@ def _find(module: cst.Module, qualname: str):
     return (None if method else node), nodes, node
 
 
-def parameters(function: cst.FunctionDef) -> list[str]:
-    """Parameter names with their kind marks: `x`, `*args`, `**kwargs`, keyword-only as `k=`-less names."""
+@dataclasses.dataclass(frozen=True)
+class Param:
+    name: str
+    kind: str  # "positional-only", "positional", "*args", "keyword-only", "**kwargs"
+    has_default: bool
+
+    @property
+    def named(self) -> bool:
+        return self.kind not in ("*args", "**kwargs")
+
+    @property
+    def positional(self) -> bool:
+        return self.kind in ("positional-only", "positional")
+
+    def __str__(self) -> str:
+        return {"*args": "*", "**kwargs": "**"}.get(self.kind, "") + self.name
+
+
+def parameters(function: cst.FunctionDef) -> list[Param]:
+    """The signature, in order, with each parameter's kind and whether it has a default."""
     p = function.params
-    names = [param.name.value for param in (*p.posonly_params, *p.params)]
+    found = [Param(x.name.value, "positional-only", x.default is not None) for x in p.posonly_params]
+    found += [Param(x.name.value, "positional", x.default is not None) for x in p.params]
     if isinstance(p.star_arg, cst.Param):
-        names.append("*" + p.star_arg.name.value)
-    names += [param.name.value for param in p.kwonly_params]
+        found.append(Param(p.star_arg.name.value, "*args", False))
+    found += [Param(x.name.value, "keyword-only", x.default is not None) for x in p.kwonly_params]
     if p.star_kwarg is not None:
-        names.append("**" + p.star_kwarg.name.value)
-    return names
+        found.append(Param(p.star_kwarg.name.value, "**kwargs", False))
+    return found
 
 
 def decorators(function: cst.FunctionDef) -> list[str]:
@@ -86,18 +105,28 @@ def _signature_delta(old: cst.FunctionDef, new: cst.FunctionDef) -> str:
     before, after = parameters(old), parameters(new)
     parts = []
     if before != after:
-        removed = [n for n in before if n not in after]
-        added = [n for n in after if n not in before]
+        old_names, new_names = {p.name: p for p in before}, {p.name: p for p in after}
+        removed = [p for p in before if p.name not in new_names]
+        added = [p for p in after if p.name not in old_names]
         renamed = []
-        for r in list(removed):
-            if r in before and before.index(r) < len(after) and after[before.index(r)] in added:
-                new_name = after[before.index(r)]
-                renamed.append(f"{r} -> {new_name}")
-                removed.remove(r)
-                added.remove(new_name)
-        changes = [f"+{n}" for n in added] + [f"-{n}" for n in removed] + [f"renamed {r}" for r in renamed]
-        if not changes:
-            changes = ["reordered"]
+        for gone in list(removed):
+            index = before.index(gone)
+            # A rename: same position, same kind, both named parameters.
+            if index < len(after) and after[index] in added and after[index].kind == gone.kind and gone.named:
+                renamed.append(f"{gone} -> {after[index]}")
+                removed.remove(gone)
+                added.remove(after[index])
+        changes = [f"+{p}" for p in added] + [f"-{p}" for p in removed] + [f"renamed {r}" for r in renamed]
+        for name in old_names.keys() & new_names.keys():
+            a, b = old_names[name], new_names[name]
+            if a.kind != b.kind:
+                changes.append(f"{name}: {a.kind} -> {b.kind}")
+            if a.has_default != b.has_default:
+                changes.append(f"{name}: default {'removed' if a.has_default else 'added'}")
+        kept_old = [p.name for p in before if p.name in new_names]
+        kept_new = [p.name for p in after if p.name in old_names]
+        if kept_old != kept_new:
+            changes.append("reordered")
         parts.append("parameters: " + ", ".join(changes))
     d_before, d_after = decorators(old), decorators(new)
     if d_before != d_after:
@@ -107,22 +136,31 @@ def _signature_delta(old: cst.FunctionDef, new: cst.FunctionDef) -> str:
 
 
 def not_accepted(override: cst.FunctionDef, upstream: cst.FunctionDef) -> list[str]:
-    """Upstream parameters that a call matching upstream's signature could pass and the override rejects."""
-    mine = parameters(override)
-    takes_kwargs = any(n.startswith("**") for n in mine)
-    takes_args = any(n.startswith("*") and not n.startswith("**") for n in mine)
-    plain = {n for n in mine if not n.startswith("*")}
-    missing = []
-    for name in parameters(upstream):
-        if name.startswith("**"):
-            if not takes_kwargs:
-                missing.append(name)
-        elif name.startswith("*"):
+    """What a call matching upstream's signature may pass that the override would reject or misread."""
+    mine, theirs = parameters(override), parameters(upstream)
+    by_name = {p.name: p for p in mine if p.named}
+    takes_args = any(p.kind == "*args" for p in mine)
+    takes_kwargs = any(p.kind == "**kwargs" for p in mine)
+    problems = []
+    for param in theirs:
+        if param.kind == "*args":
             if not takes_args:
-                missing.append(name)
-        elif name not in plain and not takes_kwargs:
-            missing.append(name)
-    return missing
+                problems.append(str(param))
+        elif param.kind == "**kwargs":
+            if not takes_kwargs:
+                problems.append(str(param))
+        elif param.name not in by_name and not (takes_kwargs and param.kind != "positional-only"):
+            problems.append(param.name)
+        elif param.positional and param.name in by_name and not by_name[param.name].positional:
+            problems.append(f"{param.name} (positional upstream, keyword-only here)")
+    my_positional = [p.name for p in mine if p.positional]
+    for index, param in enumerate(p for p in theirs if p.positional):
+        if index < len(my_positional) and my_positional[index] != param.name and param.name in by_name:
+            problems.append(f"{param.name} (position {index + 1} upstream, {my_positional.index(param.name) + 1} here)"
+                            if param.name in my_positional else f"{param.name} (position {index + 1} upstream)")
+    upstream_names = {p.name for p in theirs}
+    problems += [f"requires {p.name}" for p in mine if p.named and not p.has_default and p.name not in upstream_names]
+    return problems
 
 
 def _node_diff(old_node, new_node, old: UpstreamSource, new: UpstreamSource, name: str) -> str:
@@ -166,6 +204,10 @@ def _report_patch(target_name, config, patch: Patch, name, old_tree, new_tree, o
     if old_node is None:
         raise PatchApplyError(f"{name} is not in the pinned transformers {old.version}: the config does not apply there")
     if node_hash(old_node) == node_hash(new_node):
+        return report
+    if type(old_node) is not type(new_node):
+        kinds = {cst.ClassDef: "a class", cst.FunctionDef: "a function"}
+        report.status, report.details = CHANGED, f"was {kinds[type(old_node)]}, now {kinds[type(new_node)]}"
         return report
     report.diff = _node_diff(old_node, new_node, old, new, name)
     report.status = CHANGED

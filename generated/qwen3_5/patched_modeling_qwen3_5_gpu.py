@@ -102,7 +102,7 @@ from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config, Qwe
 from patchgen.kernels import ops
 from patchgen.kernels.modeling import shared_prefix
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
-from patchgen.kernels.modeling.packing import PACKED_ROW, packed_row, varlen_attention, without_packed
+from patchgen.kernels.modeling.packing import PACKED_ROW, packed_max_lengths, packed_row, varlen_attention, without_packed
 from patchgen.kernels.shared_prefix import shared_prefix_attention, shared_prefix_causal_conv1d, shared_prefix_gated_delta_rule
 
 PATCHGEN_DEVICE = "gpu"
@@ -1294,6 +1294,12 @@ class Qwen3_5TextModel(Qwen3_5PreTrainedModel):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
 
         plan = kwargs.get("shared_prefix")
+        packed = plan is not None or kwargs.get("cu_seq_lens_q") is not None
+        if packed and isinstance(attention_mask, torch.Tensor) and not bool(attention_mask.all()):
+            raise ValueError(
+                "attention_mask with padding on a packed row (cu_seq_lens_q): packed rows carry no padding, "
+                "their boundaries are cu_seq_lens_q; pass attention_mask=None"
+            )
         if plan is not None:
             # The compact row: one copy of every shared prefix; the plan replaces the packed metadata
             # and the mask (the mixers read their boundaries from the plan).
@@ -1303,6 +1309,11 @@ class Qwen3_5TextModel(Qwen3_5PreTrainedModel):
             attention_mask = None
             use_cache = False
             kwargs = without_packed(kwargs)
+
+        if packed and cache is None:
+            # Training or scoring a packed row: a new cache would send the mixers down the unpacked
+            # decode path, which ignores the sequence boundaries.
+            use_cache = False
 
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
@@ -1328,8 +1339,9 @@ class Qwen3_5TextModel(Qwen3_5PreTrainedModel):
             # Varlen mixers read boundaries, not masks: no [T, T] mask is built.
             causal_mask_mapping = {"full_attention": None, "linear_attention": None}
             if plan is None:
-                # The recurrent mixers' metadata, once per micro-batch rather than once per layer.
-                kwargs = {**kwargs, PACKED_ROW: packed_row(kwargs, *inputs_embeds.shape[:2], inputs_embeds.device)}
+                # Boundaries on the host, chunk indices and max lengths once per micro-batch, not per layer.
+                row = packed_row(kwargs, *inputs_embeds.shape[:2], inputs_embeds.device)
+                kwargs = {**kwargs, PACKED_ROW: row, **packed_max_lengths(kwargs, row)}
         elif not isinstance(causal_mask_mapping := attention_mask, dict):
             mask_kwargs = {
                 "config": self.config,

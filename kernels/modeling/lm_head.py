@@ -130,7 +130,9 @@ def causal_lm_head(
             ignore_index=IGNORE_INDEX,
             return_entropy=request.entropy,
         )
-        nll = rows.expand(nll_rows)
+        # A position whose own label is ignored scores nothing, even if its shared entry was scored
+        # for another member of the group.
+        nll = rows.expand(nll_rows).masked_fill(targets.to(nll_rows.device) == IGNORE_INDEX, 0.0)
         entropy = rows.expand(entropy_rows) if entropy_rows is not None else None
 
     loss = None

@@ -69,6 +69,20 @@ def packed_row(kwargs: dict, batch: int, length: int, device: torch.device) -> P
     return PackedRow(cu, host, chunks.to(device, non_blocking=True))
 
 
+def packed_max_lengths(kwargs: dict, row: PackedRow | None) -> dict:
+    """`max_length_q/k` from the row's host boundaries when the caller did not pass them (no sync)."""
+    if row is None or row.cu_seqlens_cpu.numel() < 2:
+        return {}
+    longest = int(row.cu_seqlens_cpu.diff().max())
+    filled = {}
+    if kwargs.get("max_length_q") is None:
+        filled["max_length_q"] = longest
+    cu_k = kwargs.get("cu_seq_lens_k")
+    if kwargs.get("max_length_k") is None and (cu_k is None or cu_k is kwargs.get("cu_seq_lens_q")):
+        filled["max_length_k"] = longest
+    return filled
+
+
 def sequence_boundaries(kwargs: dict, batch: int, length: int, device: torch.device) -> torch.Tensor | None:
     """``cu_seqlens`` of the ``[1, batch * length]`` row view a recurrent mixer runs on.
 

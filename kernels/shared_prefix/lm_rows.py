@@ -4,9 +4,11 @@ Rows `0 .. P-2` of a shared prefix have one hidden state and one next-token labe
 members (the next token is inside the prefix), so they are scored once; row `P-1` predicts each
 member's first suffix token, so it is scored once per member. That gives
 `L = T - sum_g (n_g - 1) (P_g - 1)` scored rows. The structure is fixed at plan time; `lm_rows`
-only gathers the labels, so it never syncs. Assumption: the labels of rows `0 .. P-2` agree across
-the members of a group (true whenever labels are the shifted input ids or -100 on a prompt that
-is masked alike in every rollout); `LMRows.check_labels` verifies it with one sync.
+only reduces the labels onto the entries, so it never syncs. Members may mask a shared row
+differently (a rollout masked out whole, multi-turn labels): an entry scores the row's valid label
+if any member has one, and each position keeps its own mask in the loss. What must hold is that
+valid labels of one shared row agree (true for shifted input ids, whose next token lies inside the
+prefix); `LMRows.check_labels` verifies it with one sync.
 """
 
 from __future__ import annotations
@@ -77,10 +79,11 @@ class LMRows:
         out = values.index_select(-1, self.inverse)
         return out.unsqueeze(0) if out.dim() == 1 else out
 
-    def check_labels(self) -> None:
-        """Raise if a shared row's label differs between members (one device sync; for tests and debugging)."""
+    def check_labels(self, ignore_index: int = -100) -> None:
+        """Raise if two members give a shared row different valid labels (one device sync; for tests and debugging)."""
         flat = self._shift_labels.reshape(-1)
-        if not torch.equal(flat, self.labels.index_select(0, self.inverse)):
+        agrees = (flat == self.labels.index_select(0, self.inverse)) | (flat == ignore_index)
+        if not bool(agrees.all()):
             raise ValueError("shift_labels differ between the members of a group inside the shared prefix")
 
 
@@ -91,7 +94,13 @@ def lm_rows(plan, shift_labels: torch.Tensor) -> LMRows:
         raise ValueError(
             f"shift_labels has {shift_labels.shape[-1]} positions, the plan {plan.packed_length}"
         )
-    labels = shift_labels.reshape(-1).index_select(0, idx.label_src)
+    # An entry serves one row of every member of a group; members may mask that row differently (a
+    # rollout masked out whole, multi-turn labels). Valid labels of one shared row are one token (the
+    # next prefix token), so the largest label per entry is that token whenever any member scores it,
+    # and the ignore index only where none does. No host sync.
+    flat = shift_labels.reshape(-1)
+    labels = torch.full((idx.length,), torch.iinfo(flat.dtype).min, dtype=flat.dtype, device=flat.device)
+    labels = labels.scatter_reduce(0, idx.inverse, flat, reduce="amax")
     return LMRows(idx.rows, labels, idx.inverse, idx.length, shift_labels, idx.label_src)
 
 

@@ -18,12 +18,13 @@ def absolute_module(module: str, level: int, relative: str | None, is_package: b
 
 
 class AbsoluteImports(cst.CSTTransformer):
-    def __init__(self, module: str):
+    def __init__(self, module: str, is_package: bool = False):
         self.module = module
+        self.is_package = is_package  # a package's __init__: `.x` is inside the package itself
 
     def leave_ImportFrom(self, original: cst.ImportFrom, updated: cst.ImportFrom) -> cst.ImportFrom:
         if not updated.relative:
             return updated
         relative = dotted_name(updated.module) if updated.module is not None else None
-        target = absolute_module(self.module, len(updated.relative), relative)
+        target = absolute_module(self.module, len(updated.relative), relative, self.is_package)
         return updated.with_changes(relative=[], module=dotted_node(target))

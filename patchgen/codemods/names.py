@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 
@@ -78,8 +80,10 @@ def class_methods(cls: cst.ClassDef) -> dict[str, cst.FunctionDef]:
 
 
 def names_used(node: cst.CSTNode) -> set[str]:
-    """Every Name read anywhere under node, import statements excluded."""
+    """Every name read under node: Name nodes (not attribute names), and identifiers inside string
+    annotations and `__all__` entries. Import statements are excluded."""
     used: set[str] = set()
+    strings_count = [0]  # > 0 inside an annotation or an `__all__` assignment
 
     class Collector(cst.CSTVisitor):
         def visit_Import(self, _):
@@ -88,8 +92,69 @@ def names_used(node: cst.CSTNode) -> set[str]:
         def visit_ImportFrom(self, _):
             return False
 
+        def visit_Attribute(self, attribute: cst.Attribute):
+            attribute.value.visit(self)  # the attribute's own name is not a read of a global
+            return False
+
         def visit_Name(self, name: cst.Name):
             used.add(name.value)
 
+        def visit_Annotation(self, _):
+            strings_count[0] += 1
+
+        def leave_Annotation(self, _):
+            strings_count[0] -= 1
+
+        def visit_Assign(self, assign: cst.Assign):
+            if any(isinstance(t.target, cst.Name) and t.target.value == "__all__" for t in assign.targets):
+                strings_count[0] += 1
+
+        def leave_Assign(self, assign: cst.Assign):
+            if any(isinstance(t.target, cst.Name) and t.target.value == "__all__" for t in assign.targets):
+                strings_count[0] -= 1
+
+        def visit_SimpleString(self, string: cst.SimpleString):
+            if strings_count[0] > 0:
+                value = string.evaluated_value
+                if isinstance(value, str):
+                    used.update(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", value))
+
     node.visit(Collector())
     return used
+
+
+def top_level_import_nodes(module: cst.Module) -> set[int]:
+    """ids of Import/ImportFrom nodes that stand unguarded at module level."""
+    return {
+        id(small)
+        for stmt in module.body
+        if isinstance(stmt, cst.SimpleStatementLine)
+        for small in stmt.body
+        if isinstance(small, (cst.Import, cst.ImportFrom))
+    }
+
+
+def all_import_bindings(module: cst.Module) -> dict[str, str]:
+    """Bindings of every module-level import, guarded blocks included (first binding wins)."""
+    bound: dict[str, str] = {}
+
+    def visit(statements):
+        for stmt in statements:
+            if isinstance(stmt, cst.SimpleStatementLine):
+                for small in stmt.body:
+                    if isinstance(small, (cst.Import, cst.ImportFrom)):
+                        for name, target in import_bindings(small).items():
+                            bound.setdefault(name, target)
+            elif isinstance(stmt, cst.If):
+                visit(stmt.body.body)
+                if isinstance(stmt.orelse, cst.Else):
+                    visit(stmt.orelse.body.body)
+                elif stmt.orelse is not None:
+                    visit([stmt.orelse])
+            elif isinstance(stmt, cst.Try):
+                visit(stmt.body.body)
+                for handler in stmt.handlers:
+                    visit(handler.body.body)
+
+    visit(module.body)
+    return bound

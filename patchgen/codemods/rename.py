@@ -18,6 +18,22 @@ class RenameIdentifiers(cst.CSTTransformer):
         renamed = self.renames.identifier(updated.value)
         return updated if renamed == updated.value else updated.with_changes(value=renamed)
 
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.Attribute:
+        # `obj.Name` is an attribute of another object, not a module-level identifier of ours.
+        return updated.with_changes(attr=original.attr)
+
+    def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
+        # A keyword argument names the callee's parameter, which the rename does not touch.
+        return updated.with_changes(keyword=original.keyword)
+
+    def leave_Import(self, original: cst.Import, updated: cst.Import) -> cst.Import:
+        # `import a.b.c [as x]` names modules: renamed by path component, never by identifier prefix.
+        names = [
+            new.with_changes(name=dotted_node(self.renames.module(dotted_name(old.name))))
+            for old, new in zip(original.names, updated.names)
+        ]
+        return updated.with_changes(names=names)
+
     def leave_ImportFrom(self, original: cst.ImportFrom, updated: cst.ImportFrom) -> cst.ImportFrom:
         if original.module is None:
             return updated

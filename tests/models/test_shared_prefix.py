@@ -184,3 +184,52 @@ def test_conditional_generation_text_only(model):
     assert torch.allclose(res[True][0].logits, res[False][0].logits, atol=1e-10, rtol=0)
     assert torch.allclose(res[True][0].loss, res[False][0].loss, atol=1e-12, rtol=0)
     tiny.assert_grads_close(res[True][1], res[False][1], atol=_atol(model))
+
+
+def _masked_rollout_batch():
+    """Prompt 70, two rollouts whose responses share 5 leading tokens (the shared prefix runs into
+    the responses); rollout 0 is masked out whole (filtered), rollout 1 is trained."""
+    ids, cu, prompt = tiny.grpo_batch([(70, [12, 12])], [], seed=4)
+    ids[0, 82 + 70 : 82 + 75] = ids[0, 70:75]
+    labels = ids.masked_fill(prompt, -100)
+    labels[0, :82] = -100
+    return ids, cu, labels
+
+
+@pytest.mark.parametrize("batch", ["masked_rollout", "multi_turn"])
+def test_members_masking_shared_rows_differently_keep_packed_loss_and_log_probs(batch):
+    if batch == "masked_rollout":
+        ids, cu, labels = _masked_rollout_batch()
+    else:  # B extends A; A trains its last turn, B masks A's turns (multi-turn SFT)
+        gen = torch.Generator().manual_seed(5)
+        a = torch.randint(0, tiny.VOCAB, (80,), generator=gen)
+        ids = torch.cat([a, a, torch.randint(0, tiny.VOCAB, (20,), generator=gen)]).unsqueeze(0)
+        cu = torch.tensor([0, 80, 180], dtype=torch.int32)
+        labels = ids.clone()
+        labels[0, :70] = -100
+        labels[0, 80:160] = -100
+    kwargs = dict(input_ids=ids, labels=labels, return_log_probs=True, **tiny.packed_kwargs(cu))
+    (off, g_off), (on, g_on) = _both("qwen3_5", "gpu", **kwargs)
+    assert torch.allclose(on.loss, off.loss, atol=1e-12, rtol=0)
+    assert torch.allclose(on.log_probs, off.log_probs, atol=1e-12, rtol=0)
+    tiny.assert_grads_close(g_on, g_off)
+
+
+def test_a_config_with_use_cache_does_not_leak_state_across_packed_sequences():
+    ids, cu, _ = _batch()
+    for flag in (False, True):
+        cached = tiny.build("qwen3_5", "gpu", shared_prefix_training=flag, use_cache=True)
+        plain = tiny.build("qwen3_5", "gpu", shared_prefix_training=flag, use_cache=False)
+        a = cached(input_ids=ids, **tiny.packed_kwargs(cu)).logits
+        b = plain(input_ids=ids, **tiny.packed_kwargs(cu)).logits
+        assert torch.equal(a, b)
+
+
+def test_a_padding_mask_on_a_packed_row_is_refused():
+    ids, cu, _ = _batch()
+    mask = torch.ones_like(ids)
+    mask[0, -1] = 0
+    for flag in (False, True):
+        net = tiny.build("qwen3_5", "gpu", shared_prefix_training=flag)
+        with pytest.raises(ValueError, match="attention_mask with padding on a packed row"):
+            net(input_ids=ids, attention_mask=mask, **tiny.packed_kwargs(cu))

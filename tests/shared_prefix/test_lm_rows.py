@@ -102,12 +102,25 @@ def test_m7_loss_with_valid_prompt_labels(batch, ref):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
 
 
-def test_labels_differing_inside_a_shared_prefix_are_detected(batch, ref):
+def test_valid_labels_differing_inside_a_shared_prefix_are_detected(batch, ref):
     plan, seqs = batch
     shift = ref.shifted_labels(seqs)
-    shift[0, plan.layout.cu[2] + 3] = -100  # member 2 masks one prompt label, member 1 does not
+    at = plan.layout.cu[2] + 3
+    shift[0, at] = -100  # member 2 masks one prompt label, member 1 does not: allowed
+    plan.lm_rows(shift).check_labels()
+    shift[0, at] = int(shift[0, plan.layout.cu[0] + 3]) + 1  # two members, two different valid labels
     with pytest.raises(ValueError, match="differ"):
         plan.lm_rows(shift).check_labels()
+
+
+def test_an_entry_scores_the_label_of_any_member_that_has_one(batch, ref):
+    plan, seqs = batch
+    shift = ref.shifted_labels(seqs)
+    first, second = plan.layout.cu[0], plan.layout.cu[2]  # sequences 0 and 2 share prompt pa
+    shift[0, first + 3] = -100  # the first member masks the row, the second keeps it
+    rows = plan.lm_rows(shift)
+    entry = rows.inverse[first + 3]
+    assert rows.inverse[second + 3] == entry and rows.labels[entry] == shift[0, second + 3]
 
 
 def test_labels_of_the_wrong_length_are_refused(batch):
