@@ -108,7 +108,9 @@ def next_token_labels(input_ids: torch.Tensor, cu_seqlens: torch.Tensor | None, 
     """``input_ids`` shifted left by one, ``ignore_index`` at the last token of every sequence."""
     labels = torch.nn.functional.pad(input_ids[..., 1:], (0, 1), value=ignore_index)
     if cu_seqlens is not None and cu_seqlens.numel() > 2:
-        ends = cu_seqlens[1:-1].to(device=labels.device, dtype=torch.long) - 1
-        ends = ends[ends >= 0]
-        labels = labels.index_fill(-1, ends, ignore_index)
+        # Last token of each sequence: cu - 1. A zero-length first sequence gives -1, so fill one slot
+        # to the right of a spare leading column instead of filtering (filtering would sync).
+        ends = cu_seqlens[1:-1].to(device=labels.device, dtype=torch.long)
+        labels = torch.nn.functional.pad(labels, (1, 0), value=ignore_index).index_fill(-1, ends, ignore_index)
+        labels = labels[..., 1:]
     return labels

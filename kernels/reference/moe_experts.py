@@ -28,7 +28,9 @@ def grouped_mm(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, act_
     flat = top_k_index.reshape(-1)
     order = torch.argsort(flat, stable=True)
     token = order // top_k
-    ends = torch.bincount(flat, minlength=experts).cumsum(0).to(torch.int32)
+    # Tokens per expert by index_add, not bincount: bincount sizes its output from the data, a host sync.
+    counts = torch.zeros(experts, dtype=torch.int32, device=flat.device)
+    ends = counts.index_add(0, flat, torch.ones_like(flat, dtype=torch.int32)).cumsum(0).to(torch.int32)
     gate, up = F.grouped_mm(hidden[token], gate_up_proj.transpose(-2, -1), offs=ends).chunk(2, dim=-1)
     y = F.grouped_mm(act_fn(gate) * up, down_proj.transpose(-2, -1), offs=ends)
     y = y * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(y.dtype)

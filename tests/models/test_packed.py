@@ -82,3 +82,11 @@ def test_packed_metadata_is_built_once_per_micro_batch_not_per_layer(model, monk
     for kwargs in gdn_calls:
         assert kwargs["cu_seqlens_cpu"].device.type == "cpu"
         assert kwargs["chunk_indices"].tolist() == [[0, 0], [1, 0], [2, 0], [2, 1]]  # 40, 9, 70 tokens
+
+
+def test_next_token_labels_end_every_sequence_with_ignore_even_around_empty_ones():
+    from patchgen.kernels.modeling.packing import next_token_labels
+
+    ids = torch.arange(10).unsqueeze(0)
+    cu = torch.tensor([0, 0, 3, 3, 7, 10], dtype=torch.int32)  # empty, 3, empty, 4, 3 tokens
+    assert next_token_labels(ids, cu).tolist() == [[1, 2, -100, 4, 5, 6, -100, 8, 9, -100]]
