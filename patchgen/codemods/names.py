@@ -42,36 +42,46 @@ def import_bindings(statement: cst.Import | cst.ImportFrom) -> dict[str, str]:
     return bound
 
 
+def module_level_statements(module: cst.Module):
+    """Statements that run at module level: the module body and, recursively, the bodies of its
+    `if` / `else` / `try` / `except` blocks (guarded imports and definitions)."""
+
+    def walk(statements):
+        for stmt in statements:
+            if isinstance(stmt, cst.If):
+                yield from walk(stmt.body.body)
+                if isinstance(stmt.orelse, cst.Else):
+                    yield from walk(stmt.orelse.body.body)
+                elif stmt.orelse is not None:
+                    yield from walk([stmt.orelse])
+            elif isinstance(stmt, cst.Try):
+                yield from walk(stmt.body.body)
+                for handler in stmt.handlers:
+                    yield from walk(handler.body.body)
+            else:
+                yield stmt
+
+    return walk(module.body)
+
+
 def top_level_definitions(module: cst.Module) -> dict[str, str]:
     """Names bound at module level -> kind ("class", "function", "import", "assign"), guarded blocks included."""
     found: dict[str, str] = {}
-
-    def visit(statements):
-        for stmt in statements:
-            if isinstance(stmt, cst.ClassDef):
-                found[stmt.name.value] = "class"
-            elif isinstance(stmt, cst.FunctionDef):
-                found[stmt.name.value] = "function"
-            elif isinstance(stmt, cst.SimpleStatementLine):
-                for small in stmt.body:
-                    if isinstance(small, (cst.Import, cst.ImportFrom)):
-                        for name in import_bindings(small):
-                            found.setdefault(name, "import")
-                    elif isinstance(small, (cst.Assign, cst.AnnAssign)):
-                        targets = small.targets if isinstance(small, cst.Assign) else [small]
-                        for target in targets:
-                            if isinstance(target.target, cst.Name):
-                                found.setdefault(target.target.value, "assign")
-            elif isinstance(stmt, cst.If):
-                visit(stmt.body.body)
-                if stmt.orelse is not None:
-                    visit(stmt.orelse.body.body if isinstance(stmt.orelse, cst.Else) else [stmt.orelse])
-            elif isinstance(stmt, cst.Try):
-                visit(stmt.body.body)
-                for handler in stmt.handlers:
-                    visit(handler.body.body)
-
-    visit(module.body)
+    for stmt in module_level_statements(module):
+        if isinstance(stmt, cst.ClassDef):
+            found[stmt.name.value] = "class"
+        elif isinstance(stmt, cst.FunctionDef):
+            found[stmt.name.value] = "function"
+        elif isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, (cst.Import, cst.ImportFrom)):
+                    for name in import_bindings(small):
+                        found.setdefault(name, "import")
+                elif isinstance(small, (cst.Assign, cst.AnnAssign)):
+                    targets = small.targets if isinstance(small, cst.Assign) else [small]
+                    for target in targets:
+                        if isinstance(target.target, cst.Name):
+                            found.setdefault(target.target.value, "assign")
     return found
 
 
@@ -137,24 +147,10 @@ def top_level_import_nodes(module: cst.Module) -> set[int]:
 def all_import_bindings(module: cst.Module) -> dict[str, str]:
     """Bindings of every module-level import, guarded blocks included (first binding wins)."""
     bound: dict[str, str] = {}
-
-    def visit(statements):
-        for stmt in statements:
-            if isinstance(stmt, cst.SimpleStatementLine):
-                for small in stmt.body:
-                    if isinstance(small, (cst.Import, cst.ImportFrom)):
-                        for name, target in import_bindings(small).items():
-                            bound.setdefault(name, target)
-            elif isinstance(stmt, cst.If):
-                visit(stmt.body.body)
-                if isinstance(stmt.orelse, cst.Else):
-                    visit(stmt.orelse.body.body)
-                elif stmt.orelse is not None:
-                    visit([stmt.orelse])
-            elif isinstance(stmt, cst.Try):
-                visit(stmt.body.body)
-                for handler in stmt.handlers:
-                    visit(handler.body.body)
-
-    visit(module.body)
+    for stmt in module_level_statements(module):
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, (cst.Import, cst.ImportFrom)):
+                    for name, target in import_bindings(small).items():
+                        bound.setdefault(name, target)
     return bound
