@@ -1,20 +1,31 @@
 #!/usr/bin/env bash
 # Source this on the lent GPU machine (offline image: Python 3.12, torch 2.11, Triton 3.6.0):
-#   . bench/gpu_env.sh            # our pinned transformers, fla-core, liger from the carried .whl/
-#   . bench/gpu_env.sh triton371  # also Triton 3.7.1, joined beforehand into /tmp/t.whl (see docs/bench/README.md)
-# The package is staged as plain folders (patchgen/, with kernels/, generated/, templates/ inside):
-# the image's setuptools editable install does not map patchgen.kernels.
+#   . bench/gpu_env.sh
+# installs our pinned transformers, fla-core and liger from the carried .whl/ into /tmp/site, stages
+# the package as plain folders under /tmp/pg (the image's setuptools editable install does not map
+# patchgen.kernels) and, when .whl-triton/triton371-slim.tar.xz was carried (bench/slim_triton.sh
+# makes it), unpacks Triton 3.7.1 into /tmp/t371 without putting it on the path:
+#   PYTHONPATH=$T371:$PYTHONPATH python ...   # this process under Triton 3.7.1
+# Safe to source again, from several shells at once: each step runs once per machine.
 set -e
-pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-rm -rf /tmp/pg && mkdir -p /tmp/pg/patchgen
-cp -r patchgen/. /tmp/pg/patchgen/
-cp -r kernels /tmp/pg/patchgen/kernels
-cp -r generated /tmp/pg/patchgen/generated
-cp -r templates /tmp/pg/patchgen/templates
-export PYTHONPATH=/tmp/pg:/tmp/site
-if [ "${1:-}" = "triton371" ]; then
-  pip install -q --no-index --no-deps --target /tmp/t371 /tmp/t.whl
-  export PYTHONPATH=/tmp/t371:$PYTHONPATH
+if [ ! -f /tmp/site/.patchgen-installed ]; then
+  pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && touch /tmp/site/.patchgen-installed
 fi
-python -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
+if [ ! -d /tmp/pg/patchgen ]; then
+  rm -rf /tmp/pg.new && mkdir -p /tmp/pg.new/patchgen
+  cp -r patchgen/. /tmp/pg.new/patchgen/
+  cp -r kernels /tmp/pg.new/patchgen/kernels
+  cp -r generated /tmp/pg.new/patchgen/generated
+  cp -r templates /tmp/pg.new/patchgen/templates
+  mv /tmp/pg.new /tmp/pg
+fi
+export T371=/tmp/t371
+if [ -f .whl-triton/triton371-slim.tar.xz ] && [ ! -d $T371/triton ]; then
+  rm -rf $T371.new && mkdir -p $T371.new && tar -C $T371.new -xJf .whl-triton/triton371-slim.tar.xz && mv $T371.new $T371
+fi
+# the slim build has no AMD backend: drop its entry point, or backend discovery fails on import
+[ -d $T371/triton ] && sed -i '/triton.backends.amd/d' $T371/triton-*.dist-info/entry_points.txt
+export PYTHONPATH=/tmp/pg:/tmp/site
+python -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name(), 'x', torch.cuda.device_count())"
+[ -d $T371/triton ] && PYTHONPATH=$T371:$PYTHONPATH python -c "import triton; print('on request: triton', triton.__version__, 'from', triton.__file__)"
 set +e

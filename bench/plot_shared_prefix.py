@@ -30,22 +30,27 @@ def main(argv=None):
         "speedup": ("speed-up over packed (x)", "Shared-prefix speed-up against its bound",
                     (("bound", "bound T / C"), ("speedup_train", "training step"), ("speedup_logprob", "log-prob pass"))),
         "memory": ("peak memory, training step (GiB)", "Peak memory per arm",
-                   (("packed_train_peak_gib", "packed"), ("shared_train_peak_gib", "shared prefix"))),
+                   (("packed_train_peak_gib", "packed"), ("shared_train_peak_gib", "shared prefix"),
+                    ("upstream_train_peak_gib", "upstream packed (missing: OOM)"))),
+        "upstream": ("training step (ms)", "Training step: ours (packed, shared prefix) vs upstream transformers",
+                     (("upstream_train_ms", "upstream packed (missing: OOM)"), ("packed_train_ms", "ours packed"),
+                      ("shared_train_ms", "ours shared prefix"))),
     }
     width = 0.27
     for name, (ylabel, title, series) in plots.items():
-        fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows)), 4))
+        fig, ax = plt.subplots(figsize=(min(16, max(6, 0.8 * len(rows))), 4.5))
+        series = [(key, label) for key, label in series if key in rows[0]]
         centre = (len(series) - 1) / 2
         for offset, (key, label) in enumerate(series):
-            ax.bar([i + (offset - centre) * width for i in range(len(rows))], [float(r[key]) for r in rows], width,
-                   label=label)
+            ax.bar([i + (offset - centre) * width for i in range(len(rows))],
+                   [float(r[key] or "nan") for r in rows], width, label=label)
         ax.set_xticks(list(range(len(rows))), [row["shape"] for row in rows], rotation=20, ha="right")
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.legend()
         fig.tight_layout()
         fig.savefig(out / f"{args.csv.stem}_{name}.png", dpi=120)
-    print(f"wrote {out / (args.csv.stem + '_speedup.png')} and {out / (args.csv.stem + '_memory.png')}")
+    print("wrote " + ", ".join(str(out / f"{args.csv.stem}_{name}.png") for name in plots))
 
 
 if __name__ == "__main__":

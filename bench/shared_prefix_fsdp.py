@@ -5,9 +5,11 @@
 
 Each rank takes one micro-batch of whole GRPO groups (so no group is split across ranks); the model
 is sharded with `fully_shard` per decoder layer and at the root. Rank 0 also runs the unsharded
-model over both micro-batches (gradients averaged, as FSDP's reduce-scatter does) and reports the
-distance of loss and every gradient. Then both set-ups are timed: tokens per second per device,
-FSDP step vs one device's step on one micro-batch.
+model over every rank's micro-batch (gradients averaged, as FSDP's reduce-scatter does) and reports
+the distance of loss and every gradient, next to the bf16 noise floor: the same unsharded model's
+shared-prefix vs packed distance, two computations equal in exact arithmetic. Then, per group size
+in `--groups`, both set-ups are timed: tokens per second per device, FSDP step vs one device's
+step on one micro-batch.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import copy
 import csv
+import functools
 import os
 import statistics
 import time
@@ -22,14 +25,33 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from shared_prefix_gpu import MODULE, TINY, WIDTHS, batch, boundary_labels, config_for, packed_kwargs
+from shared_prefix_gpu import (
+    MODULE,
+    TINY,
+    WIDTHS,
+    batch,
+    boundary_labels,
+    checkpointed,
+    config_for,
+    packed_kwargs,
+)
 
 
 def step(model, ids, cu, max_len, n_items=None):
-    out = model(input_ids=ids, labels=boundary_labels(ids, cu), return_logits=False,
-                num_items_in_batch=n_items, **packed_kwargs(cu, max_len))
+    out = model(
+        input_ids=ids,
+        labels=boundary_labels(ids, cu),
+        return_logits=False,
+        num_items_in_batch=n_items,
+        **packed_kwargs(cu, max_len),
+    )
     out.loss.backward()
     return out.loss.detach()
+
+
+def fresh_step(model, ids, cu, max_len):
+    model.zero_grad(set_to_none=True)
+    step(model, ids, cu, max_len)
 
 
 def timed(fn, device, repeats):
@@ -45,9 +67,37 @@ def timed(fn, device, repeats):
     return statistics.median(times)
 
 
+def gradients(model, world=1):
+    return {
+        name: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).float() / world
+        for name, p in model.named_parameters()
+        if p.grad is not None
+    }
+
+
+def grad_rel(a, b):
+    num = sum((a[k] - b[k]).pow(2).sum() for k in b).sqrt()
+    return (num / sum(g.pow(2).sum() for g in b.values()).sqrt()).item()
+
+
+def reference_pass(model, micro, flag):
+    """Unsharded: losses of every micro-batch and their averaged gradients, flag on or off."""
+    model.config.shared_prefix_training = flag
+    model.zero_grad(set_to_none=True)
+    losses = [step(model, ids, cu, max_len) for ids, cu, max_len, _ in micro]
+    grads = gradients(model, len(micro))
+    model.zero_grad(set_to_none=True)
+    model.config.shared_prefix_training = True
+    return losses, grads
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--group", default="8x2048x256", help="n x P x R of the group each rank trains on")
+    parser.add_argument(
+        "--groups",
+        default="8x2048x256,8x4096x512",
+        help="n x P x R of the group each rank trains on; the first is also checked for equality",
+    )
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default="bench/results")
@@ -67,64 +117,91 @@ def main(argv=None):
         torch.cuda.set_device(device)
     dtype = torch.bfloat16 if cuda else torch.float32
     widths = WIDTHS if not args.tiny else TINY
-    n, p, r = (int(v) for v in args.group.split("x"))
+    groups = [tuple(int(v) for v in g.split("x")) for g in args.groups.split(",")]
     if args.tiny:
-        n, p, r = 4, 160, 24
+        groups = [(4, 160, 24), (2, 96, 16)]
 
     module = importlib.import_module(MODULE)
     torch.manual_seed(0)
     with torch.device(device):
         reference = module.Qwen3_5ForCausalLM(config_for(widths, args.layers)).to(dtype)
     reference.config.shared_prefix_training = True
+    checkpointed(reference)
     model = copy.deepcopy(reference)
+    mesh = init_device_mesh(device.type, (world,))
     for layer in model.model.layers:
-        fully_shard(layer, mesh=init_device_mesh(device.type, (world,)))
-    fully_shard(model, mesh=init_device_mesh(device.type, (world,)))
-
-    # Rank k's micro-batch: seed k. Every rank builds all of them, for the reference on rank 0.
-    micro = [batch([(n, p, r)], [], widths["vocab_size"], device, seed=k) for k in range(world)]
-    ids, cu, max_len, _ = micro[rank]
-    loss = step(model, ids, cu, max_len)
-    losses = [torch.zeros_like(loss) for _ in range(world)]
-    dist.all_gather(losses, loss)
-    grads = {name: p.grad.full_tensor().float() for name, p in model.named_parameters() if p.grad is not None}
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
 
     rows = []
-    if rank == 0:
-        ref_losses = []
-        for k, (ids_k, cu_k, max_k, _) in enumerate(micro):
-            ref_losses.append(step(reference, ids_k, cu_k, max_k))
-        ref_grads = {name: p.grad.float() / world for name, p in reference.named_parameters() if p.grad is not None}
-        loss_diff = max(abs(a.item() - b.item()) for a, b in zip(losses, ref_losses))
-        num = sum((grads[k] - ref_grads[k]).pow(2).sum() for k in ref_grads).sqrt()
-        den = sum(g.pow(2).sum() for g in ref_grads.values()).sqrt()
-        grad_rel = (num / den).item()
-        print(f"FSDP2 x{world} vs one device: max |loss diff| {loss_diff:.3e}, gradient rel {grad_rel:.3e} "
-              f"({len(ref_grads)} tensors)", flush=True)
-        rows.append({"what": "equality", "loss_max_abs": loss_diff, "grad_rel": grad_rel})
+    for index, group in enumerate(groups):
+        # Rank k's micro-batch: seed k. Every rank builds all of them, for the reference on rank 0.
+        micro = [batch([group], [], widths["vocab_size"], device, seed=k) for k in range(world)]
+        ids, cu, max_len, _ = micro[rank]
+        if index == 0:
+            model.zero_grad(set_to_none=True)
+            loss = step(model, ids, cu, max_len)
+            losses = [torch.zeros_like(loss) for _ in range(world)]
+            dist.all_gather(losses, loss)
+            grads = gradients(model)
+            model.zero_grad(set_to_none=True)
+            if rank == 0:
+                ref_losses, ref_grads = reference_pass(reference, micro, True)
+                packed_losses, packed_grads = reference_pass(reference, micro, False)
+                loss_diff = max(abs(a.item() - b.item()) for a, b in zip(losses, ref_losses))
+                floor_loss = max(abs(a.item() - b.item()) for a, b in zip(packed_losses, ref_losses))
+                rel, floor_rel = grad_rel(grads, ref_grads), grad_rel(packed_grads, ref_grads)
+                print(
+                    f"FSDP2 x{world} vs one device, group {group}: max |loss diff| {loss_diff:.3e}, gradient rel "
+                    f"{rel:.3e} ({len(ref_grads)} tensors); bf16 floor (one device, shared vs packed): loss "
+                    f"{floor_loss:.3e}, gradient rel {floor_rel:.3e}",
+                    flush=True,
+                )
+                rows.append(
+                    {
+                        "what": "equality",
+                        "group": "x".join(map(str, group)),
+                        "loss_max_abs": loss_diff,
+                        "grad_rel": rel,
+                        "floor_loss_max_abs": floor_loss,
+                        "floor_grad_rel": floor_rel,
+                    }
+                )
 
-    def fsdp_step():
-        model.zero_grad(set_to_none=True)
-        step(model, ids, cu, max_len)
-
-    fsdp_s = timed(fsdp_step, device, args.repeats)
-    dist.barrier()
-    single_s = None
-    if rank == 0:
-        def single_step():
+        fsdp_step = functools.partial(fresh_step, model, ids, cu, max_len)
+        fsdp_step()  # warm-up: Triton autotune, NCCL communicators
+        fsdp_s = timed(fsdp_step, device, args.repeats)
+        dist.barrier()
+        if rank == 0:
+            single_step = functools.partial(fresh_step, reference, ids, cu, max_len)
+            single_step()
+            single_s = timed(single_step, device, args.repeats)
             reference.zero_grad(set_to_none=True)
-            step(reference, ids, cu, max_len)
-
-        single_s = timed(single_step, device, args.repeats)
-        tokens = ids.shape[1]
-        ratio = single_s / fsdp_s
-        print(f"tokens per device per step {tokens}: one device {tokens / single_s:.0f} tok/s, FSDP2 x{world} "
-              f"{tokens / fsdp_s:.0f} tok/s per device ({ratio:.2f} of one device)", flush=True)
-        rows.append({"what": "throughput", "single_s": single_s, "fsdp_s": fsdp_s, "per_device_ratio": ratio})
+            tokens = ids.shape[1]
+            ratio = single_s / fsdp_s
+            print(
+                f"group {group}, {tokens} packed tokens per device per step: one device {tokens / single_s:.0f} "
+                f"tok/s, FSDP2 x{world} {tokens / fsdp_s:.0f} tok/s per device ({ratio:.2f} of one device)",
+                flush=True,
+            )
+            rows.append(
+                {
+                    "what": "throughput",
+                    "group": "x".join(map(str, group)),
+                    "tokens": tokens,
+                    "single_s": single_s,
+                    "fsdp_s": fsdp_s,
+                    "per_device_ratio": ratio,
+                }
+            )
+        dist.barrier()
+    if rank == 0:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        with (out / f"fsdp_x{world}_{'cpu-tiny' if args.tiny else 'gpu'}.csv").open("w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=sorted({k for row in rows for k in row}))
+        with (out / f"fsdp_x{world}_{'cpu-tiny' if args.tiny else 'gpu'}.csv").open(
+            "w", newline=""
+        ) as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
             writer.writeheader()
             writer.writerows(rows)
     dist.barrier()

@@ -98,7 +98,8 @@ def gdn_arms():
     from patchgen.kernels.triton.gated_delta_rule.reference import chunked_gdn_ref
 
     def reference(q, k, v, g, beta, cu):
-        return chunked_gdn_ref(q[0], k[0], v[0], g[0], beta[0], scale=K ** -0.5, use_qk_l2norm=True,
+        # fp32 throughout: the reference does not mix bf16 inputs with the fp32 gates
+        return chunked_gdn_ref(*(x[0].float() for x in (q, k, v, g, beta)), scale=K ** -0.5, use_qk_l2norm=True,
                                cu_seqlens=cu.cpu())[0]
     arms["torch"] = reference
     return arms
@@ -127,9 +128,8 @@ def norm_arms():
 
         module = FusedRMSNormGated(V, eps=1e-6).to(device="cuda", dtype=DT)
 
-        def fla(x, gate, w):
-            module.weight.data = w.detach()
-            return module(x, gate)
+        def fla(x, gate, w):  # the module's weight replaced by w, so that w gets its gradient too
+            return torch.func.functional_call(module, {"weight": w}, (x, gate))
         arms["fla"] = fla
     except Exception as exc:  # noqa: BLE001
         print(f"fla gated-norm arm skipped: {exc!r}", file=sys.stderr)

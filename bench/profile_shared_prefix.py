@@ -1,0 +1,74 @@
+"""Where a training step's time goes, packed vs shared prefix: a torch.profiler table per arm (GPU).
+
+    python bench/profile_shared_prefix.py [--shapes 4x1024x256,8x4096x256] [--layers 8]
+
+Same model and batches as `bench/shared_prefix_gpu.py`. Per shape and arm: the step's wall time,
+the GPU's busy time (sum of kernel times; wall minus busy is launch-bound idling), host syncs,
+the first call's time (compilation and autotuning) and the top kernels and host ops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import time
+
+import torch
+from shared_prefix_gpu import (
+    MODULE,
+    WIDTHS,
+    batch,
+    checkpointed,
+    config_for,
+    count_syncs,
+    parse_shapes,
+    train_step,
+)
+from torch.profiler import ProfilerActivity, profile
+
+
+def wall_ms(fn) -> float:
+    torch.cuda.synchronize()
+    begin = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - begin) * 1e3
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="4x1024x256,8x4096x256")
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--rows", type=int, default=14, help="table rows per arm")
+    args = parser.parse_args(argv)
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = importlib.import_module(MODULE).Qwen3_5ForCausalLM(config_for(WIDTHS, args.layers)).bfloat16()
+    checkpointed(model)
+    model.train()
+    for name, groups, singles, system in parse_shapes(args.shapes):
+        ids, cu, max_len, _ = batch(groups, singles, WIDTHS["vocab_size"], "cuda", system=system)
+        for flag in (False, True):
+            model.config.shared_prefix_training = flag
+            step = functools.partial(train_step, model, ids, cu, max_len)
+            first = wall_ms(step)
+            steady = min(wall_ms(step) for _ in range(3))
+            syncs = count_syncs(model, train_step, ids, cu, max_len, torch.device("cuda"))
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                step()
+                torch.cuda.synchronize()
+            events = prof.key_averages()
+            busy = sum(e.self_device_time_total for e in events) / 1e3
+            launches = sum(e.count for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+            arm = "shared" if flag else "packed"
+            print(f"\n=== {name} {arm}: first call {first:.0f} ms, step {steady:.1f} ms, GPU busy {busy:.1f} ms, "
+                  f"{launches} kernels, {syncs} syncs")
+            print(events.table(sort_by="self_device_time_total", row_limit=args.rows, max_name_column_width=60))
+            print(events.table(sort_by="self_cpu_time_total", row_limit=args.rows // 2, max_name_column_width=60))
+    model.config.shared_prefix_training = False
+
+
+if __name__ == "__main__":
+    main()
