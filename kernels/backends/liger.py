@@ -8,6 +8,8 @@ from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 from liger_kernel.ops.swiglu import LigerSiLUMulFunction
 from liger_kernel.transformers.rope import liger_rotary_pos_emb
 
+from .flce import chunk_mem_const, positional_arguments
+
 
 def rms_norm(x, weight, eps):
     """Zero-centred RMSNorm: offset 1.0 and gemma casting (everything in fp32), as Qwen3.5's."""
@@ -28,8 +30,15 @@ def cross_entropy(hidden, weight, labels, *, ignore_index=-100, return_entropy=F
     """Liger's fused linear cross-entropy with per-token losses; it has no entropy output."""
     if return_entropy:
         raise NotImplementedError("the liger cross_entropy backend does not return entropy; use 'chunked'")
-    loss = LigerFusedLinearCrossEntropyFunction.apply(
-        hidden, weight, labels, None, None, ignore_index, 0.0, 0.0, "none"
+    arguments = positional_arguments(
+        LigerFusedLinearCrossEntropyFunction.forward,
+        _input=hidden,
+        weight=weight,
+        target=labels,
+        ignore_index=ignore_index,
+        reduction="none",
+        chunk_mem_const=chunk_mem_const(hidden.shape[0], hidden.shape[1], weight.shape[0]),
     )
+    loss = LigerFusedLinearCrossEntropyFunction.apply(*arguments)
     loss = loss[0] if isinstance(loss, tuple) else loss
     return loss.float(), None
