@@ -60,8 +60,9 @@ def main(argv=None):
                 step()
                 torch.cuda.synchronize()
             events = prof.key_averages()
-            busy = sum(e.self_device_time_total for e in events) / 1e3
-            launches = sum(e.count for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+            kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+            busy = sum(e.self_device_time_total for e in kernels) / 1e3  # kernel rows only: ops would count twice
+            launches = sum(e.count for e in kernels)
             arm = "shared" if flag else "packed"
             print(f"\n=== {name} {arm}: first call {first:.0f} ms, step {steady:.1f} ms, GPU busy {busy:.1f} ms, "
                   f"{launches} kernels, {syncs} syncs")

@@ -31,6 +31,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from patchgen.kernels.shared_prefix.positions import positions_from_cu_seqlens
 
 MODULE = "patchgen.generated.qwen3_5.patched_modeling_qwen3_5_gpu"
 WIDTHS = dict(
@@ -124,12 +125,6 @@ def packed_kwargs(cu, max_len):
     return dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max_len, max_length_k=max_len)
 
 
-def packed_positions(cu):
-    """Position ids restarting at every sequence: how upstream detects a packed row."""
-    lengths = (cu[1:] - cu[:-1]).tolist()
-    return torch.cat([torch.arange(n, device=cu.device) for n in lengths]).unsqueeze(0)
-
-
 def train_step(model, ids, cu, max_len):
     model.zero_grad(set_to_none=True)
     out = model(
@@ -147,7 +142,7 @@ def upstream_train_step(model, ids, cu, max_len):
     model.zero_grad(set_to_none=True)
     out = model(
         input_ids=ids,
-        position_ids=packed_positions(cu),
+        position_ids=positions_from_cu_seqlens(cu, ids.shape[1]),  # how upstream detects a packed row
         labels=boundary_labels(ids, cu),
         **packed_kwargs(cu, max_len),
     )
@@ -157,7 +152,8 @@ def upstream_train_step(model, ids, cu, max_len):
 def upstream_logprob_pass(model, ids, cu, max_len):
     """Upstream has no log-prob output: logits, then log-softmax gathered at the next token, as RL code does."""
     with torch.no_grad():
-        logits = model(input_ids=ids, position_ids=packed_positions(cu), **packed_kwargs(cu, max_len)).logits
+        positions = positions_from_cu_seqlens(cu, ids.shape[1])
+        logits = model(input_ids=ids, position_ids=positions, **packed_kwargs(cu, max_len)).logits
         torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, ids[:, 1:, None])
 
 

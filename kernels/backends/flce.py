@@ -9,6 +9,7 @@ liger's ``chunk_mem_const`` (its budget of transient logits, in units of ``rows 
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 # At most about twice this many rows of logits at a time (liger rounds chunks up to a power of
@@ -29,11 +30,17 @@ def chunk_mem_const(rows: int, hidden: int, vocab: int, rows_per_chunk: int = LO
     return max(1, -(-vocab // (hidden * chunks)))
 
 
+@functools.cache
+def _parameters(forward) -> tuple[inspect.Parameter, ...]:
+    """``forward``'s parameters after ``ctx``, read once: the call sits on every training step."""
+    return tuple(inspect.signature(forward).parameters.values())[1:]
+
+
 def positional_arguments(forward, **given) -> list:
     """``given`` as positional arguments of an ``autograd.Function.forward`` (after ``ctx``), defaults
     filling the gaps; names the installed version does not have are left out, so an older release
     without ``chunk_mem_const`` still works (with its own chunking)."""
-    params = list(inspect.signature(forward).parameters.values())[1:]
+    params = _parameters(forward)
     names = [p.name for p in params]
     missing = [p.name for p in params if p.default is inspect.Parameter.empty and p.name not in given]
     if missing:
