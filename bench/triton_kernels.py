@@ -1,13 +1,20 @@
 """Benchmark of our portable Triton kernels on a CUDA GPU (not a timed test).
 
-GDN forward and forward+backward at T = 16384 in 4 sequences with Qwen3.5-4B widths
-(16 key heads, 32 value heads, head dims 128, bf16), the causal conv1d (D = 8192, W = 4) and
-the gated RMSNorm (rows of 128), for three arms: ours (patchgen.kernels.triton), fla
-(flash-linear-attention, imported lazily; the arm is skipped when missing or failing) and the
-torch reference. Median of many repeats timed with CUDA events; the floor is the larger of bytes
-moved over the measured copy bandwidth and FLOPs over the measured bf16 matmul rate.
+At T = 16384 in 4 sequences, bf16, Qwen3.5-4B/9B widths (GDN: 16 key heads, 32 value heads, head
+dims 128; conv: D = 8192, W = 4; gated RMSNorm: rows of 128), three arms: ours
+(patchgen.kernels.triton), fla (the project's fla backend, skipped when missing) and the torch
+reference. The GDN is also run with an initial state per sequence and its gradient (the
+shared-prefix round-2 case). Chunk tables are built once, as the plan does, and passed to both
+GDN arms.
+
+Per arm and pass: GPU time (median over repeats between CUDA events), host time per call (the
+Python wall time to issue the call with the GPU not the bottleneck), and the floor (the larger of
+the bytes that must move over the measured copy bandwidth and the FLOPs over the measured bf16
+matmul rate).
 
     python bench/triton_kernels.py [--csv bench/results/triton_kernels.csv] [--repeats 50]
+    python bench/triton_kernels.py --sweep      # launch configurations of conv, norm and GDN state
+    python bench/triton_kernels.py --profile    # per-kernel GPU time of the GDN, ours vs fla
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import csv
 import os
 import statistics
 import sys
+import time
 
 import torch
 
@@ -42,9 +50,22 @@ def timed(fn, repeats: int, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
+def host_ms(fn, calls: int = 20) -> float:
+    """Median host milliseconds to issue one fn() (no synchronisation inside, the GPU queue drained
+    before each batch of 5 so that a full launch queue never blocks the host)."""
+    per_call = []
+    for _ in range(calls // 5):
+        torch.cuda.synchronize()
+        for _ in range(5):
+            t0 = time.perf_counter()
+            fn()
+            per_call.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(per_call)
+
+
 def machine_rates(repeats: int) -> tuple[float, float]:
     """(copy bandwidth in bytes/s counting read + write, bf16 matmul FLOP/s)."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    src = torch.randint(0, 255, (1 << 30,), dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     ms = timed(lambda: dst.copy_(src), repeats)
     bandwidth = 2 * src.numel() / (ms * 1e-3)
@@ -67,127 +88,128 @@ def gdn_cost(backward: bool) -> tuple[float, float]:
     return io, flops
 
 
-def make_gdn_inputs(requires_grad: bool):
+def gdn_tables():
+    """cu_seqlens on the device and the host, and the chunk table: built once, as the plan does."""
+    from patchgen.kernels.shared_prefix.gdn import chunk_indices
+
+    cu_cpu = torch.arange(0, T + 1, T // N, dtype=torch.int32)
+    chunks = torch.from_numpy(chunk_indices(cu_cpu.diff().tolist()).astype("int32")).cuda()
+    return cu_cpu.cuda(), cu_cpu, chunks
+
+
+def gdn_inputs(backward: bool, with_state: bool = False):
     torch.manual_seed(0)
-    cu = torch.arange(0, T + 1, T // N, dtype=torch.int32, device="cuda")
     q = torch.randn(1, T, H, K, dtype=DT, device="cuda")
     k = torch.randn(1, T, H, K, dtype=DT, device="cuda")
     v = torch.randn(1, T, HV, V, dtype=DT, device="cuda")
     g = torch.nn.functional.logsigmoid(torch.randn(1, T, HV, device="cuda"))
     beta = torch.rand(1, T, HV, dtype=DT, device="cuda")
-    ins = [t.requires_grad_(requires_grad) for t in (q, k, v, g, beta)]
-    return ins, cu
+    ins = [q, k, v, g, beta]
+    if with_state:
+        ins.append(torch.randn(N, HV, K, V, device="cuda") * 0.1)
+    return [t.requires_grad_(backward) for t in ins], list(gdn_tables())
 
 
-def gdn_arms():
-    arms = {}
+def gdn_arms(with_state: bool):
     from patchgen.kernels.triton import gated_delta_rule
 
-    def ours(q, k, v, g, beta, cu):
-        return gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
-                                cu_seqlens_cpu=cu.cpu())[0]
-    arms["ours"] = ours
-    try:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    def call(impl):
+        def run(q, k, v, g, beta, *rest):
+            h0 = rest[0] if with_state else None
+            cu, cu_cpu, chunks = rest[-3:]
+            return impl(q, k, v, g, beta, initial_state=h0, output_final_state=with_state,
+                        use_qk_l2norm_in_kernel=True, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu, chunk_indices=chunks)
+        return run
 
-        def fla(q, k, v, g, beta, cu):
-            return chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)[0]
-        arms["fla"] = fla
+    arms = {"ours": call(gated_delta_rule)}
+    try:
+        from patchgen.kernels.backends import fla
+
+        arms["fla"] = call(fla.gated_delta_rule)
     except Exception as exc:  # noqa: BLE001 - any import failure skips the arm
         print(f"fla GDN arm skipped: {exc!r}", file=sys.stderr)
-    from patchgen.kernels.triton.gated_delta_rule.reference import chunked_gdn_ref
+    from patchgen.kernels.reference import gated_delta_rule as reference
 
-    def reference(q, k, v, g, beta, cu):
-        # fp32 throughout: the reference does not mix bf16 inputs with the fp32 gates
-        return chunked_gdn_ref(*(x[0].float() for x in (q, k, v, g, beta)), scale=K ** -0.5, use_qk_l2norm=True,
-                               cu_seqlens=cu.cpu())[0]
-    arms["torch"] = reference
+    def torch_arm(q, k, v, g, beta, *rest):  # fp32 throughout: the reference takes one dtype
+        h0 = rest[0] if with_state else None
+        cu, cu_cpu, _ = rest[-3:]
+        return reference.gated_delta_rule(*(x.float() for x in (q, k, v, g, beta)), initial_state=h0,
+                                          output_final_state=with_state, use_qk_l2norm_in_kernel=True,
+                                          cu_seqlens=cu, cu_seqlens_cpu=cu_cpu)
+    arms["torch"] = torch_arm
     return arms
+
+
+def conv_inputs(backward: bool):
+    torch.manual_seed(0)
+    x = torch.randn(1, T, CONV_D, dtype=DT, device="cuda", requires_grad=backward)
+    w = torch.randn(CONV_D, CONV_W, dtype=DT, device="cuda", requires_grad=backward)
+    return [x, w], [torch.arange(0, T + 1, T // N, dtype=torch.int32, device="cuda")]
 
 
 def conv_arms():
+    from patchgen.kernels.reference import causal_conv1d as reference
     from patchgen.kernels.triton import causal_conv1d
-    from patchgen.kernels.triton.causal_conv1d import causal_conv1d_reference
     arms = {"ours": lambda x, w, cu: causal_conv1d(x, w, cu_seqlens=cu)}
     try:
-        from fla.modules.convolution import causal_conv1d as fla_conv
+        from patchgen.kernels.backends import fla
 
-        arms["fla"] = lambda x, w, cu: fla_conv(x, w, activation="silu", cu_seqlens=cu)[0]
+        arms["fla"] = lambda x, w, cu: fla.causal_conv1d(x, w, cu_seqlens=cu)
     except Exception as exc:  # noqa: BLE001
         print(f"fla conv arm skipped: {exc!r}", file=sys.stderr)
-    arms["torch"] = lambda x, w, cu: causal_conv1d_reference(x, w, cu_seqlens=cu.cpu())
+    arms["torch"] = lambda x, w, cu: reference.causal_conv1d(x, w, cu_seqlens=cu)
     return arms
+
+
+def norm_inputs(backward: bool):
+    torch.manual_seed(0)
+    x = torch.randn(T * HV, V, dtype=DT, device="cuda", requires_grad=backward)
+    gate = torch.randn(T * HV, V, dtype=DT, device="cuda", requires_grad=backward)
+    w = torch.randn(V, dtype=DT, device="cuda", requires_grad=backward)
+    return [x, gate, w], []
 
 
 def norm_arms():
+    from patchgen.kernels.reference import norms
     from patchgen.kernels.triton import rms_norm_gated
-    from patchgen.kernels.triton.rms_norm_gated import rms_norm_gated_reference
     arms = {"ours": lambda x, gate, w: rms_norm_gated(x, gate, w, 1e-6)}
     try:
-        from fla.modules import FusedRMSNormGated
+        from patchgen.kernels.backends import fla
 
-        module = FusedRMSNormGated(V, eps=1e-6).to(device="cuda", dtype=DT)
-
-        def fla(x, gate, w):  # the module's weight replaced by w, so that w gets its gradient too
-            return torch.func.functional_call(module, {"weight": w}, (x, gate))
-        arms["fla"] = fla
+        arms["fla"] = lambda x, gate, w: fla.rms_norm_gated(x, gate, w, 1e-6)  # the weight passed, not a module's
     except Exception as exc:  # noqa: BLE001
         print(f"fla gated-norm arm skipped: {exc!r}", file=sys.stderr)
-    arms["torch"] = lambda x, gate, w: rms_norm_gated_reference(x, gate, w, 1e-6)
+    arms["torch"] = lambda x, gate, w: norms.rms_norm_gated(x, gate, w, 1e-6)
     return arms
 
 
-def bench_arm(fn, make_inputs, backward: bool, repeats: int, warmup: int = 3):
+def make_step(fn, make_inputs, backward: bool):
+    """fn's call (and its backward, through autograd.grad so that nothing accumulates) as one step,
+    with a random output gradient for every floating output."""
     ins, extra = make_inputs(backward)
     leaves = [t for t in ins if t.requires_grad]
-    grad_out = torch.ones_like(fn(*ins, *extra)) if backward else None
+    out = fn(*ins, *extra)
+    outs = [o for o in (out if isinstance(out, tuple) else (out,)) if o is not None]
+    grads_out = [torch.randn_like(o) for o in outs] if backward else None
 
     def step():
         out = fn(*ins, *extra)
-        if backward:  # autograd.grad: nothing accumulates into .grad between repeats
-            torch.autograd.grad(out, leaves, grad_out)
-    return timed(step, repeats, warmup)
+        if backward:
+            outs = [o for o in (out if isinstance(out, tuple) else (out,)) if o is not None]
+            torch.autograd.grad(outs, leaves, grads_out)
+    return step
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--csv", default=os.path.join(os.path.dirname(__file__), "results", "triton_kernels.csv"))
-    parser.add_argument("--repeats", type=int, default=50)
-    parser.add_argument("--torch-repeats", type=int, default=3)
-    parser.add_argument("--ops", default="gated_delta_rule,causal_conv1d,rms_norm_gated",
-                        help="comma-separated subset of the ops to run")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("bench/triton_kernels.py needs a CUDA device")
-
-    bandwidth, matmul = machine_rates(args.repeats)
-    print(f"{torch.cuda.get_device_name()}: copy {bandwidth / 1e12:.2f} TB/s, bf16 matmul {matmul / 1e12:.0f} TFLOP/s")
-
-    def conv_inputs(backward):
-        torch.manual_seed(0)
-        x = torch.randn(1, T, CONV_D, dtype=DT, device="cuda", requires_grad=backward)
-        w = torch.randn(CONV_D, CONV_W, dtype=DT, device="cuda", requires_grad=backward)
-        return [x, w], [torch.arange(0, T + 1, T // N, dtype=torch.int32, device="cuda")]
-
-    def norm_inputs(backward):
-        torch.manual_seed(0)
-        x = torch.randn(T * HV, V, dtype=DT, device="cuda", requires_grad=backward)
-        gate = torch.randn(T * HV, V, dtype=DT, device="cuda", requires_grad=backward)
-        w = torch.randn(V, dtype=DT, device="cuda", requires_grad=backward)
-        return [x, gate, w], []
-
-    def gdn_inputs(backward):
-        ins, cu = make_gdn_inputs(backward)
-        return ins, [cu]
-
+def run_bench(args, bandwidth, matmul):
     conv_bytes = {False: 2 * T * CONV_D * BYTES, True: 5 * T * CONV_D * BYTES}  # fwd: x, y; +bwd: dy, x, dx
-    norm_bytes = {False: 3 * T * HV * V * BYTES, True: 8 * T * HV * V * BYTES}
-    rows = []
+    norm_bytes = {False: 3 * T * HV * V * BYTES, True: 8 * T * HV * V * BYTES}  # fwd: x, gate, y; +bwd: x, gate, dy, dx, dgate
     ops = {
-        "gated_delta_rule": (gdn_arms, gdn_inputs, gdn_cost),
+        "gated_delta_rule": (lambda: gdn_arms(False), lambda b: gdn_inputs(b), gdn_cost),
+        "gated_delta_rule_h0": (lambda: gdn_arms(True), lambda b: gdn_inputs(b, with_state=True), gdn_cost),
         "causal_conv1d": (conv_arms, conv_inputs, lambda b: (conv_bytes[b], 0.0)),
         "rms_norm_gated": (norm_arms, norm_inputs, lambda b: (norm_bytes[b], 0.0)),
     }
+    rows = []
     for op in args.ops.split(","):
         make_arms, make, cost = ops[op]
         arms = make_arms()
@@ -195,32 +217,154 @@ def main() -> None:
             nbytes, flops = cost(backward)
             floor_ms = max(nbytes / bandwidth, flops / matmul) * 1e3
             for arm, fn in arms.items():
-                repeats = args.torch_repeats if arm == "torch" else args.repeats
+                is_torch = arm == "torch"
                 try:
-                    ms = bench_arm(fn, make, backward, repeats, warmup=1 if arm == "torch" else 3)
+                    step = make_step(fn, make, backward)
+                    ms = timed(step, args.torch_repeats if is_torch else args.repeats, warmup=1 if is_torch else 3)
+                    host = host_ms(step, 5 if is_torch else 20)
                 except Exception as exc:  # noqa: BLE001 - e.g. fla's GDN backward on Triton < 3.7.1
                     print(f"{op} {arm} {'fwd+bwd' if backward else 'fwd'} failed: {exc!r}", file=sys.stderr)
-                    ms = float("nan")
-                rows.append({"op": op, "pass_": "fwd+bwd" if backward else "fwd", "arm": arm, "ms": ms, "floor_ms": floor_ms,
-                                 "x_floor": ms / floor_ms})
+                    ms = host = float("nan")
+                rows.append({"op": op, "pass_": "fwd+bwd" if backward else "fwd", "arm": arm, "ms": ms,
+                             "host_ms": host, "floor_ms": floor_ms, "x_floor": ms / floor_ms})
                 torch.cuda.empty_cache()
+    return rows
 
+
+def report(rows, path):
     by = {(r["op"], r["pass_"], r["arm"]): r["ms"] for r in rows}
-    print(f"\n{'op':<18}{'pass':<9}{'arm':<7}{'ms':>10}{'floor ms':>10}{'x floor':>9}{'x fla':>8}")
+    print(f"\n{'op':<21}{'pass':<9}{'arm':<7}{'gpu ms':>9}{'host ms':>9}{'floor ms':>10}{'x floor':>9}{'x fla':>8}")
     for r in rows:
         fla_ms = by.get((r["op"], r["pass_"], "fla"), float("nan"))
-        print(f"{r['op']:<18}{r['pass_']:<9}{r['arm']:<7}{r['ms']:>10.3f}{r['floor_ms']:>10.3f}"
+        print(f"{r['op']:<21}{r['pass_']:<9}{r['arm']:<7}{r['ms']:>9.3f}{r['host_ms']:>9.3f}{r['floor_ms']:>10.3f}"
               f"{r['x_floor']:>9.2f}{r['ms'] / fla_ms:>8.2f}")
-    os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
-    with open(args.csv, "w", newline="") as fh:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    import triton
+    with open(path, "w", newline="") as fh:
         writer = csv.writer(fh)
-        writer.writerow(["op", "pass", "arm", "ms", "floor_ms", "x_floor", "gpu", "triton", "torch"])
-        import triton
+        writer.writerow(["op", "pass", "arm", "ms", "host_ms", "floor_ms", "x_floor", "gpu", "triton", "torch"])
         for r in rows:
-            writer.writerow([r["op"], r["pass_"], r["arm"], f"{r['ms']:.4f}", f"{r['floor_ms']:.4f}",
-                             f"{r['x_floor']:.3f}", torch.cuda.get_device_name(), triton.__version__,
-                             torch.__version__])
-    print(f"\nwrote {args.csv}")
+            writer.writerow([r["op"], r["pass_"], r["arm"], f"{r['ms']:.4f}", f"{r['host_ms']:.4f}",
+                             f"{r['floor_ms']:.4f}", f"{r['x_floor']:.3f}", torch.cuda.get_device_name(),
+                             triton.__version__, torch.__version__])
+    print(f"\nwrote {path}")
+
+
+def sweep(args, bandwidth):
+    """GPU time of each kernel pass alone over launch configurations."""
+    from dataclasses import replace
+
+    from patchgen.kernels.triton import causal_conv1d as conv
+    from patchgen.kernels.triton import rms_norm_gated as norm
+    from patchgen.kernels.triton.gated_delta_rule import chunk_state
+
+    _sweep_conv(args, bandwidth, replace, conv)
+    torch.cuda.empty_cache()
+    _sweep_norm(args, bandwidth, replace, norm)
+    torch.cuda.empty_cache()
+    _sweep_gdn(args, replace, chunk_state)
+
+
+def _sweep_conv(args, bandwidth, replace, conv):
+    (x, w), (cu,) = conv_inputs(False)
+    x = x[0]
+    dy = torch.randn_like(x)
+    floor = {"fwd": 2 * x.numel() * BYTES / bandwidth * 1e3, "bwd": 3 * x.numel() * BYTES / bandwidth * 1e3}
+    print(f"\nconv floors: fwd {floor['fwd']:.3f} ms, bwd {floor['bwd']:.3f} ms")
+    for bt, bd, nw in [(64, 64, 4), (32, 128, 4), (64, 128, 4), (64, 128, 8), (128, 64, 8), (32, 256, 4),
+                       (64, 256, 8), (16, 256, 4), (128, 128, 8)]:
+        t = replace(conv.TUNING, fwd_bt=bt, fwd_bd=bd, fwd_warps=nw)
+        ms = timed(lambda: conv.conv_fwd(x, w, None, cu, True, t), args.repeats)
+        print(f"conv fwd BT={bt:<4} BD={bd:<4} warps={nw}: {ms:.3f} ms = {ms / floor['fwd']:.2f}x floor")
+    for bt, bd, nw, per_sm in [(32, 64, 4, 4), (64, 64, 4, 4), (64, 64, 8, 4), (32, 128, 4, 4), (64, 128, 8, 2),
+                               (64, 128, 8, 4), (128, 64, 8, 2), (32, 256, 8, 2), (64, 64, 4, 8), (32, 64, 4, 8)]:
+        t = replace(conv.TUNING, bwd_bt=bt, bwd_bd=bd, bwd_warps=nw, bwd_programs_per_sm=per_sm)
+        try:
+            ms = timed(lambda: conv.conv_bwd(x, w, None, dy, cu, True, t), args.repeats)
+            print(f"conv bwd BT={bt:<4} BD={bd:<4} warps={nw} per_sm={per_sm}: {ms:.3f} ms = "
+                  f"{ms / floor['bwd']:.2f}x floor")
+        except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory or registers
+            print(f"conv bwd BT={bt} BD={bd} warps={nw} per_sm={per_sm}: failed {exc!r}")
+
+
+def _sweep_norm(args, bandwidth, replace, norm):
+    (x, gate, w), _ = norm_inputs(False)
+    dy = torch.randn_like(x)
+    floor = {"fwd": 3 * x.numel() * BYTES / bandwidth * 1e3, "bwd": 5 * x.numel() * BYTES / bandwidth * 1e3}
+    print(f"\nnorm floors: fwd {floor['fwd']:.3f} ms, bwd {floor['bwd']:.3f} ms")
+    for el, nw in [(2048, 4), (4096, 4), (4096, 8), (8192, 8), (8192, 16)]:
+        t = replace(norm.TUNING, fwd_elements=el, fwd_warps=nw)
+        ms = timed(lambda: norm.norm_fwd(x, gate, w, 1e-6, t), args.repeats)
+        print(f"norm fwd elements={el:<5} warps={nw}: {ms:.3f} ms = {ms / floor['fwd']:.2f}x floor")
+    _, rstd = norm.norm_fwd(x, gate, w, 1e-6)
+    for el, nw, per_sm in [(2048, 4, 8), (4096, 4, 4), (4096, 8, 4), (8192, 8, 2), (2048, 4, 16), (4096, 8, 8),
+                           (1024, 2, 16)]:
+        t = replace(norm.TUNING, bwd_elements=el, bwd_warps=nw, bwd_programs_per_sm=per_sm)
+        ms = timed(lambda: norm.norm_bwd(x, gate, w, rstd, dy, t), args.repeats)
+        print(f"norm bwd elements={el:<5} warps={nw} per_sm={per_sm:<3}: {ms:.3f} ms = {ms / floor['bwd']:.2f}x floor")
+
+
+def _sweep_gdn(args, replace, chunk_state):
+    arms = gdn_arms(False)
+    default = chunk_state.TUNING
+    for fbv, fw, bbv, bw in [(None, 4, None, 8), (32, 4, 32, 4), (32, 4, 32, 8), (64, 8, 64, 4), (32, 2, 32, 4),
+                             (64, 4, 32, 4)]:
+        chunk_state.TUNING = replace(default, fwd_block_v=fbv, fwd_warps=fw, bwd_block_v=bbv, bwd_warps=bw)
+        fwd = timed(make_step(arms["ours"], gdn_inputs, False), args.repeats)
+        both = timed(make_step(arms["ours"], gdn_inputs, True), args.repeats)
+        print(f"gdn ours state fwd BV={fbv} warps={fw}, bwd BV={bbv} warps={bw}: fwd {fwd:.3f} ms, fwd+bwd {both:.3f} ms")
+    chunk_state.TUNING = default
+
+
+def profile(args):
+    """Per-kernel GPU time of one GDN forward + backward (after warm-up), ours and fla."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    for arm in ("ours", "fla"):
+        for with_state in (False, True):
+            arms = gdn_arms(with_state)
+            if arm not in arms:
+                continue
+            step = make_step(arms[arm], lambda b, s=with_state: gdn_inputs(b, with_state=s), True)
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+            with torch_profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+                for _ in range(5):
+                    step()
+                torch.cuda.synchronize()
+            totals = {}
+            for evt in prof.events():
+                if evt.device_type == torch.autograd.DeviceType.CUDA:
+                    totals[evt.name] = totals.get(evt.name, 0.0) + evt.device_time / 5 / 1e3
+            total = sum(totals.values())
+            print(f"\nGDN fwd+bwd {arm} {'with h0' if with_state else ''}: kernel time {total:.3f} ms per step")
+            for name, ms in sorted(totals.items(), key=lambda kv: -kv[1])[:14]:
+                print(f"  {ms:8.3f} ms  {100 * ms / total:5.1f}%  {name[:90]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--csv", default=os.path.join(os.path.dirname(__file__), "results", "triton_kernels.csv"))
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--torch-repeats", type=int, default=3)
+    parser.add_argument("--ops", default="gated_delta_rule,gated_delta_rule_h0,causal_conv1d,rms_norm_gated",
+                        help="comma-separated subset of the ops to run")
+    parser.add_argument("--sweep", action="store_true", help="time launch configurations instead")
+    parser.add_argument("--profile", action="store_true", help="per-kernel GDN times instead")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench/triton_kernels.py needs a CUDA device")
+
+    bandwidth, matmul = machine_rates(args.repeats)
+    print(f"{torch.cuda.get_device_name()}: copy {bandwidth / 1e12:.2f} TB/s, bf16 matmul {matmul / 1e12:.0f} TFLOP/s")
+    if args.sweep:
+        sweep(args, bandwidth)
+    elif args.profile:
+        profile(args)
+    else:
+        report(run_bench(args, bandwidth, matmul), args.csv)
 
 
 if __name__ == "__main__":

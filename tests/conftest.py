@@ -1,17 +1,31 @@
 import os
 
 import pytest
+import torch
 
-# The CPU test environment runs our Triton kernels through the interpreter.
-os.environ.setdefault("TRITON_INTERPRET", "1")
+# Triton reads TRITON_INTERPRET when a kernel is defined, so this must be decided before anything
+# imports triton (torch.cuda.is_available() does not). Where there is no CUDA device our kernels and
+# fla's run through Triton's CPU interpreter; on a CUDA machine they are compiled, as in training.
+# An explicit TRITON_INTERPRET (or PATCHGEN_TRITON_INTERPRET=1) wins; tests marked `gpu` then skip,
+# since the interpreter is not what they check.
+_HAS_CUDA = torch.cuda.is_available()
+if os.environ.get("PATCHGEN_TRITON_INTERPRET") == "1":
+    os.environ["TRITON_INTERPRET"] = "1"
+os.environ.setdefault("TRITON_INTERPRET", "0" if _HAS_CUDA else "1")
+INTERPRETING = os.environ["TRITON_INTERPRET"] == "1"
+
+
+def pytest_report_header(config):
+    mode = "interpreter (CPU)" if INTERPRETING else "compiled"
+    return f"patchgen: CUDA {'available' if _HAS_CUDA else 'not available'}; Triton kernels {mode}"
 
 
 def pytest_collection_modifyitems(config, items):
-    import torch
-
-    if torch.cuda.is_available():
+    if _HAS_CUDA and not INTERPRETING:
         return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
+    reason = ("needs a CUDA device" if not _HAS_CUDA else
+              "TRITON_INTERPRET=1 was asked for: the gpu tests check compiled kernels; unset it to run them")
+    skip = pytest.mark.skip(reason=reason)
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

@@ -2,9 +2,16 @@
 
 y[t, d] = act(bias[d] + sum_w weight[d, w] * x[t - (W-1) + w, d]), where rows before the start
 of t's sequence read as zero (every sequence starts from a zero state). W is a kernel parameter.
+
+Each row finds its sequence by a binary search over cu_seqlens inside the kernel, so a call costs
+one launch per pass and no tensor work on the host. The backward computes the pre-activation
+gradient once per row and shifts it through a small per-program scratch buffer that stays in L2
+(a persistent grid reuses it), instead of recomputing the activation W times.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -17,14 +24,27 @@ _ACTIVATIONS = {None: False, "identity": False, "silu": True, "swish": True}
 
 
 @triton.jit
-def causal_conv1d_fwd_kernel(x, weight, bias, y, seq_start, T, D: tl.constexpr, W: tl.constexpr,
+def _sequence_of(cu_seqlens, o_t, m_t, n_iter, N):
+    """Index of the sequence holding each row of o_t: the largest j < N with cu_seqlens[j] <= t."""
+    lo = tl.zeros_like(o_t)
+    hi = tl.zeros_like(o_t) + (N - 1)
+    for _ in range(n_iter):
+        mid = (lo + hi + 1) // 2
+        take = tl.load(cu_seqlens + mid, mask=m_t, other=0) <= o_t
+        lo = tl.where(take, mid, lo)
+        hi = tl.where(take, hi, mid - 1)
+    return lo
+
+
+@triton.jit
+def causal_conv1d_fwd_kernel(x, weight, bias, y, cu_seqlens, n_iter, N, T, D: tl.constexpr, W: tl.constexpr,
                              BT: tl.constexpr, BD: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
                              ACC: tl.constexpr):
     o_t = tl.program_id(0) * BT + tl.arange(0, BT)
     o_d = tl.program_id(1) * BD + tl.arange(0, BD)
     m_t = o_t < T
     m_d = o_d < D
-    start = tl.load(seq_start + o_t, mask=m_t, other=0)
+    start = tl.load(cu_seqlens + _sequence_of(cu_seqlens, o_t, m_t, n_iter, N), mask=m_t, other=0)
     acc = tl.zeros([BT, BD], dtype=ACC)
     if HAS_BIAS:
         acc += tl.load(bias + o_d, mask=m_d, other=0.0).to(ACC)[None, :]
@@ -40,95 +60,152 @@ def causal_conv1d_fwd_kernel(x, weight, bias, y, seq_start, T, D: tl.constexpr, 
 
 
 @triton.jit
-def causal_conv1d_bwd_kernel(x, weight, bias, dy, dx, dweight_part, dbias_part, seq_start, seq_end, T,
-                             D: tl.constexpr, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-                             HAS_BIAS: tl.constexpr, SILU: tl.constexpr, ACC: tl.constexpr):
-    """dx[t] = sum_s weight[W-1-s] * dpre[t+s] over rows t+s of t's sequence; the pre-activation
-    is recomputed. Weight and bias gradients are written per block of rows and summed by the caller."""
-    i_t = tl.program_id(0)
-    o_t = i_t * BT + tl.arange(0, BT)
-    o_d = tl.program_id(1) * BD + tl.arange(0, BD)
-    m_t = o_t < T
+def causal_conv1d_bwd_kernel(x, weight, bias, dy, dx, dweight_part, dbias_part, scratch, cu_seqlens, n_iter, N, T,
+                             n_row_tiles, D: tl.constexpr, W: tl.constexpr, WP: tl.constexpr,
+                             BT: tl.constexpr, BD: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+                             ACC: tl.constexpr):
+    """Persistent over rows: program (p, c) takes the row tiles p, p + P, ... of channel block c.
+    Tiles of BT rows overlap by W-1 rows; each computes dpre (the gradient before the activation,
+    the pre-activation recomputed) on all BT rows and writes dx for the first BT-W+1:
+    dx[t] = sum_s weight[W-1-s] * dpre[t+s] over rows of t's sequence. Weight and bias gradients
+    are summed in registers and written once per program."""
+    i_p, i_d = tl.program_id(0), tl.program_id(1)
+    OUT: tl.constexpr = BT - W + 1
+    o_i = tl.arange(0, BT)
+    o_w = tl.arange(0, WP)
+    o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
-    start = tl.load(seq_start + o_t, mask=m_t, other=0)
-    end = tl.load(seq_end + o_t, mask=m_t, other=0)
-    dxv = tl.zeros([BT, BD], dtype=ACC)
-    dpre_t = tl.zeros([BT, BD], dtype=ACC)
-    for s in tl.static_range(W):
-        r = o_t + s
-        m_r = m_t & (r < end)
+    slot = i_d * tl.num_programs(0) + i_p
+    pad = scratch + slot.to(tl.int64) * BT * BD + o_i[:, None] * BD + tl.arange(0, BD)[None, :]
+    dw_acc = tl.zeros([WP, BD], dtype=ACC)
+    db_acc = tl.zeros([BD], dtype=ACC)
+    for tile in range(i_p, n_row_tiles, tl.num_programs(0)):
+        o_t = tile * OUT + o_i
+        m_t = o_t < T
+        seq = _sequence_of(cu_seqlens, o_t, m_t, n_iter, N)
+        start = tl.load(cu_seqlens + seq, mask=m_t, other=0)
+        end = tl.load(cu_seqlens + seq + 1, mask=m_t, other=0)
         pre = tl.zeros([BT, BD], dtype=ACC)
         if HAS_BIAS:
             pre += tl.load(bias + o_d, mask=m_d, other=0.0).to(ACC)[None, :]
         for w in tl.static_range(W):
-            src = r - (W - 1) + w
-            m = (m_r & (src >= start))[:, None] & m_d[None, :]
+            src = o_t - (W - 1) + w
+            m = (m_t & (src >= start))[:, None] & m_d[None, :]
             xv = tl.load(x + src.to(tl.int64)[:, None] * D + o_d[None, :], mask=m, other=0.0).to(ACC)
             pre += xv * tl.load(weight + o_d * W + w, mask=m_d, other=0.0).to(ACC)[None, :]
-        dpre = tl.load(dy + r.to(tl.int64)[:, None] * D + o_d[None, :], mask=m_r[:, None] & m_d[None, :],
-                       other=0.0).to(ACC)
+        m_td = m_t[:, None] & m_d[None, :]
+        dpre = tl.load(dy + o_t.to(tl.int64)[:, None] * D + o_d[None, :], mask=m_td, other=0.0).to(ACC)
         if SILU:
             sig = tl.sigmoid(pre)
             dpre = dpre * sig * (1.0 + pre * (1.0 - sig))
-        dxv += dpre * tl.load(weight + o_d * W + (W - 1 - s), mask=m_d, other=0.0).to(ACC)[None, :]
-        if s == 0:
-            dpre_t = dpre
-    tl.store(dx + o_t.to(tl.int64)[:, None] * D + o_d[None, :], dxv.to(dx.dtype.element_ty),
-             mask=m_t[:, None] & m_d[None, :])
-    for w in tl.static_range(W):
-        src = o_t - (W - 1) + w
-        m = (m_t & (src >= start))[:, None] & m_d[None, :]
-        xv = tl.load(x + src.to(tl.int64)[:, None] * D + o_d[None, :], mask=m, other=0.0).to(ACC)
-        tl.store(dweight_part + (i_t * W + w) * D + o_d, tl.sum(dpre_t * xv, axis=0), mask=m_d)
+        # weight and bias gradients of this tile's first OUT rows (the rest are the next tile's)
+        own = (o_i < OUT)[:, None] & m_td
+        dpre_own = tl.where(own, dpre, 0.0)
+        if HAS_BIAS:
+            db_acc += tl.sum(dpre_own, axis=0)
+        for w in tl.static_range(W):
+            src = o_t - (W - 1) + w
+            m = (m_t & (src >= start))[:, None] & m_d[None, :]
+            xv = tl.load(x + src.to(tl.int64)[:, None] * D + o_d[None, :], mask=m, other=0.0).to(ACC)
+            dw_acc += tl.where(o_w[:, None] == w, tl.sum(dpre_own * xv, axis=0)[None, :], 0.0)
+        # shift dpre by s rows through this program's scratch tile (L2-resident, read back at once)
+        tl.debug_barrier()
+        tl.store(pad, dpre)
+        tl.debug_barrier()
+        dxv = tl.zeros([BT, BD], dtype=ACC)
+        for s in tl.static_range(W):
+            m_s = (o_i + s < BT) & (o_t + s < end)
+            shifted = tl.load(pad + s * BD, mask=m_s[:, None], other=0.0, cache_modifier=".cg")
+            dxv += shifted * tl.load(weight + o_d * W + (W - 1 - s), mask=m_d, other=0.0).to(ACC)[None, :]
+        tl.store(dx + o_t.to(tl.int64)[:, None] * D + o_d[None, :], dxv.to(dx.dtype.element_ty), mask=own)
+    base = (i_p * tl.num_programs(1) + i_d) * WP * BD
+    tl.store(dweight_part + base + o_w[:, None] * BD + tl.arange(0, BD)[None, :], dw_acc)
     if HAS_BIAS:
-        tl.store(dbias_part + i_t * D + o_d, tl.sum(dpre_t, axis=0), mask=m_d)
+        tl.store(dbias_part + (i_p * tl.num_programs(1) + i_d) * BD + tl.arange(0, BD), db_acc)
 
 
-def _token_bounds(cu_seqlens: torch.Tensor, T: int):
-    """Per-token start and end of its sequence, computed on the device (no host sync)."""
-    cu = cu_seqlens.to(torch.int64)
-    seq = torch.searchsorted(cu[1:], torch.arange(T, device=cu.device), right=True)
-    return cu[seq].to(torch.int32).contiguous(), cu[seq + 1].to(torch.int32).contiguous()
+@dataclass(frozen=True)
+class ConvTuning:
+    """Tile shapes and launch options; see docs/triton_kernels.md for how they were chosen."""
+
+    fwd_bt: int = 64
+    fwd_bd: int = 64
+    fwd_warps: int = 4
+    bwd_bt: int = 32
+    bwd_bd: int = 64
+    bwd_warps: int = 4
+    bwd_programs_per_sm: int = 4
 
 
-def _blocks(D: int, backward: bool) -> tuple[int, int]:
-    """Rows x channels per program: small enough that the unrolled W x W loop keeps its fp32 tiles
-    in registers (the backward holds about five of them)."""
-    return (32 if backward else 64), min(64, next_pow2(D))
+TUNING = ConvTuning()
+_SM_COUNT: dict[int, int] = {}
+
+
+def _row_programs(device: torch.device, per_sm: int, n_row_tiles: int, n_channel_blocks: int) -> int:
+    """Programs per channel block of the persistent backward: about per_sm programs on every
+    multiprocessor in all (the count is read once per device)."""
+    if device.type != "cuda":
+        return min(n_row_tiles, 2)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return max(1, min(n_row_tiles, per_sm * _SM_COUNT[index] // n_channel_blocks))
+
+
+def _search_steps(num_seqs: int) -> int:
+    return max(1, (num_seqs - 1).bit_length())
+
+
+def conv_fwd(x, weight, bias, cu_seqlens, silu: bool, tuning: ConvTuning = TUNING):
+    T, D = x.shape
+    W = weight.shape[1]
+    prec = precision_for(x.dtype)
+    y = torch.empty_like(x)
+    N = cu_seqlens.numel() - 1
+    BT, BD = tuning.fwd_bt, min(tuning.fwd_bd, next_pow2(D))
+    causal_conv1d_fwd_kernel[(triton.cdiv(T, BT), triton.cdiv(D, BD))](
+        x, weight, bias, y, cu_seqlens, _search_steps(N), N, T, D=D, W=W, BT=BT, BD=BD,
+        HAS_BIAS=bias is not None, SILU=silu, ACC=prec.acc, num_warps=tuning.fwd_warps)
+    return y
+
+
+def conv_bwd(x, weight, bias, dy, cu_seqlens, silu: bool, tuning: ConvTuning = TUNING):
+    """(dx, dweight, dbias or None)."""
+    T, D = x.shape
+    W = weight.shape[1]
+    prec = precision_for(x.dtype)
+    N = cu_seqlens.numel() - 1
+    BT, BD = max(tuning.bwd_bt, next_pow2(2 * W)), min(tuning.bwd_bd, next_pow2(D))
+    WP = next_pow2(W)
+    n_row_tiles = triton.cdiv(T, BT - W + 1)
+    n_d = triton.cdiv(D, BD)
+    P = _row_programs(x.device, tuning.bwd_programs_per_sm, n_row_tiles, n_d)
+    dx = torch.empty_like(x)
+    scratch = torch.empty(P * n_d, BT, BD, dtype=prec.acc_torch, device=x.device)
+    dw_part = torch.empty(P, n_d, WP, BD, dtype=prec.acc_torch, device=x.device)
+    db_part = torch.empty(P, n_d, BD, dtype=prec.acc_torch, device=x.device) if bias is not None else None
+    causal_conv1d_bwd_kernel[(P, n_d)](
+        x, weight, bias, dy, dx, dw_part, db_part, scratch, cu_seqlens, _search_steps(N), N, T, n_row_tiles,
+        D=D, W=W, WP=WP, BT=BT, BD=BD, HAS_BIAS=bias is not None, SILU=silu, ACC=prec.acc,
+        num_warps=tuning.bwd_warps)
+    dweight = dw_part.sum(0).transpose(1, 2).reshape(n_d * BD, WP)[:D, :W].to(weight.dtype)
+    dbias = None if bias is None else db_part.sum(0).reshape(n_d * BD)[:D].to(bias.dtype)
+    return dx, dweight, dbias
 
 
 class CausalConv1d(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, seq_start, seq_end, silu):
-        T, D = x.shape
-        W = weight.shape[1]
-        prec = precision_for(x.dtype)
-        y = torch.empty_like(x)
-        BT, BD = _blocks(D, backward=False)
-        causal_conv1d_fwd_kernel[(triton.cdiv(T, BT), triton.cdiv(D, BD))](
-            x, weight, bias, y, seq_start, T, D=D, W=W, BT=BT, BD=BD, HAS_BIAS=bias is not None, SILU=silu,
-            ACC=prec.acc)
-        ctx.save_for_backward(x, weight, bias, seq_start, seq_end)
+    def forward(ctx, x, weight, bias, cu_seqlens, silu):
+        y = conv_fwd(x, weight, bias, cu_seqlens, silu)
+        ctx.save_for_backward(x, weight, bias, cu_seqlens)
         ctx.silu = silu
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, bias, seq_start, seq_end = ctx.saved_tensors
-        T, D = x.shape
-        W = weight.shape[1]
-        prec = precision_for(x.dtype)
-        BT, BD = _blocks(D, backward=True)
-        nt = triton.cdiv(T, BT)
-        dx = torch.empty_like(x)
-        dw_part = torch.empty(nt, W, D, dtype=prec.acc_torch, device=x.device)
-        db_part = torch.empty(nt, D, dtype=prec.acc_torch, device=x.device) if bias is not None else None
-        causal_conv1d_bwd_kernel[(nt, triton.cdiv(D, BD))](
-            x, weight, bias, dy.contiguous(), dx, dw_part, db_part, seq_start, seq_end, T, D=D, W=W, BT=BT, BD=BD,
-            HAS_BIAS=bias is not None, SILU=ctx.silu, ACC=prec.acc)
-        dweight = dw_part.sum(0).T.to(weight.dtype)
-        dbias = db_part.sum(0).to(bias.dtype) if bias is not None else None
-        return dx, dweight, dbias, None, None, None
+        x, weight, bias, cu_seqlens = ctx.saved_tensors
+        dx, dweight, dbias = conv_bwd(x, weight, bias, dy.contiguous(), cu_seqlens, ctx.silu)
+        return dx, dweight, dbias, None, None
 
 
 def causal_conv1d(x, weight, bias=None, *, activation="silu", cu_seqlens=None):
@@ -142,9 +219,10 @@ def causal_conv1d(x, weight, bias=None, *, activation="silu", cu_seqlens=None):
         cu_seqlens = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=x.device)
     elif B != 1:
         raise ValueError(f"with cu_seqlens the batch must be 1 (one packed row), got {B}")
-    seq_start, seq_end = _token_bounds(cu_seqlens, B * T)
+    if cu_seqlens.dtype != torch.int32:
+        cu_seqlens = cu_seqlens.to(torch.int32)
     y = CausalConv1d.apply(x.reshape(B * T, D).contiguous(), weight.contiguous(),
-                           None if bias is None else bias.contiguous(), seq_start, seq_end,
+                           None if bias is None else bias.contiguous(), cu_seqlens.contiguous(),
                            _ACTIVATIONS[activation])
     return y.view(B, T, D)
 

@@ -1,9 +1,12 @@
 """Gated RMSNorm: weight * x * rsqrt(mean(x^2) + eps) * silu(gate), statistics in fp32.
 
-One pass over the rows forward; the backward recomputes the normalised row from the stored rstd.
+One pass over the rows forward; the backward recomputes the normalised row from the stored rstd,
+on a persistent grid that sums the weight gradient in registers (one partial row per program).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -31,64 +34,105 @@ def rms_norm_gated_fwd_kernel(x, gate, weight, y, rstd, n_rows, eps, D: tl.const
 
 
 @triton.jit
-def rms_norm_gated_bwd_kernel(x, gate, weight, rstd, dy, dx, dgate, dweight_part, n_rows,
+def rms_norm_gated_bwd_kernel(x, gate, weight, rstd, dy, dx, dgate, dweight_part, n_rows, n_blocks,
                               D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, ACC: tl.constexpr):
-    i_r = tl.program_id(0)
-    o_r = i_r * BR + tl.arange(0, BR)
+    """Persistent: program p takes row blocks p, p + P, ...; the weight gradient is summed in
+    registers and written once per program."""
+    pid = tl.program_id(0)
     o_d = tl.arange(0, BD)
-    m_r = o_r < n_rows
-    m = m_r[:, None] & (o_d < D)[None, :]
-    offs = o_r.to(tl.int64)[:, None] * D + o_d[None, :]
-    xv = tl.load(x + offs, mask=m, other=0.0).to(ACC)
-    gv = tl.load(gate + offs, mask=m, other=0.0).to(ACC)
-    dyv = tl.load(dy + offs, mask=m, other=0.0).to(ACC)
-    wv = tl.load(weight + o_d, mask=o_d < D, other=0.0).to(ACC)
-    r = tl.load(rstd + o_r, mask=m_r, other=0.0).to(ACC)
-    n = xv * r[:, None]
-    sig = tl.sigmoid(gv)
-    act = gv * sig
-    dn = dyv * wv[None, :] * act
-    dxv = r[:, None] * (dn - n * (tl.sum(dn * n, axis=1) / D)[:, None])
-    dgv = dyv * wv[None, :] * n * sig * (1.0 + gv * (1.0 - sig))
-    tl.store(dx + offs, dxv.to(dx.dtype.element_ty), mask=m)
-    tl.store(dgate + offs, dgv.to(dgate.dtype.element_ty), mask=m)
-    tl.store(dweight_part + i_r * D + o_d, tl.sum(dyv * n * act, axis=0), mask=o_d < D)
+    m_d = o_d < D
+    wv = tl.load(weight + o_d, mask=m_d, other=0.0).to(ACC)
+    dw_acc = tl.zeros([BD], dtype=ACC)
+    for blk in range(pid, n_blocks, tl.num_programs(0)):
+        o_r = blk * BR + tl.arange(0, BR)
+        m_r = o_r < n_rows
+        m = m_r[:, None] & m_d[None, :]
+        offs = o_r.to(tl.int64)[:, None] * D + o_d[None, :]
+        xv = tl.load(x + offs, mask=m, other=0.0).to(ACC)
+        gv = tl.load(gate + offs, mask=m, other=0.0).to(ACC)
+        dyv = tl.load(dy + offs, mask=m, other=0.0).to(ACC)
+        r = tl.load(rstd + o_r, mask=m_r, other=0.0).to(ACC)
+        n = xv * r[:, None]
+        sig = tl.sigmoid(gv)
+        act = gv * sig
+        dn = dyv * wv[None, :] * act
+        dxv = r[:, None] * (dn - n * (tl.sum(dn * n, axis=1) / D)[:, None])
+        dgv = dyv * wv[None, :] * n * sig * (1.0 + gv * (1.0 - sig))
+        tl.store(dx + offs, dxv.to(dx.dtype.element_ty), mask=m)
+        tl.store(dgate + offs, dgv.to(dgate.dtype.element_ty), mask=m)
+        dw_acc += tl.sum(dyv * n * act, axis=0)
+    tl.store(dweight_part + pid * BD + o_d, dw_acc, mask=m_d)
 
 
-def _rows_per_block(d: int, backward: bool = False) -> int:
-    """About 4096 (forward) or 2048 (backward, more live tiles) elements per program."""
-    return max(1, min(32, (2048 if backward else 4096) // next_pow2(d)))
+@dataclass(frozen=True)
+class NormTuning:
+    """Elements per program and launch options; see docs/triton_kernels.md for how they were chosen."""
+
+    fwd_elements: int = 4096
+    fwd_warps: int = 4
+    bwd_elements: int = 2048
+    bwd_warps: int = 4
+    bwd_programs_per_sm: int = 8
+
+
+TUNING = NormTuning()
+_SM_COUNT: dict[int, int] = {}
+
+
+def _rows_per_block(d: int, elements: int) -> int:
+    return max(1, min(64, elements // next_pow2(d)))
+
+
+def _programs(device: torch.device, per_sm: int, n_blocks: int) -> int:
+    if device.type != "cuda":
+        return min(n_blocks, 2)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return max(1, min(n_blocks, per_sm * _SM_COUNT[index]))
+
+
+def norm_fwd(x, gate, weight, eps, tuning: NormTuning = TUNING):
+    D = x.shape[-1]
+    n_rows = x.numel() // D
+    prec = precision_for(x.dtype)
+    y = torch.empty_like(x)
+    rstd = torch.empty(n_rows, dtype=prec.acc_torch, device=x.device)
+    br = _rows_per_block(D, tuning.fwd_elements)
+    rms_norm_gated_fwd_kernel[(triton.cdiv(n_rows, br),)](
+        x, gate, weight, y, rstd, n_rows, eps, D=D, BD=next_pow2(D), BR=br, ACC=prec.acc, num_warps=tuning.fwd_warps)
+    return y, rstd
+
+
+def norm_bwd(x, gate, weight, rstd, dy, tuning: NormTuning = TUNING):
+    """(dx, dgate, dweight)."""
+    D = x.shape[-1]
+    n_rows = x.numel() // D
+    prec = precision_for(x.dtype)
+    br = _rows_per_block(D, tuning.bwd_elements)
+    n_blocks = triton.cdiv(n_rows, br)
+    P = _programs(x.device, tuning.bwd_programs_per_sm, n_blocks)
+    dx = torch.empty_like(x)
+    dgate = torch.empty_like(gate)
+    dw_part = torch.empty(P, D, dtype=prec.acc_torch, device=x.device)
+    rms_norm_gated_bwd_kernel[(P,)](
+        x, gate, weight, rstd, dy, dx, dgate, dw_part, n_rows, n_blocks, D=D, BD=next_pow2(D), BR=br,
+        ACC=prec.acc, num_warps=tuning.bwd_warps)
+    return dx, dgate, dw_part.sum(0).to(weight.dtype)
 
 
 class RMSNormGated(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, gate, weight, eps):
-        D = x.shape[-1]
-        n_rows = x.numel() // D
-        prec = precision_for(x.dtype)
-        y = torch.empty_like(x)
-        rstd = torch.empty(n_rows, dtype=prec.acc_torch, device=x.device)
-        br = _rows_per_block(D)
-        rms_norm_gated_fwd_kernel[(triton.cdiv(n_rows, br),)](
-            x, gate, weight, y, rstd, n_rows, eps, D=D, BD=next_pow2(D), BR=br, ACC=prec.acc)
+        y, rstd = norm_fwd(x, gate, weight, eps)
         ctx.save_for_backward(x, gate, weight, rstd)
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, gate, weight, rstd = ctx.saved_tensors
-        D = x.shape[-1]
-        n_rows = x.numel() // D
-        prec = precision_for(x.dtype)
-        br = _rows_per_block(D, backward=True)
-        nb = triton.cdiv(n_rows, br)
-        dx = torch.empty_like(x)
-        dgate = torch.empty_like(gate)
-        dw_part = torch.empty(nb, D, dtype=prec.acc_torch, device=x.device)
-        rms_norm_gated_bwd_kernel[(nb,)](
-            x, gate, weight, rstd, dy.contiguous(), dx, dgate, dw_part, n_rows, D=D, BD=next_pow2(D), BR=br,
-            ACC=prec.acc)
-        return dx, dgate, dw_part.sum(0).to(weight.dtype), None
+        dx, dgate, dweight = norm_bwd(x, gate, weight, rstd, dy.contiguous())
+        return dx, dgate, dweight, None
 
 
 def rms_norm_gated(x, gate, weight, eps):

@@ -1,9 +1,8 @@
 """Our Triton kernels' tests.
 
-Without CUDA every kernel runs through Triton's CPU interpreter, which must be switched on
-before triton is imported. On a CUDA machine the kernels are compiled instead (the interpreter
-tests then run on the GPU and the `gpu` tests run too); PATCHGEN_TRITON_INTERPRET=1 forces the
-interpreter there as well.
+tests/conftest.py decides, before triton is imported, whether kernels run through Triton's CPU
+interpreter (no CUDA device, or PATCHGEN_TRITON_INTERPRET=1 / TRITON_INTERPRET=1 asked for) or
+compiled on the GPU; the small-shape tests follow that choice.
 """
 
 import os
@@ -11,8 +10,7 @@ import os
 import pytest
 import torch
 
-_COMPILED = torch.cuda.is_available() and os.environ.get("PATCHGEN_TRITON_INTERPRET") != "1"
-os.environ["TRITON_INTERPRET"] = "0" if _COMPILED else "1"
+_COMPILED = os.environ.get("TRITON_INTERPRET") != "1"
 
 
 @pytest.fixture

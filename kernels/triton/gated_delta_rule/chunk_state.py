@@ -11,6 +11,8 @@ One program per (block of V columns, sequence, value head); the state tile is [K
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -123,6 +125,20 @@ def chunk_state_bwd_kernel(q, k, w, gc, do, dh, du, dht, dh0, cu_seqlens, chunk_
         tl.store(dh0 + (i_n * HV + i_hv).to(tl.int64) * K * V + s_offs, dstate.to(dh0.dtype.element_ty), mask=m_kv)
 
 
+@dataclass
+class StateTuning:
+    """Launch options of the sequential state kernels (the bench sweeps them; docs/triton_kernels.md
+    says what was measured). block_v None: the caller's block_v, else 64 (32 for wide dtypes' backward)."""
+
+    fwd_block_v: int | None = None
+    fwd_warps: int = 4
+    bwd_block_v: int | None = None
+    bwd_warps: int = 8
+
+
+TUNING = StateTuning()
+
+
 def _bv(v: int, dtype, block_v: int | None) -> int:
     return block_v or head_block(v, dtype, cap=64)
 
@@ -137,12 +153,12 @@ def chunk_state_fwd(k, w, u, gc, chunking: Chunking, *, initial_state=None, outp
     h = torch.empty(chunking.num_chunks, HV, K, V, dtype=k.dtype, device=k.device)
     v_new = torch.empty_like(u)
     final = torch.empty(N, HV, K, V, dtype=prec.acc_torch, device=k.device) if output_final_state else None
-    BV = _bv(V, k.dtype, block_v)
+    BV = _bv(V, k.dtype, block_v or TUNING.fwd_block_v)
     chunk_state_fwd_kernel[(triton.cdiv(V, BV), N * HV)](
         k, w, u, gc, h, v_new, initial_state, final, chunking.cu_seqlens, chunking.chunk_offsets,
         H=H, HV=HV, K=K, V=V, BT=chunking.chunk_size, BK=head_block(K, k.dtype), BV=BV,
         HAS_H0=initial_state is not None, STORE_HT=output_final_state,
-        ACC=prec.acc, DOT=prec.dot, PREC=prec.dot_precision, num_warps=4)
+        ACC=prec.acc, DOT=prec.dot, PREC=prec.dot_precision, num_warps=TUNING.fwd_warps)
     return h, v_new, final
 
 
@@ -157,10 +173,11 @@ def chunk_state_bwd(q, k, w, gc, do, scale, chunking: Chunking, *, dht=None, nee
     du = torch.empty(T, HV, V, dtype=prec.acc_torch, device=k.device)
     dh0 = torch.empty(N, HV, K, V, dtype=prec.acc_torch, device=k.device) if need_dh0 else None
     tuning = bwd_tuning(k.dtype)
-    BV = _bv(V, k.dtype, block_v or tuning["block_v"])
+    BV = _bv(V, k.dtype, block_v or TUNING.bwd_block_v or tuning["block_v"])
     chunk_state_bwd_kernel[(triton.cdiv(V, BV), N * HV)](
         q, k, w, gc, do, dh, du, dht, dh0, chunking.cu_seqlens, chunking.chunk_offsets, scale_arg(scale, prec, k.device),
         H=H, HV=HV, K=K, V=V, BT=chunking.chunk_size, BK=head_block(K, k.dtype), BV=BV,
         HAS_DHT=dht is not None, STORE_DH0=need_dh0,
-        ACC=prec.acc, DOT=prec.dot, PREC=prec.dot_precision, num_warps=8, num_stages=tuning["num_stages"])
+        ACC=prec.acc, DOT=prec.dot, PREC=prec.dot_precision, num_warps=TUNING.bwd_warps,
+        num_stages=tuning["num_stages"])
     return dh, du, dh0
