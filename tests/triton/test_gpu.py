@@ -1,8 +1,9 @@
 """Compiled Triton on a CUDA device at Qwen3.5 widths, against float64 references. Skipped without CUDA.
 
 Qwen3.5-4B and -9B have the same linear-attention widths (16 key heads, 32 value heads, head dims
-128, conv width 4 over 2*16*128 + 32*128 = 8192 channels); the 27B's 48 value heads are checked
-too. Every case is one packed row of sequences of uneven lengths (one shorter than a chunk), with
+128, conv width 4 over 2*16*128 + 32*128 = 8192 channels); the gated norm is also checked at the
+27B's 48 value heads (the GDN's head counts are compile-time constants: another width costs a
+full set of compiles). Every case is one packed row of sequences of uneven lengths (one shorter than a chunk), with
 an initial state per sequence and its gradient for the GDN.
 """
 
@@ -34,8 +35,7 @@ def rel_err(a, b) -> float:
 
 
 @DTYPES
-@pytest.mark.parametrize("value_heads", [32, 48], ids=["4B_9B", "27B"])
-def test_gdn_varlen_with_initial_state_against_float64_reference(dtype, value_heads):
+def test_gdn_varlen_with_initial_state_against_float64_reference(dtype, value_heads=32):
     x = gdn_inputs(LENGTHS, H=16, HV=value_heads, K=128, V=128, dtype=torch.float64, device="cuda")
     names = ("q", "k", "v", "g", "beta")
     ins = [x[n].detach().to(dtype).requires_grad_() for n in names]

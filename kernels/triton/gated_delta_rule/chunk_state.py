@@ -173,7 +173,8 @@ def chunk_state_bwd(q, k, w, gc, do, scale, chunking: Chunking, *, dht=None, nee
     du = torch.empty(T, HV, V, dtype=prec.acc_torch, device=k.device)
     dh0 = torch.empty(N, HV, K, V, dtype=prec.acc_torch, device=k.device) if need_dh0 else None
     tuning = bwd_tuning(k.dtype)
-    BV = _bv(V, k.dtype, block_v or TUNING.bwd_block_v or tuning["block_v"])
+    tuned = min(TUNING.bwd_block_v, tuning["block_v"]) if TUNING.bwd_block_v else None  # wide dtypes stay narrow
+    BV = _bv(V, k.dtype, block_v or tuned or tuning["block_v"])
     chunk_state_bwd_kernel[(triton.cdiv(V, BV), N * HV)](
         q, k, w, gc, do, dh, du, dht, dh0, chunking.cu_seqlens, chunking.chunk_offsets, scale_arg(scale, prec, k.device),
         H=H, HV=HV, K=K, V=V, BT=chunking.chunk_size, BK=head_block(K, k.dtype), BV=BV,
