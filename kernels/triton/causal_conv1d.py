@@ -128,13 +128,13 @@ def causal_conv1d_bwd_kernel(x, weight, bias, dy, dx, dweight_part, dbias_part, 
 class ConvTuning:
     """Tile shapes and launch options; see docs/triton_kernels.md for how they were chosen."""
 
-    fwd_bt: int = 64
-    fwd_bd: int = 64
+    fwd_bt: int = 32
+    fwd_bd: int = 128
     fwd_warps: int = 4
-    bwd_bt: int = 32
+    bwd_bt: int = 64
     bwd_bd: int = 64
     bwd_warps: int = 4
-    bwd_programs_per_sm: int = 4
+    bwd_programs_per_sm: int = 8
 
 
 TUNING = ConvTuning()

@@ -68,11 +68,11 @@ def rms_norm_gated_bwd_kernel(x, gate, weight, rstd, dy, dx, dgate, dweight_part
 class NormTuning:
     """Elements per program and launch options; see docs/triton_kernels.md for how they were chosen."""
 
-    fwd_elements: int = 4096
+    fwd_elements: int = 2048
     fwd_warps: int = 4
-    bwd_elements: int = 2048
-    bwd_warps: int = 4
-    bwd_programs_per_sm: int = 8
+    bwd_elements: int = 1024
+    bwd_warps: int = 2
+    bwd_programs_per_sm: int = 16
 
 
 TUNING = NormTuning()
