@@ -217,6 +217,8 @@ def run_bench(args, bandwidth, matmul):
             nbytes, flops = cost(backward)
             floor_ms = max(nbytes / bandwidth, flops / matmul) * 1e3
             for arm, fn in arms.items():
+                if arm not in args.arms.split(","):
+                    continue
                 is_torch = arm == "torch"
                 try:
                     step = make_step(fn, make, backward)
@@ -227,6 +229,7 @@ def run_bench(args, bandwidth, matmul):
                     ms = host = float("nan")
                 rows.append({"op": op, "pass_": "fwd+bwd" if backward else "fwd", "arm": arm, "ms": ms,
                              "host_ms": host, "floor_ms": floor_ms, "x_floor": ms / floor_ms})
+                print(f"{op} {rows[-1]['pass_']} {arm}: gpu {ms:.3f} ms, host {host:.3f} ms", flush=True)
                 torch.cuda.empty_cache()
     return rows
 
@@ -358,6 +361,49 @@ def _sweep_gdn(args, replace, chunk_state):
     return best
 
 
+def stages_check(args):
+    """The persistent backward kernels with their loop pipelined at several depths: time, and outputs
+    identical to the default's (the same arithmetic in the same order)."""
+    from dataclasses import replace
+
+    conv, norm, _ = tuning_modules()
+    (x, w), (cu,) = conv_inputs(False)
+    x = x[0]
+    dy = torch.randn_like(x)
+    want = conv.conv_bwd(x, w, None, dy, cu, True)
+    for stages in (None, 1, 2, 3):
+        t = replace(conv.TUNING, bwd_stages=stages)
+        same = all(torch.equal(a, b) for a, b in zip(conv.conv_bwd(x, w, None, dy, cu, True, t)[:2], want[:2]))
+        ms = timed(lambda: conv.conv_bwd(x, w, None, dy, cu, True, t), args.repeats)
+        print(f"conv bwd stages={stages}: {ms:.3f} ms, outputs identical to the default's: {same}")
+    (x, gate, w), _ = norm_inputs(False)
+    dy = torch.randn_like(x)
+    _, rstd = norm.norm_fwd(x, gate, w, 1e-6)
+    want = norm.norm_bwd(x, gate, w, rstd, dy)
+    for stages in (None, 1, 2, 3):
+        t = replace(norm.TUNING, bwd_stages=stages)
+        same = all(torch.equal(a, b) for a, b in zip(norm.norm_bwd(x, gate, w, rstd, dy, t)[:2], want[:2]))
+        ms = timed(lambda: norm.norm_bwd(x, gate, w, rstd, dy, t), args.repeats)
+        print(f"norm bwd stages={stages}: {ms:.3f} ms, outputs identical to the default's: {same}")
+
+
+def ncu_targets():
+    """Each conv and gated-norm pass of ours once, after a compiling call (for ncu -k)."""
+    conv, norm, _ = tuning_modules()
+    (x, w), (cu,) = conv_inputs(False)
+    x = x[0]
+    dy = torch.randn_like(x)
+    for _ in range(2):
+        conv.conv_fwd(x, w, None, cu, True)
+        conv.conv_bwd(x, w, None, dy, cu, True)
+    torch.cuda.synchronize()
+    (x, gate, w), _ = norm_inputs(False)
+    for _ in range(2):
+        _, rstd = norm.norm_fwd(x, gate, w, 1e-6)
+        norm.norm_bwd(x, gate, w, rstd, torch.ones_like(x))
+    torch.cuda.synchronize()
+
+
 def profile(args):
     """Per-kernel GPU time of one GDN forward + backward (after warm-up), ours and fla."""
     from torch.profiler import ProfilerActivity
@@ -391,20 +437,28 @@ def main() -> None:
     parser.add_argument("--csv", default=os.path.join(os.path.dirname(__file__), "results", "triton_kernels.csv"))
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--torch-repeats", type=int, default=3)
-    parser.add_argument("--ops", default="gated_delta_rule,gated_delta_rule_h0,causal_conv1d,rms_norm_gated",
-                        help="comma-separated subset of the ops to run")
+    parser.add_argument("--ops", default="causal_conv1d,rms_norm_gated,gated_delta_rule,gated_delta_rule_h0",
+                        help="comma-separated subset of the ops to run (cheapest first)")
+    parser.add_argument("--arms", default="ours,fla,torch",
+                        help="comma-separated subset of the arms (the torch GDN takes seconds a call at this size)")
     parser.add_argument("--sweep", action="store_true", help="time launch configurations instead")
     parser.add_argument("--profile", action="store_true", help="per-kernel GDN times instead")
+    parser.add_argument("--stages", action="store_true", help="pipelining depths of the persistent backwards")
+    parser.add_argument("--ncu", action="store_true", help="run each conv and norm kernel twice, for ncu")
     parser.add_argument("--tuning", help="JSON of launch configurations: written by --sweep, read otherwise")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench/triton_kernels.py needs a CUDA device")
 
+    if args.ncu:
+        return ncu_targets()
     bandwidth, matmul = machine_rates(args.repeats)
     print(f"{torch.cuda.get_device_name()}: copy {bandwidth / 1e12:.2f} TB/s, bf16 matmul {matmul / 1e12:.0f} TFLOP/s")
     if args.tuning and not args.sweep:
         apply_tuning(args.tuning)
-    if args.sweep:
+    if args.stages:
+        stages_check(args)
+    elif args.sweep:
         sweep(args, bandwidth)
     elif args.profile:
         profile(args)

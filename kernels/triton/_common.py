@@ -8,6 +8,7 @@ are widened to fp32 instead. That is the only interpreter workaround, and it liv
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -54,6 +55,12 @@ class Precision:
 
 
 def precision_for(dtype: torch.dtype) -> Precision:
+    """The Precision of one input dtype, built once per dtype and mode (every kernel call asks)."""
+    return _precision_for(dtype, interpreting())
+
+
+@functools.cache
+def _precision_for(dtype: torch.dtype, interpreted: bool) -> Precision:
     if dtype not in _TL_DTYPES:
         raise TypeError(f"unsupported dtype {dtype}; expected one of float16, bfloat16, float32, float64")
     if dtype == torch.float64:

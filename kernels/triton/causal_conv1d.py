@@ -135,6 +135,7 @@ class ConvTuning:
     bwd_bd: int = 64
     bwd_warps: int = 4
     bwd_programs_per_sm: int = 8
+    bwd_stages: int | None = None  # software pipelining of the persistent loop; None: Triton's default
 
 
 TUNING = ConvTuning()
@@ -150,6 +151,10 @@ def _row_programs(device: torch.device, per_sm: int, n_row_tiles: int, n_channel
     if index not in _SM_COUNT:
         _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
     return max(1, min(n_row_tiles, per_sm * _SM_COUNT[index] // n_channel_blocks))
+
+
+def _stages(num_stages: int | None) -> dict:
+    return {} if num_stages is None else {"num_stages": num_stages}
 
 
 def _search_steps(num_seqs: int) -> int:
@@ -187,7 +192,7 @@ def conv_bwd(x, weight, bias, dy, cu_seqlens, silu: bool, tuning: ConvTuning = T
     causal_conv1d_bwd_kernel[(P, n_d)](
         x, weight, bias, dy, dx, dw_part, db_part, scratch, cu_seqlens, _search_steps(N), N, T, n_row_tiles,
         D=D, W=W, WP=WP, BT=BT, BD=BD, HAS_BIAS=bias is not None, SILU=silu, ACC=prec.acc,
-        num_warps=tuning.bwd_warps)
+        num_warps=tuning.bwd_warps, **_stages(tuning.bwd_stages))
     dweight = dw_part.sum(0).transpose(1, 2).reshape(n_d * BD, WP)[:D, :W].to(weight.dtype)
     dbias = None if bias is None else db_part.sum(0).reshape(n_d * BD)[:D].to(bias.dtype)
     return dx, dweight, dbias

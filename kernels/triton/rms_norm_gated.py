@@ -61,7 +61,7 @@ def rms_norm_gated_bwd_kernel(x, gate, weight, rstd, dy, dx, dgate, dweight_part
         tl.store(dx + offs, dxv.to(dx.dtype.element_ty), mask=m)
         tl.store(dgate + offs, dgv.to(dgate.dtype.element_ty), mask=m)
         dw_acc += tl.sum(dyv * n * act, axis=0)
-    tl.store(dweight_part + pid * BD + o_d, dw_acc, mask=m_d)
+    tl.store(dweight_part + pid * D + o_d, dw_acc, mask=m_d)
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,7 @@ class NormTuning:
     bwd_elements: int = 1024
     bwd_warps: int = 2
     bwd_programs_per_sm: int = 16
+    bwd_stages: int | None = None  # software pipelining of the persistent loop; None: Triton's default
 
 
 TUNING = NormTuning()
@@ -117,7 +118,8 @@ def norm_bwd(x, gate, weight, rstd, dy, tuning: NormTuning = TUNING):
     dw_part = torch.empty(P, D, dtype=prec.acc_torch, device=x.device)
     rms_norm_gated_bwd_kernel[(P,)](
         x, gate, weight, rstd, dy, dx, dgate, dw_part, n_rows, n_blocks, D=D, BD=next_pow2(D), BR=br,
-        ACC=prec.acc, num_warps=tuning.bwd_warps)
+        ACC=prec.acc, num_warps=tuning.bwd_warps,
+        **({} if tuning.bwd_stages is None else {"num_stages": tuning.bwd_stages}))
     return dx, dgate, dw_part.sum(0).to(weight.dtype)
 
 

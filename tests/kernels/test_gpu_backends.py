@@ -18,6 +18,9 @@ from patchgen.kernels.reference import norms, rotary, swiglu_mlp
 
 pytestmark = pytest.mark.gpu
 FORWARD_BOUND, GRAD_BOUND = 1e-2, 2e-2
+# Qwen3.5-4B/9B's GDN widths, as in tests/triton/test_gpu.py: head counts and dims are compile-time
+# constants of the Triton kernels, so one shape across the GPU suite means one set of cold compiles.
+GDN_WIDTHS = (16, 32, 128, 128)
 
 
 def backend(slot, name):
@@ -68,7 +71,7 @@ def cuda(*shape, dtype=torch.bfloat16, scale=1.0):
 def test_gated_delta_rule_with_cu_seqlens_and_initial_state(name):
     fn = backend("gated_delta_rule", name)
     torch.manual_seed(0)
-    T, H, HV, K, V = 300, 2, 4, 64, 64
+    T, H, HV, K, V = 300, *GDN_WIDTHS
     cu = torch.tensor([0, 100, 233, 300], dtype=torch.int32, device="cuda")
     q, k, v = cuda(1, T, H, K), cuda(1, T, H, K), cuda(1, T, HV, V)
     g = F.logsigmoid(cuda(1, T, HV, dtype=torch.float32) + 3)
@@ -181,7 +184,7 @@ def test_moe_experts(name):
 
 def test_fla_gated_delta_rule_forward_even_where_its_backward_is_refused():
     fla = pytest.importorskip("patchgen.kernels.backends.fla", exc_type=ImportError)
-    T, H, HV, K, V = 300, 2, 4, 64, 64
+    T, H, HV, K, V = 300, *GDN_WIDTHS
     cu = torch.tensor([0, 100, 233, 300], dtype=torch.int32, device="cuda")
     q, k, v = cuda(1, T, H, K), cuda(1, T, H, K), cuda(1, T, HV, V)
     g = F.logsigmoid(cuda(1, T, HV, dtype=torch.float32) + 3)
