@@ -124,6 +124,53 @@ def causal_conv1d_bwd_kernel(x, weight, bias, dy, dx, dweight_part, dbias_part, 
         tl.store(dbias_part + (i_p * tl.num_programs(1) + i_d) * BD + tl.arange(0, BD), db_acc)
 
 
+@triton.jit
+def causal_conv1d_bwd_recompute_kernel(x, weight, bias, dy, dx, dweight_part, dbias_part, cu_seqlens, n_iter, N, T,
+                                       D: tl.constexpr, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+                                       HAS_BIAS: tl.constexpr, SILU: tl.constexpr, ACC: tl.constexpr):
+    """The portable backward (no scratch, no barrier): dpre is recomputed at each of the W shifted
+    rows that dx[t] = sum_s weight[W-1-s] * dpre[t+s] reads. Weight and bias gradients are written
+    per block of rows and summed by the caller."""
+    i_t = tl.program_id(0)
+    o_t = i_t * BT + tl.arange(0, BT)
+    o_d = tl.program_id(1) * BD + tl.arange(0, BD)
+    m_t = o_t < T
+    m_d = o_d < D
+    seq = _sequence_of(cu_seqlens, o_t, m_t, n_iter, N)
+    start = tl.load(cu_seqlens + seq, mask=m_t, other=0)
+    end = tl.load(cu_seqlens + seq + 1, mask=m_t, other=0)
+    dxv = tl.zeros([BT, BD], dtype=ACC)
+    dpre_t = tl.zeros([BT, BD], dtype=ACC)
+    for s in tl.static_range(W):
+        r = o_t + s
+        m_r = m_t & (r < end)
+        pre = tl.zeros([BT, BD], dtype=ACC)
+        if HAS_BIAS:
+            pre += tl.load(bias + o_d, mask=m_d, other=0.0).to(ACC)[None, :]
+        for w in tl.static_range(W):
+            src = r - (W - 1) + w
+            m = (m_r & (src >= start))[:, None] & m_d[None, :]
+            xv = tl.load(x + src.to(tl.int64)[:, None] * D + o_d[None, :], mask=m, other=0.0).to(ACC)
+            pre += xv * tl.load(weight + o_d * W + w, mask=m_d, other=0.0).to(ACC)[None, :]
+        dpre = tl.load(dy + r.to(tl.int64)[:, None] * D + o_d[None, :], mask=m_r[:, None] & m_d[None, :],
+                       other=0.0).to(ACC)
+        if SILU:
+            sig = tl.sigmoid(pre)
+            dpre = dpre * sig * (1.0 + pre * (1.0 - sig))
+        dxv += dpre * tl.load(weight + o_d * W + (W - 1 - s), mask=m_d, other=0.0).to(ACC)[None, :]
+        if s == 0:
+            dpre_t = dpre
+    tl.store(dx + o_t.to(tl.int64)[:, None] * D + o_d[None, :], dxv.to(dx.dtype.element_ty),
+             mask=m_t[:, None] & m_d[None, :])
+    for w in tl.static_range(W):
+        src = o_t - (W - 1) + w
+        m = (m_t & (src >= start))[:, None] & m_d[None, :]
+        xv = tl.load(x + src.to(tl.int64)[:, None] * D + o_d[None, :], mask=m, other=0.0).to(ACC)
+        tl.store(dweight_part + (i_t * W + w) * D + o_d, tl.sum(dpre_t * xv, axis=0), mask=m_d)
+    if HAS_BIAS:
+        tl.store(dbias_part + i_t * D + o_d, tl.sum(dpre_t, axis=0), mask=m_d)
+
+
 @dataclass(frozen=True)
 class ConvTuning:
     """Tile shapes and launch options; see docs/triton_kernels.md for how they were chosen."""
@@ -136,6 +183,12 @@ class ConvTuning:
     bwd_warps: int = 4
     bwd_programs_per_sm: int = 8
     bwd_stages: int | None = None  # software pipelining of the persistent loop; None: Triton's default
+    # "scratch": the persistent backward that shifts dpre through a per-program scratch tile, which
+    # relies on a barrier making a program's global stores visible to its own threads (CUDA's
+    # bar.sync does); "recompute": the portable one. None: scratch on CUDA, recompute elsewhere.
+    bwd_shift: str | None = None
+    recompute_bt: int = 32
+    recompute_bd: int = 64
 
 
 TUNING = ConvTuning()
@@ -144,7 +197,8 @@ _SM_COUNT: dict[int, int] = {}
 
 def _row_programs(device: torch.device, per_sm: int, n_row_tiles: int, n_channel_blocks: int) -> int:
     """Programs per channel block of the persistent backward: about per_sm programs on every
-    multiprocessor in all (the count is read once per device)."""
+    multiprocessor in all (the count is read once per device). The interpreter gets two, so that
+    the tests run the loop over several tiles."""
     if device.type != "cuda":
         return min(n_row_tiles, 2)
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -176,6 +230,11 @@ def conv_fwd(x, weight, bias, cu_seqlens, silu: bool, tuning: ConvTuning = TUNIN
 
 def conv_bwd(x, weight, bias, dy, cu_seqlens, silu: bool, tuning: ConvTuning = TUNING):
     """(dx, dweight, dbias or None)."""
+    shift = tuning.bwd_shift or ("scratch" if x.device.type in ("cuda", "cpu") else "recompute")
+    if shift == "recompute":
+        return _conv_bwd_recompute(x, weight, bias, dy, cu_seqlens, silu, tuning)
+    if shift != "scratch":
+        raise ValueError(f"bwd_shift must be 'scratch' or 'recompute', got {shift!r}")
     T, D = x.shape
     W = weight.shape[1]
     prec = precision_for(x.dtype)
@@ -196,6 +255,23 @@ def conv_bwd(x, weight, bias, dy, cu_seqlens, silu: bool, tuning: ConvTuning = T
     dweight = dw_part.sum(0).transpose(1, 2).reshape(n_d * BD, WP)[:D, :W].to(weight.dtype)
     dbias = None if bias is None else db_part.sum(0).reshape(n_d * BD)[:D].to(bias.dtype)
     return dx, dweight, dbias
+
+
+def _conv_bwd_recompute(x, weight, bias, dy, cu_seqlens, silu: bool, tuning: ConvTuning):
+    T, D = x.shape
+    W = weight.shape[1]
+    prec = precision_for(x.dtype)
+    N = cu_seqlens.numel() - 1
+    BT, BD = tuning.recompute_bt, min(tuning.recompute_bd, next_pow2(D))
+    nt = triton.cdiv(T, BT)
+    dx = torch.empty_like(x)
+    dw_part = torch.empty(nt, W, D, dtype=prec.acc_torch, device=x.device)
+    db_part = torch.empty(nt, D, dtype=prec.acc_torch, device=x.device) if bias is not None else None
+    causal_conv1d_bwd_recompute_kernel[(nt, triton.cdiv(D, BD))](
+        x, weight, bias, dy, dx, dw_part, db_part, cu_seqlens, _search_steps(N), N, T, D=D, W=W, BT=BT, BD=BD,
+        HAS_BIAS=bias is not None, SILU=silu, ACC=prec.acc)
+    dweight = dw_part.sum(0).T.to(weight.dtype)
+    return dx, dweight, (db_part.sum(0).to(bias.dtype) if bias is not None else None)
 
 
 class CausalConv1d(torch.autograd.Function):

@@ -85,8 +85,13 @@ def _rows_per_block(d: int, elements: int) -> int:
 
 
 def _programs(device: torch.device, per_sm: int, n_blocks: int) -> int:
-    if device.type != "cuda":
+    """Size of the persistent grid: per_sm programs on every CUDA multiprocessor (read once per
+    device); two under the interpreter, so that the tests run the loop; one program per block on
+    other backends, whose core count is not known here."""
+    if device.type == "cpu":
         return min(n_blocks, 2)
+    if device.type != "cuda":
+        return n_blocks
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _SM_COUNT:
         _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count

@@ -55,9 +55,11 @@ def test_bfloat16_output_dtype_and_accuracy(device):
     assert max_err(y, y_ref) < 8e-3 * y_ref.abs().max().item()
 
 
-def test_backward_on_small_tiles_spanning_sequences_and_channel_blocks(device):
-    """Many overlapping row tiles per program and several channel blocks: the persistent backward's
-    halo, scratch shift and per-program weight sums must still give the reference gradients."""
+@pytest.mark.parametrize("shift", ["scratch", "recompute"])
+def test_backward_on_small_tiles_spanning_sequences_and_channel_blocks(device, shift):
+    """Many row tiles and several channel blocks: the persistent backward's overlapping tiles,
+    scratch shift and per-program weight sums (CUDA's), and the portable backward (other devices'),
+    must both give the reference gradients."""
     from patchgen.kernels.triton.causal_conv1d import ConvTuning, conv_bwd
 
     cu = torch.tensor([0, 2, 9, 61, 100], dtype=torch.int32, device=device)
@@ -65,8 +67,18 @@ def test_backward_on_small_tiles_spanning_sequences_and_channel_blocks(device):
     w = torch.randn(40, 4, dtype=torch.float64, device=device, requires_grad=True)
     b = torch.randn(40, dtype=torch.float64, device=device, requires_grad=True)
     dy = torch.randn(1, 100, 40, dtype=torch.float64, device=device)
-    tiny = ConvTuning(bwd_bt=8, bwd_bd=16, bwd_programs_per_sm=1)
+    tiny = ConvTuning(bwd_bt=8, bwd_bd=16, bwd_programs_per_sm=1, bwd_shift=shift, recompute_bt=8, recompute_bd=16)
     dx, dw, db = conv_bwd(x[0].detach(), w.detach(), b.detach(), dy[0], cu, True, tiny)
     y_ref = causal_conv1d_reference(x, w, b, cu_seqlens=cu.cpu())
     for a, r in zip((dx, dw, db), grads([y_ref], [x, w, b], [dy])):
         assert max_err(a.reshape(r.shape), r) < TOL
+
+
+def test_unknown_backward_shift_is_refused(device):
+    from patchgen.kernels.triton.causal_conv1d import ConvTuning, conv_bwd
+
+    x = torch.randn(8, 16, dtype=torch.float64, device=device)
+    w = torch.randn(16, 4, dtype=torch.float64, device=device)
+    cu = torch.tensor([0, 8], dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="bwd_shift must be 'scratch' or 'recompute', got 'roll'"):
+        conv_bwd(x, w, None, torch.randn_like(x), cu, True, ConvTuning(bwd_shift="roll"))
