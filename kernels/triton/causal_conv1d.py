@@ -67,8 +67,9 @@ def causal_conv1d_bwd_kernel(x, weight, bias, dy, dx, dweight_part, dbias_part, 
     """Persistent over rows: program (p, c) takes the row tiles p, p + P, ... of channel block c.
     Tiles of BT rows overlap by W-1 rows; each computes dpre (the gradient before the activation,
     the pre-activation recomputed) on all BT rows and writes dx for the first BT-W+1:
-    dx[t] = sum_s weight[W-1-s] * dpre[t+s] over rows of t's sequence. Weight and bias gradients
-    are summed in registers and written once per program."""
+    dx[t] = sum_s weight[W-1-s] * dpre[t+s] over rows of t's sequence; the same shifted dpre tiles
+    times the unshifted x give the weight gradient (x is read W times per tile, not 2W). Weight and
+    bias gradients are summed in registers and written once per program."""
     i_p, i_d = tl.program_id(0), tl.program_id(1)
     OUT: tl.constexpr = BT - W + 1
     o_i = tl.arange(0, BT)
@@ -98,16 +99,11 @@ def causal_conv1d_bwd_kernel(x, weight, bias, dy, dx, dweight_part, dbias_part, 
         if SILU:
             sig = tl.sigmoid(pre)
             dpre = dpre * sig * (1.0 + pre * (1.0 - sig))
-        # weight and bias gradients of this tile's first OUT rows (the rest are the next tile's)
-        own = (o_i < OUT)[:, None] & m_td
-        dpre_own = tl.where(own, dpre, 0.0)
+        own_rows = o_i < OUT  # rows OUT.. are the next tile's (here only as the halo of dpre)
+        own = own_rows[:, None] & m_td
         if HAS_BIAS:
-            db_acc += tl.sum(dpre_own, axis=0)
-        for w in tl.static_range(W):
-            src = o_t - (W - 1) + w
-            m = (m_t & (src >= start))[:, None] & m_d[None, :]
-            xv = tl.load(x + src.to(tl.int64)[:, None] * D + o_d[None, :], mask=m, other=0.0).to(ACC)
-            dw_acc += tl.where(o_w[:, None] == w, tl.sum(dpre_own * xv, axis=0)[None, :], 0.0)
+            db_acc += tl.sum(tl.where(own, dpre, 0.0), axis=0)
+        x_here = xv  # the first loop's last load: x at the tile's own rows
         # shift dpre by s rows through this program's scratch tile (L2-resident, read back at once)
         tl.debug_barrier()
         tl.store(pad, dpre)
@@ -117,6 +113,10 @@ def causal_conv1d_bwd_kernel(x, weight, bias, dy, dx, dweight_part, dbias_part, 
             m_s = (o_i + s < BT) & (o_t + s < end)
             shifted = tl.load(pad + s * BD, mask=m_s[:, None], other=0.0, cache_modifier=".cg")
             dxv += shifted * tl.load(weight + o_d * W + (W - 1 - s), mask=m_d, other=0.0).to(ACC)[None, :]
+            # dweight[:, W-1-s] = sum_u x[u] * dpre[u+s] over rows u+s of u's sequence; each u counted
+            # by the tile that owns it
+            part = tl.sum(tl.where(own_rows[:, None], shifted * x_here, 0.0), axis=0)
+            dw_acc += tl.where(o_w[:, None] == W - 1 - s, part[None, :], 0.0)
         tl.store(dx + o_t.to(tl.int64)[:, None] * D + o_d[None, :], dxv.to(dx.dtype.element_ty), mask=own)
     base = (i_p * tl.num_programs(1) + i_d) * WP * BD
     tl.store(dweight_part + base + o_w[:, None] * BD + tl.arange(0, BD)[None, :], dw_acc)
