@@ -20,6 +20,7 @@ compute in that dtype raises; a device default or ``auto`` moves to the first ba
 
 from __future__ import annotations
 
+import difflib
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import registry
-from .config import AUTO, ENV_DEVICE_TARGET, OpsImplementationConfig, env_var, from_env
+from .config import AUTO, ENV_DEVICE_TARGET, OpsImplementationConfig, check_environment, env_var, from_env
 from .errors import BackendUnavailable
 from .handles import KernelHandle, dtype_name
 from .registry import SLOTS
@@ -254,6 +255,7 @@ def resolve(
     capabilities it must have (``{"gated_delta_rule": {"varlen", "initial_state_grad"}}``).
     """
     asked = OpsImplementationConfig.from_any(config)
+    check_environment()
     target = resolve_device_target(device_target)
     require = dict(require or {})
     unknown = (set(require) | set(defaults or {})) - set(SLOTS)
@@ -310,8 +312,11 @@ def working(slot: str, needed: frozenset[str] = frozenset(), dtype: str | None =
 def _usable(slot: str, name: str, needed: frozenset[str]) -> KernelHandle:
     handle = registry.handle(slot, name)
     if handle is None:
-        known = ", ".join(h.name for h in registry.BACKENDS[slot])
-        raise BackendUnavailable(slot, name, f"no such backend (known: {known})", working(slot, needed))
+        names = [h.name for h in registry.BACKENDS[slot]]
+        close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        reason = f"no such backend (known: {', '.join(names)}){hint}"
+        raise BackendUnavailable(slot, name, reason, working(slot, needed))
     lacking = handle.missing(needed)
     if lacking:
         reason = f"lacks required capabilities {sorted(lacking)}"
