@@ -45,6 +45,7 @@ def _parse(module_name: str) -> _ParsedBodies:
     return _ParsedBodies(wrapper.module, scopes, path)
 
 
+@functools.cache  # the gpu and npu targets (and a renamed sibling model) share their bodies
 def load_body(module_name: str, qualname: str, expected: str) -> Body:
     """The class, function or method `qualname` of `module_name`; `expected` is its kind."""
     parsed = _parse(module_name)
