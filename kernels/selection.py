@@ -205,7 +205,7 @@ class DtypeDispatch:
     after the first call in a dtype.
     """
 
-    __slots__ = ("table", "slot", "by_dtype")
+    __slots__ = ("by_dtype", "slot", "table")
 
     def __init__(self, table: OpTable, slot: str, fn: Callable):
         import torch

@@ -13,9 +13,8 @@ the bodies module), or by an explicit `body="module:Qual.name"`.
 from __future__ import annotations
 
 import dataclasses
-import inspect
-import sys
 import re
+import sys
 from collections.abc import Mapping
 
 from patchgen.errors import ConfigError

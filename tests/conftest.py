@@ -19,7 +19,7 @@ def pytest_collection_modifyitems(config, items):
 
 # Property tests are reproducible: the same examples on every run and machine, no example database
 # carried between runs. `HYPOTHESIS_PROFILE=explore` draws fresh random examples (for bug hunting).
-from hypothesis import settings as _hypothesis_settings  # noqa: E402
+from hypothesis import settings as _hypothesis_settings
 
 _hypothesis_settings.register_profile("patchgen", derandomize=True, database=None, print_blob=True)
 _hypothesis_settings.register_profile("explore", derandomize=False)

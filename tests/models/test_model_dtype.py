@@ -29,7 +29,7 @@ def test_float64_moe_model_of_the_gpu_module_runs(gpu_defaults_on_cpu):
 
 def test_moe_model_cast_after_build_runs_in_both_dtypes(gpu_defaults_on_cpu):
     mod = tiny.module("qwen3_5_moe", "gpu")
-    net = getattr(mod, "Qwen3_5MoeForCausalLM")(tiny.text_config("qwen3_5_moe"))
+    net = mod.Qwen3_5MoeForCausalLM(tiny.text_config("qwen3_5_moe"))
     tiny.randomize(net)
     first = loss_of(net)
     again = loss_of(net.double())
