@@ -10,6 +10,12 @@ NEEDS_GPU = "needs_gpu"
 ENTROPY = "entropy"  # cross_entropy: also returns the per-token entropy (return_entropy=True)
 FLOAT64 = "float64"  # computes in float64 when given float64 (the references; used by the tests)
 
+# The floating dtypes a backend computes in, by torch name. A handle serves these unless it declares
+# fewer (flash attention: half precision only); FLOAT64 adds float64. The dtype an op is called with
+# is read at call time (a model can be cast after it is built), see selection.OpTable.
+HALF_AND_FLOAT32 = frozenset({"float16", "bfloat16", "float32"})
+HALF = frozenset({"float16", "bfloat16"})
+
 ALL = frozenset(
     {
         VARLEN,

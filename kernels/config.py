@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import SettingError
 from .registry import SLOTS
 
 AUTO = "auto"
@@ -37,8 +39,9 @@ class OpsImplementationConfig:
         if isinstance(source, Mapping):
             unknown = set(source) - set(SLOTS)
             if unknown:
-                raise ValueError(
-                    f"ops_implementation names unknown op slots {sorted(unknown)}; slots are {list(SLOTS)}"
+                hints = "".join(_did_you_mean(name, SLOTS) for name in sorted(unknown))
+                raise SettingError(
+                    f"ops_implementation names unknown op slots {sorted(unknown)}{hints}; slots are {list(SLOTS)}"
                 )
             return cls(**{slot: str(name) for slot, name in source.items()})
         for holder in (source, getattr(source, "text_config", None)):
@@ -59,3 +62,63 @@ def from_env(slot: str, environ: Mapping[str, str] | None = None) -> str | None:
     """The backend the environment asks for, or None when unset, empty or ``auto``."""
     value = (os.environ if environ is None else environ).get(env_var(slot), "").strip()
     return value if value and value != AUTO else None
+
+
+def check_environment(environ: Mapping[str, str] | None = None) -> None:
+    """Refuse a ``PATCHGEN_OPS_*`` (or ``PATCHGEN_OP_*``) variable that names no op slot.
+
+    A misspelt variable would otherwise be ignored and ``auto`` would silently pick another kernel.
+    """
+    environ = os.environ if environ is None else environ
+    known = [env_var(slot) for slot in SLOTS]
+    for key in sorted(environ):
+        if key.startswith("PATCHGEN_OP") and key != "PATCHGEN_OP_DEFAULTS" and key not in known:
+            raise SettingError(
+                f"environment variable {key}={environ[key]!r} names no op slot{_did_you_mean(key, known)}; "
+                f"the op-slot variables are {ENV_PREFIX}<SLOT> for the slots {', '.join(SLOTS)}: rename or unset it"
+            )
+
+
+# Model config fields patchgen reads (on the text config), with their defaults.
+SHARED_PREFIX_TRAINING = "shared_prefix_training"
+SHARED_PREFIX_MIN_LENGTH = "shared_prefix_min_length"
+FIELDS = (SHARED_PREFIX_TRAINING, SHARED_PREFIX_MIN_LENGTH, "ops_implementation")
+
+
+def shared_prefix_min_length(text_config: Any) -> int:
+    """``text_config.shared_prefix_min_length`` (default 64): the shortest prefix worth sharing, in tokens."""
+    value = getattr(text_config, SHARED_PREFIX_MIN_LENGTH, 64)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SettingError(
+            f"config field {SHARED_PREFIX_MIN_LENGTH} must be a whole number of tokens >= 1, got {value!r}: "
+            f"set e.g. config.{SHARED_PREFIX_MIN_LENGTH} = 64"
+        )
+    return value
+
+
+def check_model_config(config: Any) -> None:
+    """Validate the patchgen fields of a model config (and its ``text_config``) at model build time.
+
+    Catches a wrong value (``shared_prefix_training="yes"``) and a field name one typo away from ours
+    (``shared_prefix_trainig``), which the config class would otherwise keep silently.
+    """
+    for holder in (config, getattr(config, "text_config", None)):
+        if holder is None or not hasattr(holder, "to_dict"):
+            continue
+        flag = getattr(holder, SHARED_PREFIX_TRAINING, False)
+        if not isinstance(flag, bool):
+            raise SettingError(
+                f"config field {SHARED_PREFIX_TRAINING} must be True or False, got {flag!r}"
+            )
+        if hasattr(holder, SHARED_PREFIX_MIN_LENGTH):
+            shared_prefix_min_length(holder)
+        for key in vars(holder):
+            if key not in FIELDS and (close := difflib.get_close_matches(key, FIELDS, n=1, cutoff=0.85)):
+                raise SettingError(
+                    f"config field {key!r} is not one patchgen reads; did you mean {close[0]!r}? Rename it."
+                )
+
+
+def _did_you_mean(name: str, choices) -> str:
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""

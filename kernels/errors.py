@@ -13,3 +13,8 @@ class BackendUnavailable(RuntimeError):
         super().__init__(
             f"op slot '{slot}': backend '{backend}' cannot be used: {reason}. Backends that would work: {alternatives}."
         )
+
+
+class SettingError(ValueError):
+    """A patchgen setting (a model config field or an environment variable) that names nothing or holds
+    a bad value. The message names the setting as the user wrote it, what was found and the fix."""

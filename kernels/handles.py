@@ -74,6 +74,7 @@ class KernelHandle:
         capabilities: frozenset[str] | set[str] = frozenset(),
         check: Callable[[], str | None] | None = None,
         summary: str = "",
+        dtypes: frozenset[str] | set[str] = caps.HALF_AND_FLOAT32,
     ):
         unknown = set(capabilities) - caps.ALL
         if unknown:
@@ -81,6 +82,7 @@ class KernelHandle:
         self.slot, self.name, self.entry = slot, name, entry
         self.requires = tuple(requires)
         self.capabilities = frozenset(capabilities)
+        self.dtypes = frozenset(dtypes) | ({"float64"} if caps.FLOAT64 in self.capabilities else frozenset())
         self.check = check
         self.summary = summary
         self._lock = threading.Lock()
@@ -107,6 +109,10 @@ class KernelHandle:
     def missing(self, required: set[str] | frozenset[str]) -> frozenset[str]:
         """The required capabilities this backend lacks."""
         return frozenset(required) - self.capabilities
+
+    def serves(self, dtype) -> bool:
+        """Whether this backend computes in ``dtype`` (a torch dtype or its name, e.g. ``"float64"``)."""
+        return dtype_name(dtype) in self.dtypes
 
     def load(self) -> Callable:
         """The entry point; raises BackendUnavailable with the cached reason when it cannot load."""
@@ -153,6 +159,11 @@ class KernelHandle:
             else ("available" if self._fn else f"unavailable: {self._reason}")
         )
         return f"KernelHandle({self.slot}/{self.name}, {state})"
+
+
+def dtype_name(dtype) -> str:
+    """``torch.float64`` -> ``"float64"``; a name is returned as is."""
+    return str(dtype).removeprefix("torch.")
 
 
 class _Unmet(Exception):

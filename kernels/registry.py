@@ -73,7 +73,7 @@ def grouped_mm_present() -> str | None:
 
 
 def _handles() -> dict[str, tuple[KernelHandle, ...]]:
-    def h(slot, name, entry, requires=(), capabilities=(), check=None, summary=""):
+    def h(slot, name, entry, requires=(), capabilities=(), check=None, summary="", dtypes=caps.HALF_AND_FLOAT32):
         return KernelHandle(
             slot,
             name,
@@ -82,6 +82,7 @@ def _handles() -> dict[str, tuple[KernelHandle, ...]]:
             capabilities=frozenset(capabilities),
             check=check,
             summary=summary,
+            dtypes=dtypes,
         )
 
     gpu, f64 = {caps.NEEDS_GPU}, {caps.FLOAT64}
@@ -203,6 +204,7 @@ def _handles() -> dict[str, tuple[KernelHandle, ...]]:
                 (Requirement("flash-attn-3"),),
                 ATTENTION | gpu,
                 summary="FA3 varlen",
+                dtypes=caps.HALF,
             ),
             h(
                 "attention",
@@ -211,6 +213,7 @@ def _handles() -> dict[str, tuple[KernelHandle, ...]]:
                 (Requirement("flash-attn", ">=2.6,<3"),),
                 ATTENTION | gpu,
                 summary="FA2 varlen",
+                dtypes=caps.HALF,
             ),
             h(
                 "attention",
@@ -219,6 +222,7 @@ def _handles() -> dict[str, tuple[KernelHandle, ...]]:
                 (Requirement("flash-attn-4"),),
                 ATTENTION | gpu,
                 summary="FA4 (CuTeDSL) varlen",
+                dtypes=caps.HALF,
             ),
             h(
                 "attention",
@@ -227,6 +231,7 @@ def _handles() -> dict[str, tuple[KernelHandle, ...]]:
                 (Requirement("torch", ">=2.11"),),
                 ATTENTION | gpu,
                 summary="torch.nn.attention.varlen.varlen_attn",
+                dtypes=caps.HALF,
             ),
             h(
                 "attention",

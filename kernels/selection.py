@@ -10,19 +10,27 @@ Order, per slot (first that applies wins; docs/kernel_selection.md):
    required capability.
 An explicit choice (1-2) that is unavailable or lacks a required capability raises
 BackendUnavailable; it never silently falls back.
+
+Dtype: a slot is resolved at build time for the dtypes its backend computes in. A model can be cast
+afterwards (``.double()``, ``.to(torch.bfloat16)``), and autocast changes what an op sees, so the
+table reads the dtype of each call's first tensor: a dtype the chosen backend cannot compute in is
+resolved once more, by the same order, and cached per (slot, dtype). An explicit choice that cannot
+compute in that dtype raises; a device default or ``auto`` moves to the first backend that can.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from . import registry
-from .config import AUTO, ENV_DEVICE_TARGET, OpsImplementationConfig, env_var, from_env
+from .config import AUTO, ENV_DEVICE_TARGET, OpsImplementationConfig, check_environment, env_var, from_env
 from .errors import BackendUnavailable
-from .handles import KernelHandle
+from .handles import KernelHandle, dtype_name
 from .registry import SLOTS
 
 DEVICE_TARGETS = ("gpu", "npu", "cpu")
@@ -89,11 +97,15 @@ def _detect() -> str:
 
 @dataclass(frozen=True)
 class Choice:
-    """The backend resolved for one slot, and why it was chosen."""
+    """The backend resolved for one slot, and why it was chosen.
+
+    ``explicit``: asked for by name (config or environment), so never replaced by another backend.
+    """
 
     slot: str
     handle: KernelHandle
     why: str
+    explicit: bool = False
 
     @property
     def backend(self) -> str:
@@ -104,6 +116,8 @@ class OpTable:
     """The resolved op slots of one model: ``table.<slot>(...)`` calls the chosen backend.
 
     Immutable once built; copying returns the same table and pickling re-resolves by backend name.
+    A slot whose backend computes in every floating dtype is the backend's function itself; any
+    other slot is a ``DtypeDispatch`` that reads the call's dtype (see the module docstring).
     """
 
     gated_delta_rule: Callable
@@ -116,11 +130,22 @@ class OpTable:
     cross_entropy: Callable
     moe_experts: Callable
 
-    def __init__(self, choices: Mapping[str, Choice], device_target: str):
+    def __init__(
+        self,
+        choices: Mapping[str, Choice],
+        device_target: str,
+        require: Mapping[str, frozenset[str]] | None = None,
+    ):
         object.__setattr__(self, "choices", dict(choices))
         object.__setattr__(self, "device_target", device_target)
+        object.__setattr__(self, "require", {slot: frozenset(caps) for slot, caps in (require or {}).items()})
+        object.__setattr__(self, "by_dtype", {})  # (slot, dtype name) -> Choice, for dtypes resolved again
+        object.__setattr__(self, "_lock", threading.Lock())
         for slot, choice in choices.items():
-            object.__setattr__(self, slot, choice.handle.load())
+            fn = choice.handle.load()
+            if not FLOATING <= choice.handle.dtypes:
+                fn = DtypeDispatch(self, slot, fn)
+            object.__setattr__(self, slot, fn)
 
     def __setattr__(self, name, value):
         raise AttributeError("an OpTable is immutable; resolve a new one")
@@ -131,9 +156,25 @@ class OpTable:
     def backend(self, slot: str) -> str:
         return self.choices[slot].backend
 
+    def choice_for(self, slot: str, dtype) -> Choice:
+        """The backend that runs ``slot`` for inputs of ``dtype`` (resolved on first ask, then cached)."""
+        primary = self.choices[slot]
+        if primary.handle.serves(dtype):
+            return primary
+        key = (slot, dtype_name(dtype))
+        found = self.by_dtype.get(key)
+        if found is None:
+            with self._lock:
+                found = self.by_dtype.get(key) or _for_dtype(primary, key[1], self.device_target, self.require)
+                self.by_dtype[key] = found
+        return found
+
     def describe(self) -> str:
-        """A printable table: slot, backend, why."""
-        rows = [("slot", "backend", "why")] + [(c.slot, c.backend, c.why) for c in self.choices.values()]
+        """A printable table: slot, backend, why (and any slot resolved again for another dtype)."""
+        choices = list(self.choices.values()) + [
+            Choice(f"{slot} [{dtype}]", c.handle, c.why) for (slot, dtype), c in sorted(self.by_dtype.items())
+        ]
+        rows = [("slot", "backend", "why")] + [(c.slot, c.backend, c.why) for c in choices]
         widths = [max(len(row[i]) for row in rows) for i in range(2)]
         lines = [f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c}" for a, b, c in rows]
         lines.insert(1, f"{'-' * widths[0]}  {'-' * widths[1]}  ---")
@@ -150,12 +191,56 @@ class OpTable:
         return self
 
     def __reduce__(self):
-        names = {slot: c.backend for slot, c in self.choices.items()}
-        return _rebuild, (names, self.device_target)
+        names = {slot: (c.backend, c.why, c.explicit) for slot, c in self.choices.items()}
+        return _rebuild, (names, self.device_target, self.require)
 
 
-def _rebuild(names: dict[str, str], target: str) -> OpTable:
-    return resolve(OpsImplementationConfig(**names), device_target=target)
+FLOATING = frozenset({"float16", "bfloat16", "float32", "float64"})
+
+
+class DtypeDispatch:
+    """One slot of an OpTable whose backend does not compute in every dtype.
+
+    Calls go to the function cached for the first argument's dtype: one dict lookup, no resolution
+    after the first call in a dtype.
+    """
+
+    __slots__ = ("by_dtype", "slot", "table")
+
+    def __init__(self, table: OpTable, slot: str, fn: Callable):
+        import torch
+
+        self.table, self.slot = table, slot
+        handle = table.choices[slot].handle
+        self.by_dtype = {d: fn for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64) if handle.serves(d)}
+
+    def __call__(self, x, *args, **kwargs):
+        fn = self.by_dtype.get(x.dtype)
+        if fn is None:
+            fn = self.table.choice_for(self.slot, x.dtype).handle.load()
+            self.by_dtype[x.dtype] = fn
+        return fn(x, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"DtypeDispatch({self.slot}: {self.table.backend(self.slot)})"
+
+
+def _for_dtype(primary: Choice, dtype: str, target: str, require: Mapping[str, frozenset[str]]) -> Choice:
+    slot, name = primary.slot, primary.backend
+    cannot = f"cannot compute in {dtype} (it computes in {', '.join(sorted(primary.handle.dtypes))})"
+    needed = require.get(slot, frozenset())
+    if primary.explicit:
+        raise BackendUnavailable(slot, name, cannot, working(slot, needed, dtype))
+    fallback = _auto(slot, target, needed, dtype)
+    return Choice(slot, fallback.handle, f"{name!r} {cannot}; {fallback.why}")
+
+
+def _rebuild(names: dict[str, tuple[str, str, bool]], target: str, require: Mapping[str, frozenset[str]]) -> OpTable:
+    choices = {
+        slot: Choice(slot, _usable(slot, name, require.get(slot, frozenset())), why, explicit)
+        for slot, (name, why, explicit) in names.items()
+    }
+    return OpTable(choices, target, require)
 
 
 def resolve(
@@ -170,6 +255,7 @@ def resolve(
     capabilities it must have (``{"gated_delta_rule": {"varlen", "initial_state_grad"}}``).
     """
     asked = OpsImplementationConfig.from_any(config)
+    check_environment()
     target = resolve_device_target(device_target)
     require = dict(require or {})
     unknown = (set(require) | set(defaults or {})) - set(SLOTS)
@@ -183,8 +269,8 @@ def resolve(
             choices[slot] = _preferred(slot, (defaults or {}).get(slot, AUTO), target, needed)
         else:
             name, why = explicit
-            choices[slot] = Choice(slot, _usable(slot, name, needed), why)
-    return OpTable(choices, target)
+            choices[slot] = Choice(slot, _usable(slot, name, needed), why, explicit=True)
+    return OpTable(choices, target, {slot: frozenset(caps) for slot, caps in require.items()})
 
 
 def _explicit(slot, asked) -> tuple[str, str] | None:
@@ -213,16 +299,24 @@ def _preferred(slot: str, default: str, target: str, needed: frozenset[str]) -> 
     return Choice(slot, fallback.handle, f"device default {default!r} unusable here ({reason}); {fallback.why}")
 
 
-def working(slot: str, needed: frozenset[str] = frozenset()) -> list[str]:
-    """Backends of ``slot`` that are available here and have every capability in ``needed``."""
-    return [h.name for h in registry.BACKENDS[slot] if not h.missing(needed) and h.available]
+def working(slot: str, needed: frozenset[str] = frozenset(), dtype: str | None = None) -> list[str]:
+    """Backends of ``slot`` that are available here, have every capability in ``needed`` and
+    (when given) compute in ``dtype``."""
+    return [
+        h.name
+        for h in registry.BACKENDS[slot]
+        if not h.missing(needed) and (dtype is None or h.serves(dtype)) and h.available
+    ]
 
 
 def _usable(slot: str, name: str, needed: frozenset[str]) -> KernelHandle:
     handle = registry.handle(slot, name)
     if handle is None:
-        known = ", ".join(h.name for h in registry.BACKENDS[slot])
-        raise BackendUnavailable(slot, name, f"no such backend (known: {known})", working(slot, needed))
+        names = [h.name for h in registry.BACKENDS[slot]]
+        close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        reason = f"no such backend (known: {', '.join(names)}){hint}"
+        raise BackendUnavailable(slot, name, reason, working(slot, needed))
     lacking = handle.missing(needed)
     if lacking:
         reason = f"lacks required capabilities {sorted(lacking)}"
@@ -232,17 +326,20 @@ def _usable(slot: str, name: str, needed: frozenset[str]) -> KernelHandle:
     return handle
 
 
-def _auto(slot: str, target: str, needed: frozenset[str]) -> Choice:
+def _auto(slot: str, target: str, needed: frozenset[str], dtype: str | None = None) -> Choice:
     skipped = []
     for name in AUTO_ORDER[target][slot]:
         handle = registry.handle(slot, name)
         lacking = handle.missing(needed)
         if lacking:
             skipped.append(f"{name}: lacks {sorted(lacking)}")
+        elif dtype is not None and not handle.serves(dtype):
+            skipped.append(f"{name}: not in {dtype}")
         elif not handle.available:
             skipped.append(f"{name}: {handle.reason}")
         else:
             why = f"auto ({target})" + (f"; skipped {'; '.join(skipped)}" if skipped else "")
             return Choice(slot, handle, why)
-    reason = f"no backend in the {target} order {list(AUTO_ORDER[target][slot])} works: {'; '.join(skipped)}"
-    raise BackendUnavailable(slot, AUTO, reason, working(slot, needed))
+    for_dtype = f" for {dtype}" if dtype else ""
+    reason = f"no backend in the {target} order {list(AUTO_ORDER[target][slot])} works{for_dtype}: {'; '.join(skipped)}"
+    raise BackendUnavailable(slot, AUTO, reason, working(slot, needed, dtype))

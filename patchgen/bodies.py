@@ -12,7 +12,7 @@ from libcst.metadata import BuiltinScope, GlobalScope, MetadataWrapper, ScopePro
 from patchgen.codemods.absolute_imports import AbsoluteImports
 from patchgen.codemods.names import import_bindings, top_level_import_nodes
 from patchgen.errors import ConfigError
-from patchgen.source import module_file
+from patchgen.source import module_file, read_source
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +36,7 @@ class _ParsedBodies:
 def _parse(module_name: str) -> _ParsedBodies:
     path = module_file(module_name)
     try:
-        tree = cst.parse_module(path.read_text(encoding="utf-8"))
+        tree = cst.parse_module(read_source(path, "save the bodies module as UTF-8"))
     except cst.ParserSyntaxError as exc:
         raise ConfigError(f"bodies module {module_name} ({path}) does not parse: {exc}") from None
     tree = tree.visit(AbsoluteImports(module_name, is_package=path.name == "__init__.py"))
@@ -45,6 +45,7 @@ def _parse(module_name: str) -> _ParsedBodies:
     return _ParsedBodies(wrapper.module, scopes, path)
 
 
+@functools.cache  # the gpu and npu targets (and a renamed sibling model) share their bodies
 def load_body(module_name: str, qualname: str, expected: str) -> Body:
     """The class, function or method `qualname` of `module_name`; `expected` is its kind."""
     parsed = _parse(module_name)

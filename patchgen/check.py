@@ -6,9 +6,10 @@ import dataclasses
 import difflib
 from pathlib import Path
 
-from patchgen.errors import OrphanedFile
+from patchgen.errors import OrphanedFile, OutputError, StrayTempFile
 from patchgen.pipeline import Generated
 from patchgen.targets import Target, generated_dir
+from patchgen.write import TEMP_PREFIX, TEMP_SUFFIX
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,11 +25,33 @@ def expected_files(result: Generated, with_diff: bool = True) -> dict[Path, str]
     return files
 
 
+def check_output_folder(targets: list[Target]) -> None:
+    """The output folder and each model folder are folders (or absent), and no output path is a folder.
+
+    Without this, a file in the folder's place reads as "every generated file missing": drift, exit 1.
+    """
+    root = generated_dir()
+    folders = [root] + sorted({t.output_path().parent for t in targets})
+    for folder in folders:
+        if folder.exists() and not folder.is_dir():
+            raise OutputError(
+                f"output folder {folder} is a file, not a folder: remove or rename it "
+                "(or point PATCHGEN_OUTPUT_DIR at a folder)"
+            )
+    for target in targets:
+        for path in (target.output_path(), target.diff_path()):
+            if path.is_dir():
+                raise OutputError(f"{path} is a folder, where a generated file belongs: remove or rename it")
+
+
 def compare(result: Generated) -> list[Drift]:
     drifts = []
     for path, want in expected_files(result).items():
         # Bytes, not read_text: newline translation would hide a CRLF file on disk.
-        have = path.read_bytes().decode("utf-8", errors="replace") if path.exists() else ""
+        try:
+            have = path.read_bytes().decode("utf-8", errors="replace") if path.exists() else ""
+        except OSError as exc:
+            raise OutputError(f"cannot read {path}: {exc.strerror or exc}: check its permissions") from None
         if have != want:
             label = path.relative_to(generated_dir().parent) if path.is_relative_to(generated_dir().parent) else path
             diff = "".join(
@@ -47,6 +70,8 @@ def orphans(targets: list[Target]) -> list[Path]:
     """Generated-looking files that no configured target produces."""
     owned = {p for t in targets for p in (t.output_path(), t.diff_path())}
     found = []
+    if not generated_dir().is_dir():
+        return found
     for path in sorted(generated_dir().glob("*/patched_modeling_*")):
         if path.suffix in (".py", ".diff") and path not in owned:
             found.append(path)
@@ -58,3 +83,18 @@ def check_orphans(targets: list[Target]) -> None:
     if stray:
         names = ", ".join(str(p) for p in stray)
         raise OrphanedFile(f"orphaned generated file(s) with no config: {names}: delete them, or add the config")
+    leftovers = stray_temp_files()
+    if leftovers:
+        names = ", ".join(str(p) for p in leftovers)
+        raise StrayTempFile(
+            f"temporary file(s) left by an interrupted write: {names}: delete them "
+            "(the generated files next to them were either fully written or left as they were)"
+        )
+
+
+def stray_temp_files() -> list[Path]:
+    """Temp files of `write.write_if_changed` whose rename never happened (the writer was killed)."""
+    root = generated_dir()
+    if not root.is_dir():
+        return []
+    return sorted(root.glob(f"*/{TEMP_PREFIX}patched_modeling_*{TEMP_SUFFIX}"))

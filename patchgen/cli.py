@@ -1,6 +1,7 @@
 """`patchgen`: generate, list and check the patched modeling modules.
 
-Exit codes: 0 clean, 1 drift (--check), 2 usage, 3 configuration or generation error.
+Exit codes: 0 clean, 1 drift (--check), 2 usage, 3 configuration, input or environment error,
+130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -9,14 +10,18 @@ import argparse
 import sys
 import time
 
-from patchgen.errors import EXIT_CLEAN, EXIT_DRIFT, EXIT_ERROR, EXIT_USAGE, PatchgenError
+from patchgen.errors import EXIT_CLEAN, EXIT_DRIFT, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, PatchgenError
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a run; the message says what was and was not written."""
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="patchgen",
         description="Generate readable, patched HuggingFace modeling modules (see docs/patchgen.md).",
-        epilog="exit codes: 0 clean, 1 drift, 2 usage, 3 configuration or generation error",
+        epilog="exit codes: 0 clean, 1 drift, 2 usage, 3 configuration, input or environment error, 130 interrupted",
     )
     parser.add_argument("--model", help="model to generate, e.g. qwen3_5")
     parser.add_argument("--device", help="device target, e.g. gpu or npu")
@@ -24,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--list", action="store_true", help="print the targets and exit")
     parser.add_argument("--dry-run", action="store_true", help="generate in memory and say what would change")
     parser.add_argument(
-        "--diff", action=argparse.BooleanOptionalAction, default=True,
+        "--diff", action=argparse.BooleanOptionalAction, default=None,
         help="write the unified diff against upstream next to each module (default: on)",
     )
     parser.add_argument(
@@ -68,7 +73,16 @@ def main(argv: list[str] | None = None) -> int:
     except PatchgenError as exc:
         print(f"patchgen: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except Interrupted as exc:
+        print(f"patchgen: interrupted: {exc}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except KeyboardInterrupt:
+        print("patchgen: interrupted: nothing was written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except OSError as exc:  # the machine, not our code: a file that cannot be read or written
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"patchgen: error: cannot use{where}: {exc.strerror or exc}: check the path and its permissions",
+              file=sys.stderr)
         return EXIT_ERROR
     except Exception as exc:  # noqa: BLE001 (never let a crash read as exit 1, "drift")
         import traceback
@@ -97,6 +111,9 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return _usage(parser, "choose one of --model/--device, --all, --list, --check")
     if not checking and chosen_modes == 0:
         return _usage(parser, "nothing to do: give --model M --device D, --all, --list or --check")
+    refused = _refused_flags(args, checking)
+    if refused:
+        return _usage(parser, refused)
 
     if args.list:
         for target in targets_mod.all_targets():
@@ -121,7 +138,25 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             selected = every
         return _check(selected, every, source, fix=args.fix, verbose=args.verbose)
     selected = every if args.all else [targets_mod.find_target(args.model, args.device)]
-    return _generate(selected, version, source, dry_run=args.dry_run, with_diff=args.diff, verbose=args.verbose)
+    with_diff = True if args.diff is None else args.diff
+    return _generate(selected, version, source, dry_run=args.dry_run, with_diff=with_diff, verbose=args.verbose)
+
+
+def _refused_flags(args: argparse.Namespace, checking: bool) -> str | None:
+    """Why a flag given does not fit the mode (it would be ignored, or contradict the mode), or None."""
+    if checking:
+        if args.dry_run:
+            return "--check never writes and --check --fix writes: --dry-run has no meaning with --check"
+        if args.diff is not None:
+            return "--check always compares the module and its .diff: --diff/--no-diff only go with generating"
+        if args.check and args.model:
+            return f"--check {args.check} and --model/--device both name a target: give one of them"
+    if args.list:
+        given = [flag for flag, on in (("--dry-run", args.dry_run), ("--diff/--no-diff", args.diff is not None),
+                                       ("--source", bool(args.source))) if on]
+        if given:
+            return f"--list prints the targets and reads nothing else: {', '.join(given)} has no meaning with it"
+    return None
 
 
 def _generate_one(target, source):
@@ -133,33 +168,77 @@ def _generate_one(target, source):
 
 
 def _generate(selected, version, source, *, dry_run: bool, with_diff: bool, verbose: bool) -> int:
-    from patchgen.check import expected_files
-    from patchgen.write import write_if_changed
-
     results = []
-    for target in selected:  # everything is generated before anything is written
-        start = time.perf_counter()
-        results.append(_generate_one(target, source))
-        if verbose:
-            print(f"{target.name}: generated from transformers {version} in {time.perf_counter() - start:.2f}s")
-    for result in results:
-        for path, text in expected_files(result, with_diff).items():
-            if dry_run:
+    try:
+        for target in selected:  # everything is generated before anything is written
+            start = time.perf_counter()
+            results.append(_generate_one(target, source))
+            if verbose:
+                print(f"{target.name}: generated from transformers {version} in {time.perf_counter() - start:.2f}s")
+    except KeyboardInterrupt:
+        raise Interrupted("nothing was written (stopped while generating; every file on disk is as it was)") from None
+    if dry_run:
+        from patchgen.check import expected_files
+
+        for result in results:
+            for path, text in expected_files(result, with_diff).items():
                 changed = not path.exists() or path.read_bytes() != text.encode("utf-8")
                 print(f"{'would write' if changed else 'unchanged'} {path}")
-            elif write_if_changed(path, text):
-                print(f"wrote {path}")
-            elif verbose:
-                print(f"unchanged {path}")
+        return EXIT_CLEAN
+    _write_all(results, with_diff, verbose, verb="wrote")
     return EXIT_CLEAN
 
 
-def _check(selected, every, source, *, fix: bool, verbose: bool) -> int:
-    from patchgen.check import check_orphans, compare, expected_files
+def _write_all(results, with_diff: bool, verbose: bool, *, verb: str) -> None:
+    """Write every result's files; on Ctrl-C, say which targets are complete and which are not."""
+    from patchgen.check import expected_files
     from patchgen.write import write_if_changed
 
+    done: set = set()  # paths written or already up to date in this run
+    try:
+        for result in results:
+            for path, text in expected_files(result, with_diff).items():
+                if write_if_changed(path, text):
+                    print(f"{verb} {path}")
+                elif verbose:
+                    print(f"unchanged {path}")
+                done.add(path)
+    except KeyboardInterrupt:
+        raise Interrupted(_partial_report(results, with_diff, done)) from None
+
+
+def _partial_report(results, with_diff: bool, done: set) -> str:
+    from patchgen.check import expected_files
+
+    complete, partial, untouched = [], [], []
+    for result in results:
+        paths = list(expected_files(result, with_diff))
+        finished = [p for p in paths if p in done]
+        (complete if len(finished) == len(paths) else partial if finished else untouched).append(
+            (result.target.name, [p for p in paths if p not in done])
+        )
+    parts = []
+    if complete:
+        parts.append(f"up to date: {', '.join(name for name, _ in complete)}")
+    for name, missing in partial:
+        parts.append(f"{name} partly written (not written: {', '.join(str(p) for p in missing)})")
+    if untouched:
+        parts.append(f"not written (old files kept): {', '.join(name for name, _ in untouched)}")
+    return (
+        "; ".join(parts)
+        + ". Each file is either the old or the new one (writes are atomic). Run the command again to finish."
+    )
+
+
+def _check(selected, every, source, *, fix: bool, verbose: bool) -> int:
+    from patchgen.check import check_orphans, check_output_folder, compare
+
+    check_output_folder(every)
     check_orphans(every)
-    results = [_generate_one(target, source) for target in selected]
+    try:
+        results = [_generate_one(target, source) for target in selected]
+    except KeyboardInterrupt:
+        raise Interrupted("nothing was written (stopped while generating)") from None
     stale = []
     for result in results:
         drifts = compare(result)
@@ -173,10 +252,7 @@ def _check(selected, every, source, *, fix: bool, verbose: bool) -> int:
         print(f"stale: {drift.path}")
         sys.stdout.write(drift.diff)
     if fix:
-        for result in results:
-            for path, text in expected_files(result).items():
-                if write_if_changed(path, text):
-                    print(f"fixed {path}")
+        _write_all(results, True, verbose, verb="fixed")
         return EXIT_CLEAN
     print(f"patchgen --check: {len(stale)} stale file(s); run `patchgen --check --fix` (or `make generate`)")
     return EXIT_DRIFT

@@ -1,6 +1,7 @@
 """Error types of the generator. Each message names what was asked, what was found and what to do."""
 
 EXIT_CLEAN, EXIT_DRIFT, EXIT_USAGE, EXIT_ERROR = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
 
 
 class PatchgenError(Exception):
@@ -35,3 +36,15 @@ class PatchApplyError(PatchgenError):
 
 class OrphanedFile(PatchgenError):
     """A generated file on disk belongs to no configured target."""
+
+
+class InputError(PatchgenError):
+    """A file patchgen reads is unusable: a corrupt or truncated wheel, text that is not UTF-8."""
+
+
+class OutputError(PatchgenError):
+    """The output folder cannot be written or is not a folder (permissions, a file in its place)."""
+
+
+class StrayTempFile(PatchgenError):
+    """A temporary file left by an interrupted write lies next to the generated files."""

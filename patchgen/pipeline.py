@@ -39,20 +39,45 @@ class Generated:
     upstream_hashes: dict[str, str]  # patch target -> short hash of the upstream node it edits
 
 
+_NODE_HASHES: dict[int, tuple[cst.CSTNode, str]] = {}
+
+
 def node_hash(node: cst.CSTNode) -> str:
     """Short hash of an upstream node's source, recorded per patch so upgrades show what moved."""
-    return hashlib.sha256(cst.Module(body=[]).code_for_node(node).encode()).hexdigest()[:12]
+    cached = _NODE_HASHES.get(id(node))
+    if cached is None or cached[0] is not node:
+        digest = hashlib.sha256(cst.Module(body=[]).code_for_node(node).encode()).hexdigest()[:12]
+        cached = _NODE_HASHES[id(node)] = (node, digest)
+    return cached[1]
+
+
+_PREPARED: dict[tuple[str, str], tuple[cst.Module, frozenset[str]]] = {}
+
+
+def prepared_upstream(upstream: UpstreamSource) -> tuple[cst.Module, frozenset[str]]:
+    """The upstream tree with absolute imports, and the names it reads: once per upstream text and process.
+
+    libcst trees are immutable, so every target of one upstream module (gpu, npu) starts from the
+    same tree, and the codemods keep its untouched statements as the same objects.
+    """
+    key = (upstream.module, upstream.sha256)
+    if key not in _PREPARED:
+        try:
+            tree = cst.parse_module(upstream.text)
+        except cst.ParserSyntaxError as exc:
+            raise PatchApplyError(
+                f"upstream {upstream.module} ({upstream.path}) does not parse: {exc}: "
+                "reinstall transformers, or point --source at an intact copy"
+            ) from None
+        tree = tree.visit(AbsoluteImports(upstream.module))
+        _PREPARED[key] = (tree, frozenset(names_used(tree)))
+    return _PREPARED[key]
 
 
 def generate(target: Target, config: PatchConfig | None = None, upstream: UpstreamSource | None = None) -> Generated:
     config = config or target.load_config()
     upstream = upstream or load_upstream(config.upstream_module)
-    try:
-        tree = cst.parse_module(upstream.text)
-    except cst.ParserSyntaxError as exc:
-        raise PatchApplyError(f"upstream {upstream.module} ({upstream.path}) does not parse: {exc}") from None
-    tree = tree.visit(AbsoluteImports(upstream.module))
-    used_upstream = names_used(tree)
+    tree, used_upstream = prepared_upstream(upstream)
 
     plan = _plan_edits(target, config, upstream, tree)
     tree = tree.visit(ApplyDefinitionEdits(plan.edits))

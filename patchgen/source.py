@@ -8,9 +8,10 @@ import importlib.metadata
 import importlib.util
 import re
 import zipfile
+import zlib
 from pathlib import Path
 
-from patchgen.errors import SourceNotFound, VersionMismatch
+from patchgen.errors import InputError, SourceNotFound, VersionMismatch
 from patchgen.pins import TRANSFORMERS_PIN
 
 
@@ -60,7 +61,25 @@ def load_upstream(module: str, source: TransformersSource | None = None) -> Upst
             f"upstream module {module} not found in transformers {dist.version} (looked for {path}); "
             "check the model name in the config's upstream_module"
         )
-    return UpstreamSource(module, path, path.read_text(encoding="utf-8"), dist.version)
+    return UpstreamSource(module, path, read_source(path, "reinstall transformers (make setup)"), dist.version)
+
+
+def read_source(path: Path, fix: str) -> str:
+    """A source file's text; InputError naming the file and ``fix`` when it is not UTF-8 or unreadable."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}: {fix}") from None
+    return decode_source(data, path, fix)
+
+
+def decode_source(data: bytes, where: Path | str, fix: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"{where} is not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start}): {fix}"
+        ) from None
 
 
 def module_file(module: str) -> Path:
@@ -84,7 +103,13 @@ class TransformersSource:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         if self.path.is_file() and self.path.suffix == ".whl":
-            self._zip = zipfile.ZipFile(self.path)
+            try:
+                self._zip = zipfile.ZipFile(self.path)
+            except (zipfile.BadZipFile, OSError) as exc:
+                raise InputError(
+                    f"--source {self.path} is not a readable wheel ({exc}): it is corrupt or truncated; "
+                    "download it again (pip download transformers==VERSION --no-deps)"
+                ) from None
             self._names = set(self._zip.namelist())
         elif self.path.is_dir():
             self._zip = None
@@ -94,9 +119,20 @@ class TransformersSource:
 
     def _read(self, relative: str) -> str | None:
         if self._zip is not None:
-            return self._zip.read(relative).decode("utf-8") if relative in self._names else None
+            if relative not in self._names:
+                return None
+            try:
+                data = self._zip.read(relative)
+            except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
+                raise InputError(
+                    f"--source {self.path}: {relative} cannot be read from the wheel ({exc}): it is corrupt or "
+                    "truncated; download it again"
+                ) from None
+            return decode_source(data, f"--source {self.path}: {relative}", "the wheel is damaged; download it again")
         file = self.path / relative
-        return file.read_text(encoding="utf-8") if file.is_file() else None
+        if not file.is_file():
+            return None
+        return read_source(file, f"restore it from the transformers release (--source {self.path})")
 
     def _read_version(self) -> str:
         if self._zip is not None:

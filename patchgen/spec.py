@@ -13,8 +13,8 @@ the bodies module), or by an explicit `body="module:Qual.name"`.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import re
+import sys
 from collections.abc import Mapping
 
 from patchgen.errors import ConfigError
@@ -230,7 +230,10 @@ def _one_import_line(statement: str) -> bool:
 
 def _caller() -> str:
     """file:line of the config statement that declared a patch."""
-    for frame in inspect.stack()[2:]:
-        if frame.filename != __file__:
-            return f"{frame.filename}:{frame.lineno}"
+    # sys._getframe, not inspect.stack(): the latter reads every frame's source lines (~50 ms a call).
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename != __file__:
+            return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        frame = frame.f_back
     return "<unknown>"

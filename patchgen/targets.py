@@ -10,6 +10,7 @@ import traceback
 from pathlib import Path
 
 from patchgen.errors import ConfigError, UnknownTarget
+from patchgen.op_defaults import check_op_defaults
 from patchgen.spec import PatchConfig
 
 DEVICES = ("gpu", "npu")
@@ -78,6 +79,7 @@ class Target:
                 f"config {self.config_path} declares model={config.model!r} device={config.device!r}; "
                 f"it must match its path ({self.model!r}, {self.device!r})"
             )
+        check_op_defaults(config.op_defaults, self.config_path)
         return config
 
 

@@ -29,3 +29,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# Property tests are reproducible: the same examples on every run and machine, no example database
+# carried between runs. `HYPOTHESIS_PROFILE=explore` draws fresh random examples (for bug hunting).
+from hypothesis import settings as _hypothesis_settings
+
+_hypothesis_settings.register_profile("patchgen", derandomize=True, database=None, print_blob=True)
+_hypothesis_settings.register_profile("explore", derandomize=False)
+_hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "patchgen"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..config import shared_prefix_min_length
 from ..selection import working
 from ..shared_prefix import (
     ATTENTION_NEEDS,
@@ -69,7 +70,7 @@ def plan_for(config, table, *, input_ids, position_ids, cache, use_cache, kwargs
         kwargs["cu_seq_lens_q"],
         position_ids,
         conv_kernel_size=getattr(cfg, "linear_conv_kernel_dim", 4),
-        min_prefix=getattr(cfg, "shared_prefix_min_length", 64),
+        min_prefix=shared_prefix_min_length(cfg),
     )
 
 

@@ -6,6 +6,7 @@ end of the previous one; here each tap is masked by the token's position within 
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 
 from .varlen import compute_dtype, positions_in_sequence
@@ -29,8 +30,9 @@ def causal_conv1d(x, weight, bias=None, *, activation="silu", cu_seqlens=None):
     out = xs * w[:, width - 1]
     for lag in range(1, width):
         shifted = F.pad(xs, (0, 0, lag, 0))[:, :length]
-        inside = (position >= lag).to(dtype).unsqueeze(-1)
-        out = out + shifted * inside * w[:, width - 1 - lag]
+        # A select, not a product with 0: NaN * 0 is NaN, and would carry one sequence's NaN into the next.
+        inside = (position >= lag).unsqueeze(-1)
+        out = out + torch.where(inside, shifted, 0.0) * w[:, width - 1 - lag]
     if bias is not None:
         out = out + bias.to(dtype)
     if activation is not None:

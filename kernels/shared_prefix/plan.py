@@ -96,7 +96,8 @@ def build_plan(
             raise ValueError(
                 f"position_ids must be [1, T] or [R, 1, T] with T={length}, got {tuple(position_ids.shape)}"
             )
-        pos_rows = position_ids.reshape(-1, length)
+        # Rows counted from the shape, not -1: reshape cannot infer -1 for an empty row (T = 0).
+        pos_rows = position_ids.reshape(position_ids.shape[:-2].numel(), length)
 
     cu, ids, pos = _to_host(cu_seqlens, input_ids, pos_rows)
     if cu[0] != 0 or cu[-1] != length or any(a > b for a, b in itertools.pairwise(cu)):

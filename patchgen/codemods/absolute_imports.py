@@ -22,6 +22,12 @@ class AbsoluteImports(cst.CSTTransformer):
         self.module = module
         self.is_package = is_package  # a package's __init__: `.x` is inside the package itself
 
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        # Imports are statements: no expression holds one, so expressions are not walked (nor rebuilt).
+        if isinstance(node, cst.BaseExpression):
+            return False
+        return super().on_visit(node)
+
     def leave_ImportFrom(self, original: cst.ImportFrom, updated: cst.ImportFrom) -> cst.ImportFrom:
         if not updated.relative:
             return updated

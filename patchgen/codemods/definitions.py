@@ -35,11 +35,15 @@ class ApplyDefinitionEdits(cst.CSTTransformer):
         self.edits = edits
         self.depth = 0
 
+    # Returning False keeps the children as they are (the same objects): nothing nested is edited,
+    # and an untouched definition is neither rebuilt nor re-read by names_used (its cache hits).
     def visit_ClassDef(self, node):
         self.depth += 1
+        return False
 
     def visit_FunctionDef(self, node):
         self.depth += 1
+        return False
 
     def leave_FunctionDef(self, original, updated):
         self.depth -= 1

@@ -9,6 +9,12 @@ class DropFromAll(cst.CSTTransformer):
     def __init__(self, names: set[str]):
         self.names = names
 
+    def visit_ClassDef(self, node):
+        return False  # `__all__` is a module-level assignment: definitions are left as they are
+
+    def visit_FunctionDef(self, node):
+        return False
+
     def leave_Assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
         if not (len(updated.targets) == 1 and isinstance(updated.targets[0].target, cst.Name)
                 and updated.targets[0].target.value == "__all__" and isinstance(updated.value, (cst.List, cst.Tuple))):

@@ -36,6 +36,7 @@ class DropUnusedImports(cst.CSTTransformer):
 
     def _enter(self, node):
         self.depth += 1
+        return False  # nothing inside a definition or a guarded block is edited: do not rebuild it
 
     def _leave(self, original, updated):
         self.depth -= 1

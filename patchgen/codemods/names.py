@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import libcst as cst
@@ -89,48 +90,70 @@ def class_methods(cls: cst.ClassDef) -> dict[str, cst.FunctionDef]:
     return {s.name.value: s for s in cls.body.body if isinstance(s, cst.FunctionDef)}
 
 
+# id(statement) -> (statement, names): a module's names are the union over its statements, and the
+# codemods keep untouched statements as the same objects, so each is read once per process.
+_STATEMENT_NAMES: dict[int, tuple[cst.CSTNode, frozenset[str]]] = {}
+
+
 def names_used(node: cst.CSTNode) -> set[str]:
     """Every name read under node: Name nodes (not attribute names), and identifiers inside string
     annotations and `__all__` entries. Import statements are excluded."""
+    if isinstance(node, cst.Module):
+        used: set[str] = set()
+        for stmt in node.body:
+            cached = _STATEMENT_NAMES.get(id(stmt))
+            if cached is None or cached[0] is not stmt:
+                cached = _STATEMENT_NAMES[id(stmt)] = (stmt, frozenset(_names_read(stmt)))
+            used |= cached[1]
+        return used
+    return _names_read(node)
+
+
+def _names_read(node: cst.CSTNode) -> set[str]:
     used: set[str] = set()
-    strings_count = [0]  # > 0 inside an annotation or an `__all__` assignment
-
-    class Collector(cst.CSTVisitor):
-        def visit_Import(self, _):
-            return False
-
-        def visit_ImportFrom(self, _):
-            return False
-
-        def visit_Attribute(self, attribute: cst.Attribute):
-            attribute.value.visit(self)  # the attribute's own name is not a read of a global
-            return False
-
-        def visit_Name(self, name: cst.Name):
-            used.add(name.value)
-
-        def visit_Annotation(self, _):
-            strings_count[0] += 1
-
-        def leave_Annotation(self, _):
-            strings_count[0] -= 1
-
-        def visit_Assign(self, assign: cst.Assign):
-            if any(isinstance(t.target, cst.Name) and t.target.value == "__all__" for t in assign.targets):
-                strings_count[0] += 1
-
-        def leave_Assign(self, assign: cst.Assign):
-            if any(isinstance(t.target, cst.Name) and t.target.value == "__all__" for t in assign.targets):
-                strings_count[0] -= 1
-
-        def visit_SimpleString(self, string: cst.SimpleString):
-            if strings_count[0] > 0:
-                value = string.evaluated_value
-                if isinstance(value, str):
-                    used.update(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", value))
-
-    node.visit(Collector())
+    _collect_names(node, used, False)
     return used
+
+
+# Child fields per node type. A read-only walk over the dataclass fields: libcst's visitors rebuild
+# every node they pass, which made this the generator's slowest step.
+_CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _collect_names(node: cst.CSTNode, used: set[str], in_strings: bool) -> None:
+    kind = type(node)
+    if kind is cst.Name:
+        used.add(node.value)
+        return
+    if kind is cst.Import or kind is cst.ImportFrom:
+        return
+    if kind is cst.Attribute:  # the attribute's own name is not a read of a global
+        _collect_names(node.value, used, in_strings)
+        return
+    if kind is cst.SimpleString:
+        if in_strings:
+            value = node.evaluated_value
+            if isinstance(value, str):
+                used.update(_IDENTIFIER.findall(value))
+        return
+    # Identifiers inside string annotations and `__all__` entries count as reads.
+    if kind is cst.Annotation or (
+        kind is cst.Assign
+        and any(isinstance(t.target, cst.Name) and t.target.value == "__all__" for t in node.targets)
+    ):
+        in_strings = True
+    names = _CHILD_FIELDS.get(kind)
+    if names is None:
+        names = _CHILD_FIELDS[kind] = tuple(f.name for f in dataclasses.fields(kind))
+    for name in names:
+        value = getattr(node, name)
+        if isinstance(value, cst.CSTNode):
+            _collect_names(value, used, in_strings)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                if isinstance(item, cst.CSTNode):
+                    _collect_names(item, used, in_strings)
 
 
 def top_level_import_nodes(module: cst.Module) -> set[int]:

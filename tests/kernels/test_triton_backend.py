@@ -25,9 +25,9 @@ def test_resolving_triton_on_the_npu_target_uses_our_package():
     table = resolve(None, device_target="npu")
     import patchgen.kernels.triton as ours
 
-    assert table.gated_delta_rule is ours.gated_delta_rule
-    assert table.causal_conv1d is ours.causal_conv1d
-    assert table.rms_norm_gated is ours.rms_norm_gated
+    assert table.handle("gated_delta_rule").load() is ours.gated_delta_rule
+    assert table.handle("causal_conv1d").load() is ours.causal_conv1d
+    assert table.handle("rms_norm_gated").load() is ours.rms_norm_gated
 
 
 def test_gated_delta_rule_forward_and_backward_with_cu_seqlens_and_initial_state():

@@ -1,0 +1,82 @@
+"""Misspelt or ill-valued patchgen settings are errors naming the setting as the user wrote it (issue 14, item 6)."""
+
+import pytest
+from patchgen.kernels import ops, registry
+from patchgen.kernels.config import check_environment, check_model_config, shared_prefix_min_length
+from patchgen.kernels.errors import BackendUnavailable, SettingError
+from patchgen.kernels.selection import resolve
+from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config, Qwen3_5TextConfig
+from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeConfig, Qwen3_5MoeTextConfig
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for slot in registry.SLOTS:
+        monkeypatch.delenv(f"PATCHGEN_OPS_{slot.upper()}", raising=False)
+
+
+def test_misspelt_slot_variable_is_an_error_naming_the_close_match(monkeypatch):
+    monkeypatch.setenv("PATCHGEN_OPS_ATTENTON", "eager")
+    with pytest.raises(SettingError, match=r"PATCHGEN_OPS_ATTENTON='eager' names no op slot \(did you mean PATCHGEN_OPS_ATTENTION\?\)"):
+        resolve(None, "cpu")
+
+
+def test_singular_prefix_is_caught_too(monkeypatch):
+    monkeypatch.setenv("PATCHGEN_OP_GATED_DELTA_RULE", "torch")
+    with pytest.raises(SettingError, match="did you mean PATCHGEN_OPS_GATED_DELTA_RULE"):
+        check_environment()
+
+
+def test_every_slot_variable_is_accepted():
+    check_environment({f"PATCHGEN_OPS_{slot.upper()}": "auto" for slot in registry.SLOTS})
+
+
+def test_misspelt_backend_name_suggests_the_close_match():
+    with pytest.raises(BackendUnavailable, match="did you mean 'eager'"):
+        resolve({"attention": "eagre"}, "cpu")
+
+
+def test_misspelt_slot_in_ops_implementation_suggests_the_close_match():
+    with pytest.raises(SettingError, match=r"\['atention'\] \(did you mean attention\?\)"):
+        resolve({"atention": "eager"}, "cpu")
+
+
+@pytest.mark.parametrize("value", [0, -3, 2.5, "64", True])
+def test_bad_min_length_names_the_config_field(value):
+    config = Qwen3_5TextConfig(shared_prefix_min_length=value)
+    with pytest.raises(SettingError, match="config field shared_prefix_min_length must be a whole number"):
+        shared_prefix_min_length(config)
+
+
+def test_min_length_defaults_to_64():
+    assert shared_prefix_min_length(Qwen3_5TextConfig()) == 64
+
+
+def test_non_boolean_training_flag_is_an_error():
+    with pytest.raises(SettingError, match="shared_prefix_training must be True or False, got 'yes'"):
+        check_model_config(Qwen3_5TextConfig(shared_prefix_training="yes"))
+
+
+def test_field_one_typo_away_from_ours_is_an_error():
+    with pytest.raises(SettingError, match="'shared_prefix_trainig' is not one patchgen reads; did you mean 'shared_prefix_training'"):
+        check_model_config(Qwen3_5TextConfig(shared_prefix_trainig=True))
+
+
+def test_typo_in_a_text_config_is_caught_from_the_outer_config():
+    config = Qwen3_5Config(text_config={"shared_prefix_min_lenght": 32})
+    with pytest.raises(SettingError, match="did you mean 'shared_prefix_min_length'"):
+        check_model_config(config)
+
+
+@pytest.mark.parametrize("cls", [Qwen3_5Config, Qwen3_5TextConfig, Qwen3_5MoeConfig, Qwen3_5MoeTextConfig])
+def test_upstream_configs_pass_untouched(cls):
+    check_model_config(cls(shared_prefix_training=True, shared_prefix_min_length=8))
+
+
+def test_bind_checks_the_model_config():
+    import torch
+
+    net = torch.nn.Linear(2, 2)
+    net.config = Qwen3_5TextConfig(shared_prefix_min_length=0)
+    with pytest.raises(SettingError, match="shared_prefix_min_length"):
+        ops.bind(net, device_target="cpu")

@@ -1,0 +1,19 @@
+"""Errors about model settings name the config field the user sets (issue 14, item 6)."""
+
+import pytest
+from patchgen.kernels.errors import SettingError
+
+from tests.models import tiny
+
+
+def test_bad_min_length_set_after_build_names_the_config_field_at_forward():
+    net = tiny.build("qwen3_5", "gpu", shared_prefix_training=True)
+    net.config.shared_prefix_min_length = 0
+    ids, cu = tiny.packed_batch([10, 10], shared=6, seed=1)
+    with pytest.raises(SettingError, match="config field shared_prefix_min_length"):
+        net(input_ids=ids, **tiny.packed_kwargs(cu))
+
+
+def test_typo_in_a_patchgen_field_fails_at_model_build():
+    with pytest.raises(SettingError, match="did you mean 'shared_prefix_training'"):
+        tiny.build("qwen3_5", "gpu", shared_prefix_trainin=True)
