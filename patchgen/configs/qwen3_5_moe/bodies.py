@@ -26,8 +26,9 @@ from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
 class Qwen3_5MoeExperts(nn.Module):
     """Collection of expert weights stored as 3D tensors, computed through the `moe_experts` op slot.
 
-    Replaces upstream's class to drop its `@use_experts_implementation` dispatch: the op slot is the
-    one place that picks the experts kernel (weights and their names are upstream's).
+    Replaces upstream's class to drop transformers' experts dispatch: the op slot is the one place
+    that picks the experts kernel, and `experts_implementation` maps onto it (weights, names and
+    init are upstream's).
     """
 
     def __init__(self, config):
@@ -43,6 +44,14 @@ class Qwen3_5MoeExperts(nn.Module):
         return ops.of(self).moe_experts(
             hidden_states, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj, self.act_fn
         )
+
+
+class Qwen3_5MoePreTrainedModel(upstream.Qwen3_5MoePreTrainedModel):
+    @classmethod
+    def _can_set_experts_implementation(cls) -> bool:
+        # transformers guesses this from the module source; here requests map onto the moe_experts op slot,
+        # which refuses the names it has no backend for (docs/kernel_selection.md).
+        return True
 
 
 class Qwen3_5MoeForCausalLM(upstream.Qwen3_5MoeForCausalLM):
