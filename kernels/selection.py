@@ -205,10 +205,13 @@ EXPERTS_IMPLEMENTATIONS = {"eager": "eager", "grouped_mm": "grouped_mm", "batche
 def experts_implementation_choice(config: Any, asked: OpsImplementationConfig) -> tuple[str, str] | None:
     """The explicit moe_experts choice: ``ops_implementation.moe_experts``, else transformers'
     ``config._experts_implementation`` (``from_pretrained(experts_implementation=...)``,
-    ``set_experts_implementation``), else the environment; two config choices that disagree raise."""
+    ``set_experts_implementation``), else the environment; two config choices that disagree raise.
+    A config without experts (``num_experts``) has no experts request: transformers fills in ``eager``."""
+    holders = [h for h in (config, getattr(config, "text_config", None)) if h is not None]
     requested = None
-    for holder in (config, getattr(config, "text_config", None)):
-        requested = requested or getattr(holder, "_experts_implementation_internal", None)
+    if any(getattr(h, "num_experts", None) for h in holders):
+        for holder in holders:
+            requested = requested or getattr(holder, "_experts_implementation_internal", None)
     if requested is None:
         return _explicit("moe_experts", asked)
     backend = EXPERTS_IMPLEMENTATIONS.get(requested)

@@ -5,11 +5,9 @@
 # sha256:     c4d847b7e809ed2a49611e5afcea8bd0db39de597b67b57ce9753fb65f550de2
 # config:     patchgen/configs/qwen3_5/npu.py
 # device:     npu
-# patches (15):
+# patches (13):
 #   add_method Qwen3_5PreTrainedModel.post_init [upstream 75379b0c21d6]: resolve the op slots once per model build (ops.bind)
 #   add_method Qwen3_5PreTrainedModel.is_custom_code [upstream 75379b0c21d6]: upstream's weights and names: transformers' checkpoint conversions and weight init apply
-#   add_method Qwen3_5PreTrainedModel._check_and_adjust_experts_implementation [upstream 75379b0c21d6]: an unset experts_implementation stays unset: the moe_experts op slot decides
-#   add_method Qwen3_5PreTrainedModel.set_experts_implementation [upstream 75379b0c21d6]: a new experts_implementation re-resolves the op slots (moe_experts follows it)
 #   override_method Qwen3_5RMSNorm.forward [upstream 11371d981fda]: zero-centred RMSNorm through ops.rms_norm
 #   override_method Qwen3_5RMSNormGated.forward [upstream f314ae42d4e4]: gated RMSNorm through ops.rms_norm_gated
 #   override_method Qwen3_5MLP.forward [upstream aa38c30e1baf]: SwiGLU MLP through ops.swiglu_mlp
@@ -1008,20 +1006,6 @@ class Qwen3_5PreTrainedModel(PreTrainedModel):
         # part of weight init. This module's own classes keep upstream's weights, names and init, so
         # those apply; subclasses defined elsewhere are judged by upstream's rule (docs/loading.md).
         return cls.__module__ != __name__ and super().is_custom_code()
-    
-    # patchgen[add_method]: an unset experts_implementation stays unset: the moe_experts op slot decides
-    def _check_and_adjust_experts_implementation(self, experts_implementation: str | None) -> str | None:
-        # Not asked stays None instead of transformers' "grouped_mm": the moe_experts op slot then picks
-        # the kernel, and an explicit request maps onto that slot (docs/kernel_selection.md).
-        if experts_implementation is None:
-            return None
-        return super()._check_and_adjust_experts_implementation(experts_implementation)
-    
-    # patchgen[add_method]: a new experts_implementation re-resolves the op slots (moe_experts follows it)
-    def set_experts_implementation(self, experts_implementation: str | dict):
-        super().set_experts_implementation(experts_implementation)
-        # The op table is resolved once per build; a new experts request resolves it again.
-        ops.bind(self, self.config, defaults=PATCHGEN_OP_DEFAULTS)
 
 
 class Qwen3_5VisionMLP(nn.Module):

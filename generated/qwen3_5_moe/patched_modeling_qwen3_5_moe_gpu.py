@@ -8,8 +8,6 @@
 # patches (17):
 #   add_method Qwen3_5MoePreTrainedModel.post_init [upstream fe04537fe740]: resolve the op slots once per model build (ops.bind)
 #   add_method Qwen3_5MoePreTrainedModel.is_custom_code [upstream fe04537fe740]: upstream's weights and names: transformers' checkpoint conversions and weight init apply
-#   add_method Qwen3_5MoePreTrainedModel._check_and_adjust_experts_implementation [upstream fe04537fe740]: an unset experts_implementation stays unset: the moe_experts op slot decides
-#   add_method Qwen3_5MoePreTrainedModel.set_experts_implementation [upstream fe04537fe740]: a new experts_implementation re-resolves the op slots (moe_experts follows it)
 #   override_method Qwen3_5MoeRMSNorm.forward [upstream 41de6124ddef]: zero-centred RMSNorm through ops.rms_norm
 #   override_method Qwen3_5MoeRMSNormGated.forward [upstream f314ae42d4e4]: gated RMSNorm through ops.rms_norm_gated
 #   override_method Qwen3_5MoeMLP.forward [upstream aa38c30e1baf]: SwiGLU MLP through ops.swiglu_mlp
@@ -23,6 +21,8 @@
 #   override_method Qwen3_5MoeForConditionalGeneration.forward [upstream 6adedac07954]: shared-prefix plan (text only); LM head through ops.cross_entropy; aux loss over packed tokens
 #   replace_class Qwen3_5MoeExperts [upstream 30d0d1aad48a]: experts through ops.moe_experts, without upstream's experts-implementation dispatch
 #   add_method Qwen3_5MoePreTrainedModel._can_set_experts_implementation [upstream fe04537fe740]: experts_implementation is always settable: it maps onto the moe_experts op slot
+#   add_method Qwen3_5MoePreTrainedModel._check_and_adjust_experts_implementation [upstream fe04537fe740]: an unset experts_implementation stays unset: the moe_experts op slot decides
+#   add_method Qwen3_5MoePreTrainedModel.set_experts_implementation [upstream fe04537fe740]: a new experts_implementation re-resolves the op slots (moe_experts follows it)
 # op-slot defaults:
 #   attention = auto
 #   causal_conv1d = fla
@@ -1103,6 +1103,13 @@ class Qwen3_5MoePreTrainedModel(PreTrainedModel):
         # those apply; subclasses defined elsewhere are judged by upstream's rule (docs/loading.md).
         return cls.__module__ != __name__ and super().is_custom_code()
     
+    # patchgen[add_method]: experts_implementation is always settable: it maps onto the moe_experts op slot
+    @classmethod
+    def _can_set_experts_implementation(cls) -> bool:
+        # transformers guesses this from the module source; here requests map onto the moe_experts op slot,
+        # which refuses the names it has no backend for (docs/kernel_selection.md).
+        return True
+    
     # patchgen[add_method]: an unset experts_implementation stays unset: the moe_experts op slot decides
     def _check_and_adjust_experts_implementation(self, experts_implementation: str | None) -> str | None:
         # Not asked stays None instead of transformers' "grouped_mm": the moe_experts op slot then picks
@@ -1116,13 +1123,6 @@ class Qwen3_5MoePreTrainedModel(PreTrainedModel):
         super().set_experts_implementation(experts_implementation)
         # The op table is resolved once per build; a new experts request resolves it again.
         ops.bind(self, self.config, defaults=PATCHGEN_OP_DEFAULTS)
-    
-    # patchgen[add_method]: experts_implementation is always settable: it maps onto the moe_experts op slot
-    @classmethod
-    def _can_set_experts_implementation(cls) -> bool:
-        # transformers guesses this from the module source; here requests map onto the moe_experts op slot,
-        # which refuses the names it has no backend for (docs/kernel_selection.md).
-        return True
 
 
 class Qwen3_5MoeVisionMLP(nn.Module):

@@ -66,18 +66,6 @@ class Qwen3_5PreTrainedModel(upstream.Qwen3_5PreTrainedModel):
         # those apply; subclasses defined elsewhere are judged by upstream's rule (docs/loading.md).
         return cls.__module__ != __name__ and super().is_custom_code()
 
-    def _check_and_adjust_experts_implementation(self, experts_implementation: str | None) -> str | None:
-        # Not asked stays None instead of transformers' "grouped_mm": the moe_experts op slot then picks
-        # the kernel, and an explicit request maps onto that slot (docs/kernel_selection.md).
-        if experts_implementation is None:
-            return None
-        return super()._check_and_adjust_experts_implementation(experts_implementation)
-
-    def set_experts_implementation(self, experts_implementation: str | dict):
-        super().set_experts_implementation(experts_implementation)
-        # The op table is resolved once per build; a new experts request resolves it again.
-        ops.bind(self, self.config, defaults=PATCHGEN_OP_DEFAULTS)
-
 
 class Qwen3_5RMSNorm(upstream.Qwen3_5RMSNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:

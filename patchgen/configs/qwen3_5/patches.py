@@ -14,14 +14,6 @@ def dense_config(device: str, op_defaults: dict[str, str]) -> PatchConfig:
         "Qwen3_5PreTrainedModel.is_custom_code",
         reason="upstream's weights and names: transformers' checkpoint conversions and weight init apply",
     )
-    config.add_method(
-        "Qwen3_5PreTrainedModel._check_and_adjust_experts_implementation",
-        reason="an unset experts_implementation stays unset: the moe_experts op slot decides",
-    )
-    config.add_method(
-        "Qwen3_5PreTrainedModel.set_experts_implementation",
-        reason="a new experts_implementation re-resolves the op slots (moe_experts follows it)",
-    )
     config.override_method("Qwen3_5RMSNorm.forward", reason="zero-centred RMSNorm through ops.rms_norm")
     config.override_method("Qwen3_5RMSNormGated.forward", reason="gated RMSNorm through ops.rms_norm_gated")
     config.override_method("Qwen3_5MLP.forward", reason="SwiGLU MLP through ops.swiglu_mlp")

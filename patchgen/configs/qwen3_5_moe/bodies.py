@@ -22,6 +22,9 @@ from patchgen.kernels import ops
 from patchgen.kernels.modeling import shared_prefix
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
 
+# Stand-in for the constant the generator writes into each generated module (as in Qwen3.5's bodies).
+PATCHGEN_OP_DEFAULTS: dict[str, str] = {}
+
 
 class Qwen3_5MoeExperts(nn.Module):
     """Collection of expert weights stored as 3D tensors, computed through the `moe_experts` op slot.
@@ -52,6 +55,18 @@ class Qwen3_5MoePreTrainedModel(upstream.Qwen3_5MoePreTrainedModel):
         # transformers guesses this from the module source; here requests map onto the moe_experts op slot,
         # which refuses the names it has no backend for (docs/kernel_selection.md).
         return True
+
+    def _check_and_adjust_experts_implementation(self, experts_implementation: str | None) -> str | None:
+        # Not asked stays None instead of transformers' "grouped_mm": the moe_experts op slot then picks
+        # the kernel, and an explicit request maps onto that slot (docs/kernel_selection.md).
+        if experts_implementation is None:
+            return None
+        return super()._check_and_adjust_experts_implementation(experts_implementation)
+
+    def set_experts_implementation(self, experts_implementation: str | dict):
+        super().set_experts_implementation(experts_implementation)
+        # The op table is resolved once per build; a new experts request resolves it again.
+        ops.bind(self, self.config, defaults=PATCHGEN_OP_DEFAULTS)
 
 
 class Qwen3_5MoeForCausalLM(upstream.Qwen3_5MoeForCausalLM):
