@@ -35,3 +35,7 @@ class PatchApplyError(PatchgenError):
 
 class OrphanedFile(PatchgenError):
     """A generated file on disk belongs to no configured target."""
+
+
+class SignatureMismatch(PatchgenError):
+    """An override drops or changes a parameter or a parameter annotation of the upstream method it replaces."""

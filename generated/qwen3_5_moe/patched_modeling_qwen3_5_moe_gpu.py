@@ -71,6 +71,7 @@ from transformers.integrations import (
 )
 from transformers.integrations.accelerate import force_accelerate_hooks
 from transformers.masking_utils import create_causal_mask, create_recurrent_attention_mask
+from transformers.modeling_flash_attention_utils import FlashAttentionKwargs
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPooling,
@@ -607,9 +608,9 @@ class Qwen3_5MoeGatedDeltaNet(nn.Module):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        cache=None,
+        cache: Cache | None = None,
         attention_mask: torch.Tensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ):
         hidden_states = apply_mask_to_padding_states(hidden_states, attention_mask)
         batch_size, seq_len, _ = hidden_states.shape
@@ -823,8 +824,8 @@ class Qwen3_5MoeAttention(nn.Module):
         hidden_states: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         attention_mask: torch.Tensor | None,
-        cache=None,
-        **kwargs,
+        cache: Cache | None = None,
+        **kwargs: Unpack[FlashAttentionKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
@@ -1013,8 +1014,10 @@ class Qwen3_5MoeDecoderLayer(GradientCheckpointingLayer):
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        cache=None,
-        **kwargs,
+        cache: Cache | None = None,
+        # upstream annotates this Unpack[TransformersKwargs] here, Unpack[FlashAttentionKwargs] in
+        # Qwen3.5-MoE: left bare, the generator writes each module's own (patchgen/signatures.py)
+        **kwargs: Unpack[FlashAttentionKwargs],
     ) -> torch.Tensor:
         # The packed metadata or the shared-prefix plan travels in kwargs to both mixers; on the
         # compact row every token-wise step below (norms, MLP or MoE, residuals) runs on C rows.
@@ -1412,10 +1415,10 @@ class Qwen3_5MoeTextModel(Qwen3_5MoePreTrainedModel):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        cache=None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> MoeModelOutputWithPast:
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
@@ -1513,7 +1516,7 @@ class Qwen3_5MoeModel(Qwen3_5MoePreTrainedModel):
     _no_split_modules = ["Qwen3_5MoeDecoderLayer", "Qwen3_5MoeVisionBlock"]
 
     # patchgen[override_method]: build this module's patched text model (AutoModel would build upstream's)
-    def __init__(self, config):
+    def __init__(self, config: Qwen3_5MoeConfig):
         super().__init__(config)
         self.visual = AutoModel.from_config(config.vision_config)
         # This module's (patched) text model; AutoModel would build upstream's.
@@ -1970,13 +1973,13 @@ class Qwen3_5MoeForCausalLM(Qwen3_5MoePreTrainedModel, GenerationMixin):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        cache=None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         output_router_logits: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> MoeCausalLMOutputWithPast:
         r"""
         Packed rows: pass `cu_seq_lens_q/k` and `max_length_q/k`. With `text_config.shared_prefix_training`
@@ -2104,7 +2107,7 @@ class Qwen3_5MoeForConditionalGeneration(Qwen3_5MoePreTrainedModel, GenerationMi
         input_ids: torch.LongTensor = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        cache=None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         pixel_values: torch.Tensor | None = None,
@@ -2114,8 +2117,8 @@ class Qwen3_5MoeForConditionalGeneration(Qwen3_5MoePreTrainedModel, GenerationMi
         mm_token_type_ids: torch.IntTensor | None = None,
         output_router_logits: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        mm_encoder_outputs=None,
-        **kwargs,
+        mm_encoder_outputs: dict[str, BaseModelOutputWithPooling] | None = None,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> tuple | Qwen3_5MoeCausalLMOutputWithPast:
         r"""
         As upstream, plus packed rows and shared-prefix training (text only: with media the ordinary

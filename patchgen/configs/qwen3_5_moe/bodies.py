@@ -12,9 +12,13 @@ from torch import nn
 from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as upstream
 from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import (
     ACT2FN,
+    BaseModelOutputWithPooling,
+    Cache,
     MoeCausalLMOutputWithPast,
     MoeModelOutputWithPast,
     Qwen3_5MoeCausalLMOutputWithPast,
+    TransformersKwargs,
+    Unpack,
     load_balancing_loss_func,
 )
 
@@ -75,13 +79,13 @@ class Qwen3_5MoeForCausalLM(upstream.Qwen3_5MoeForCausalLM):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        cache=None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         output_router_logits: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> MoeCausalLMOutputWithPast:
         r"""
         Packed rows: pass `cu_seq_lens_q/k` and `max_length_q/k`. With `text_config.shared_prefix_training`
@@ -152,7 +156,7 @@ class Qwen3_5MoeForConditionalGeneration(upstream.Qwen3_5MoeForConditionalGenera
         input_ids: torch.LongTensor = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        cache=None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         pixel_values: torch.Tensor | None = None,
@@ -162,8 +166,8 @@ class Qwen3_5MoeForConditionalGeneration(upstream.Qwen3_5MoeForConditionalGenera
         mm_token_type_ids: torch.IntTensor | None = None,
         output_router_logits: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        mm_encoder_outputs=None,
-        **kwargs,
+        mm_encoder_outputs: dict[str, BaseModelOutputWithPooling] | None = None,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> tuple | Qwen3_5MoeCausalLMOutputWithPast:
         r"""
         As upstream, plus packed rows and shared-prefix training (text only: with media the ordinary
