@@ -81,9 +81,9 @@ def test_body_of_wrong_kind_is_a_config_error(toy_config, toy_generate):
 
 
 def test_explicit_body_takes_the_target_name(toy_config, toy_generate):
-    toy_config.replace_function("toy_function", reason="r", body="fixture_bodies.toy:toy_function_wrong_kind")
+    toy_config.replace_function("toy_function", reason="r", body="fixture_bodies.toy:toy_function_named_otherwise")
     out = toy_generate(toy_config).python
-    assert "def toy_function():\n    pass" in out and "toy_function_wrong_kind" not in out
+    assert "def toy_function(x):\n    return x * 2" in out and "toy_function_named_otherwise" not in out
 
 
 def test_body_missing_from_bodies_module(toy_config, toy_generate):
