@@ -32,27 +32,19 @@ def _logits(net, ids):
 
 @pytest.mark.parametrize("layout,dest", CASES)
 @pytest.mark.parametrize("model,device", TARGETS)
-def test_checkpoint_loads_every_tensor_and_report_as_upstream(model, device, layout, dest, saved):
+def test_checkpoint_loads_every_tensor_with_upstreams_report_and_logits(model, device, layout, dest, saved):
     ours, report = ckpt.load(ckpt.generated_class(model, device, dest), saved[model, layout])
     theirs, upstream_report = ckpt.load(ckpt.upstream_class(model, dest), saved[model, layout])
     assert report == upstream_report
     assert ours.state_dict().keys() == theirs.state_dict().keys()
     for name, tensor in theirs.state_dict().items():
         assert torch.equal(ours.state_dict()[name], tensor), name
-
-
-@pytest.mark.parametrize("layout,dest", [c for c in CASES if c[1].startswith("For")])
-@pytest.mark.parametrize("model,device", TARGETS)
-def test_published_layouts_load_without_missing_or_unexpected_keys_and_give_upstreams_logits(
-    model, device, layout, dest, saved
-):
-    ours, report = ckpt.load(ckpt.generated_class(model, device, dest), saved[model, layout])
-    assert report["missing_keys"] == [] and report["unexpected_keys"] == [] and report["mismatched_keys"] == []
-    theirs, _ = ckpt.load(ckpt.upstream_class(model, dest), saved[model, layout])
-    ids = ckpt.ids()
-    # float32 on CPU: the op-slot references and upstream's fallbacks round differently (float64 parity
-    # to 1e-12 is tests/models/test_upstream_parity.py); random weights would be off by O(1).
-    torch.testing.assert_close(_logits(ours, ids), _logits(theirs, ids), rtol=1e-4, atol=1e-5)
+    if dest.startswith("For"):  # the classes one trains: nothing may be left random
+        assert report["missing_keys"] == [] and report["unexpected_keys"] == [] and report["mismatched_keys"] == []
+        ids = ckpt.ids()
+        # float32 on CPU: the op-slot references and upstream's fallbacks round differently (float64
+        # parity to 1e-12 is tests/models/test_upstream_parity.py); random weights would be off by O(1).
+        torch.testing.assert_close(_logits(ours, ids), _logits(theirs, ids), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("layout", ckpt.LAYOUTS)

@@ -88,3 +88,13 @@ def test_checkpoint_with_auto_map_loads_the_generated_code_it_carries(model, dev
     ids = ckpt.ids()
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=ids).logits, upstream.eval()(input_ids=ids).logits, rtol=1e-4, atol=1e-5)
+
+
+def test_while_registered_upstreams_composite_builds_the_generated_text_model(registered):
+    # Documented in docs/loading.md: upstream's Qwen3_5Model builds its language model with AutoModel.
+    registered("gpu")
+    upstream = ckpt.upstream_class("qwen3_5", "ForConditionalGeneration")(ckpt.vl_config("qwen3_5"))
+    assert type(upstream.model.language_model) is ckpt.generated_class("qwen3_5", "gpu", "TextModel")
+    auto.unregister()
+    upstream = ckpt.upstream_class("qwen3_5", "ForConditionalGeneration")(ckpt.vl_config("qwen3_5"))
+    assert type(upstream.model.language_model) is ckpt.upstream_class("qwen3_5", "TextModel")
