@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-
 from patchgen.kernels import ops
 from patchgen.kernels.errors import BackendUnavailable
+
 from tests.models import checkpoints as ckpt
 from tests.models import tiny
 

@@ -106,6 +106,6 @@ def test_a_checkpoint_of_another_shape_is_refused_as_upstream_refuses_it(model, 
             cls.from_pretrained(tmp_path)
         errors.append(str(raised.value))
     assert errors[0] == errors[1] and "ignore_mismatched_sizes" in errors[0]
-    ours, report = ckpt.load(ckpt.generated_class(model, device, "ForCausalLM"), tmp_path, ignore_mismatched_sizes=True)
+    _, report = ckpt.load(ckpt.generated_class(model, device, "ForCausalLM"), tmp_path, ignore_mismatched_sizes=True)
     _, upstream_report = ckpt.load(ckpt.upstream_class(model, "ForCausalLM"), tmp_path, ignore_mismatched_sizes=True)
     assert report == upstream_report and report["mismatched_keys"]
