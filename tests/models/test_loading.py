@@ -109,3 +109,21 @@ def test_a_checkpoint_of_another_shape_is_refused_as_upstream_refuses_it(model, 
     _, report = ckpt.load(ckpt.generated_class(model, device, "ForCausalLM"), tmp_path, ignore_mismatched_sizes=True)
     _, upstream_report = ckpt.load(ckpt.upstream_class(model, "ForCausalLM"), tmp_path, ignore_mismatched_sizes=True)
     assert report == upstream_report and report["mismatched_keys"]
+
+
+@pytest.mark.parametrize(
+    "layout,dest",
+    [
+        ("ForConditionalGeneration", "ForSequenceClassification"),
+        ("ForConditionalGeneration", "ForTokenClassification"),
+        ("ForCausalLM", "TextForSequenceClassification"),
+    ],
+)
+@pytest.mark.parametrize("device", ["gpu", "npu"], ids=["gpu-target", "npu-target"])
+def test_classification_heads_load_the_backbone_and_report_the_new_head_as_upstream(device, layout, dest, saved):
+    ours, report = ckpt.load(ckpt.generated_class("qwen3_5", device, dest), saved["qwen3_5", layout], num_labels=3)
+    theirs, upstream_report = ckpt.load(ckpt.upstream_class("qwen3_5", dest), saved["qwen3_5", layout], num_labels=3)
+    assert report == upstream_report and report["missing_keys"]  # the new head, as upstream reports it
+    for name, tensor in theirs.state_dict().items():
+        if name not in report["missing_keys"]:
+            assert torch.equal(ours.state_dict()[name], tensor), name
