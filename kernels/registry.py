@@ -294,6 +294,7 @@ def _handles() -> dict[str, tuple[KernelHandle, ...]]:
                 grouped_mm_present,
                 "torch grouped_mm",
             ),
+            h("moe_experts", "batched_mm", f"{_REF}.moe_experts:batched_mm", (), f64, summary="gathered weights, bmm"),
             h("moe_experts", "eager", f"{_REF}.moe_experts:eager", (), f64, summary="loop over experts hit"),
         ),
     }

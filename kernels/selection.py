@@ -1,7 +1,8 @@
 """Resolution of every op slot to one backend: explicit choices first, then the device's preferences.
 
 Order, per slot (first that applies wins; docs/kernel_selection.md):
-1. the config's ``ops_implementation.<slot>`` when not ``auto``;
+1. the config's ``ops_implementation.<slot>`` when not ``auto``; for ``moe_experts``, else
+   transformers' ``experts_implementation`` (``experts_implementation_choice``);
 2. the environment variable ``PATCHGEN_OPS_<SLOT>`` when set and not ``auto``;
 3. ``defaults[slot]`` (the generated module's device config) when given and not ``auto``: a
    preference, used when available with every required capability, else step 4 (the table says why:
@@ -264,7 +265,7 @@ def resolve(
     choices = {}
     for slot in SLOTS:
         needed = frozenset(require.get(slot, ()))
-        explicit = _explicit(slot, asked)
+        explicit = experts_implementation_choice(config, asked) if slot == "moe_experts" else _explicit(slot, asked)
         if explicit is None:
             choices[slot] = _preferred(slot, (defaults or {}).get(slot, AUTO), target, needed)
         else:
@@ -281,6 +282,42 @@ def _explicit(slot, asked) -> tuple[str, str] | None:
     if env is not None:
         return env, f"env {env_var(slot)}={env}"
     return None
+
+
+# transformers' `experts_implementation` names -> the moe_experts backend computing the same thing.
+EXPERTS_IMPLEMENTATIONS = {"eager": "eager", "grouped_mm": "grouped_mm", "batched_mm": "batched_mm"}
+
+
+def experts_implementation_choice(config: Any, asked: OpsImplementationConfig) -> tuple[str, str] | None:
+    """The explicit moe_experts choice: ``ops_implementation.moe_experts``, else transformers'
+    ``config._experts_implementation`` (``from_pretrained(experts_implementation=...)``,
+    ``set_experts_implementation``), else the environment; two config choices that disagree raise.
+    A config without experts (``num_experts``) has no experts request: transformers fills in ``eager``."""
+    holders = [h for h in (config, getattr(config, "text_config", None)) if h is not None]
+    requested = None
+    if any(getattr(h, "num_experts", None) for h in holders):
+        for holder in holders:
+            requested = requested or getattr(holder, "_experts_implementation_internal", None)
+    if requested is None:
+        return _explicit("moe_experts", asked)
+    backend = EXPERTS_IMPLEMENTATIONS.get(requested)
+    if backend is None:
+        supported = ", ".join(sorted(EXPERTS_IMPLEMENTATIONS))
+        raise BackendUnavailable(
+            "moe_experts",
+            requested,
+            f"experts_implementation={requested!r} has no moe_experts backend (supported: {supported}); ask for one "
+            "of those, or name a backend in ops_implementation.moe_experts",
+            working("moe_experts"),
+        )
+    if asked.moe_experts not in (AUTO, backend):
+        raise ValueError(
+            f"moe_experts asked twice: ops_implementation.moe_experts={asked.moe_experts!r} and "
+            f"experts_implementation={requested!r} (backend {backend!r}); set only one of them"
+        )
+    if asked.moe_experts != AUTO:
+        return asked.moe_experts, f"config ops_implementation.moe_experts={asked.moe_experts!r}"
+    return backend, f"config experts_implementation={requested!r}"
 
 
 def _preferred(slot: str, default: str, target: str, needed: frozenset[str]) -> Choice:

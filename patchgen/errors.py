@@ -48,3 +48,7 @@ class OutputError(PatchgenError):
 
 class StrayTempFile(PatchgenError):
     """A temporary file left by an interrupted write lies next to the generated files."""
+
+
+class SignatureMismatch(PatchgenError):
+    """An override drops or changes a parameter or a parameter annotation of the upstream method it replaces."""

@@ -25,6 +25,7 @@ from patchgen.codemods.names import (
 from patchgen.codemods.rename import rename_tree
 from patchgen.errors import PatchApplyError, PatchTargetMissing
 from patchgen.render import render_constants, render_header, render_marker
+from patchgen.signatures import keep_upstream_signature
 from patchgen.source import UpstreamSource, load_upstream
 from patchgen.spec import Patch, PatchConfig
 from patchgen.targets import Target
@@ -165,6 +166,7 @@ def _plan_edits(target: Target, config: PatchConfig, upstream: UpstreamSource, t
         renamed = rename_tree(body.node, config.renames)
         # An explicit body= may be named freely; it takes the target's name in the generated module.
         renamed = renamed.with_changes(name=cst.Name(method or head))
+        renamed = _keep_signatures(patch, name, node, renamed, body.source, upstream)
         for bound, statement in body.imports.items():
             name, renamed_statement = config.renames.identifier(bound), rename_tree(statement, config.renames)
             if name in plan.imports:
@@ -188,6 +190,23 @@ def _plan_edits(target: Target, config: PatchConfig, upstream: UpstreamSource, t
             plan.edits.replace[head] = (renamed, marker)
             plan.expected[("replace", head)] = patch
     return plan
+
+
+def _keep_signatures(patch, name, upstream_node, body_node, source, upstream):
+    """Overrides and replacements keep upstream's parameters and annotations (patchgen/signatures.py)."""
+    where = f"{patch.verb} {name} (body {source}, declared at {patch.declared_at}, transformers {upstream.version})"
+    if patch.verb in ("override_method", "replace_function"):
+        return keep_upstream_signature(upstream_node, body_node, where)
+    if patch.verb != "replace_class":
+        return body_node
+    upstream_methods = class_methods(upstream_node)
+    statements = [
+        keep_upstream_signature(upstream_methods[s.name.value], s, f"{where}, method {s.name.value}")
+        if isinstance(s, cst.FunctionDef) and s.name.value in upstream_methods
+        else s
+        for s in body_node.body.body
+    ]
+    return body_node.with_changes(body=body_node.body.with_changes(body=statements))
 
 
 def _check_target(patch, name, head, method, defined, nodes, config, upstream):

@@ -5,8 +5,9 @@
 # sha256:     c4d847b7e809ed2a49611e5afcea8bd0db39de597b67b57ce9753fb65f550de2
 # config:     patchgen/configs/qwen3_5/npu.py
 # device:     npu
-# patches (12):
+# patches (13):
 #   add_method Qwen3_5PreTrainedModel.post_init [upstream 75379b0c21d6]: resolve the op slots once per model build (ops.bind)
+#   add_method Qwen3_5PreTrainedModel.is_custom_code [upstream 75379b0c21d6]: upstream's weights and names: transformers' checkpoint conversions and weight init apply
 #   override_method Qwen3_5RMSNorm.forward [upstream 11371d981fda]: zero-centred RMSNorm through ops.rms_norm
 #   override_method Qwen3_5RMSNormGated.forward [upstream f314ae42d4e4]: gated RMSNorm through ops.rms_norm_gated
 #   override_method Qwen3_5MLP.forward [upstream aa38c30e1baf]: SwiGLU MLP through ops.swiglu_mlp
@@ -60,6 +61,7 @@ from transformers.generation import GenerationMixin
 from transformers.integrations import use_kernel_forward_from_hub, use_kernel_func_from_hub_with_fallback, use_kernelized_func
 from transformers.integrations.accelerate import force_accelerate_hooks
 from transformers.masking_utils import create_causal_mask, create_recurrent_attention_mask
+from transformers.modeling_flash_attention_utils import FlashAttentionKwargs
 from transformers.modeling_layers import (
     GenericForSequenceClassification,
     GenericForTokenClassification,
@@ -584,9 +586,9 @@ class Qwen3_5GatedDeltaNet(nn.Module):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        cache=None,
+        cache: Cache | None = None,
         attention_mask: torch.Tensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ):
         hidden_states = apply_mask_to_padding_states(hidden_states, attention_mask)
         batch_size, seq_len, _ = hidden_states.shape
@@ -798,8 +800,8 @@ class Qwen3_5Attention(nn.Module):
         hidden_states: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         attention_mask: torch.Tensor | None,
-        cache=None,
-        **kwargs,
+        cache: Cache | None = None,
+        **kwargs: Unpack[FlashAttentionKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
@@ -922,8 +924,10 @@ class Qwen3_5DecoderLayer(GradientCheckpointingLayer):
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        cache=None,
-        **kwargs,
+        cache: Cache | None = None,
+        # upstream annotates this Unpack[TransformersKwargs] here, Unpack[FlashAttentionKwargs] in
+        # Qwen3.5-MoE: left bare, the generator writes each module's own (patchgen/signatures.py)
+        **kwargs: Unpack[TransformersKwargs],
     ) -> torch.Tensor:
         # The packed metadata or the shared-prefix plan travels in kwargs to both mixers; on the
         # compact row every token-wise step below (norms, MLP or MoE, residuals) runs on C rows.
@@ -996,6 +1000,15 @@ class Qwen3_5PreTrainedModel(PreTrainedModel):
         super().post_init()
         # Resolve the op slots once per model build; every submodule reads them with ops.of(self).
         ops.bind(self, self.config, defaults=PATCHGEN_OP_DEFAULTS)
+    
+    # patchgen[add_method]: upstream's weights and names: transformers' checkpoint conversions and weight init apply
+    @classmethod
+    def is_custom_code(cls) -> bool:
+        # transformers counts a class defined outside `transformers.` as custom code, and then skips the
+        # checkpoint conversions (the published `model.language_model.` layout, per-expert MoE keys) and
+        # part of weight init. This module's own classes keep upstream's weights, names and init, so
+        # those apply; subclasses defined elsewhere are judged by upstream's rule (docs/loading.md).
+        return cls.__module__ != __name__ and super().is_custom_code()
 
 
 class Qwen3_5VisionMLP(nn.Module):
@@ -1285,10 +1298,10 @@ class Qwen3_5TextModel(Qwen3_5PreTrainedModel):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        cache=None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPast:
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
@@ -1386,7 +1399,7 @@ class Qwen3_5Model(Qwen3_5PreTrainedModel):
     _no_split_modules = ["Qwen3_5DecoderLayer", "Qwen3_5VisionBlock"]
 
     # patchgen[override_method]: build this module's patched text model (AutoModel would build upstream's)
-    def __init__(self, config):
+    def __init__(self, config: Qwen3_5Config):
         super().__init__(config)
         self.visual = AutoModel.from_config(config.vision_config)
         # This module's (patched) text model; AutoModel would build upstream's.
@@ -1768,12 +1781,12 @@ class Qwen3_5ForCausalLM(Qwen3_5PreTrainedModel, GenerationMixin):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        cache=None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> CausalLMOutputWithPast:
         r"""
         Packed rows: pass `cu_seq_lens_q/k` and `max_length_q/k`. With `text_config.shared_prefix_training`
@@ -1872,7 +1885,7 @@ class Qwen3_5ForConditionalGeneration(Qwen3_5PreTrainedModel, GenerationMixin):
         input_ids: torch.LongTensor = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        cache=None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         pixel_values: torch.Tensor | None = None,
@@ -1881,8 +1894,8 @@ class Qwen3_5ForConditionalGeneration(Qwen3_5PreTrainedModel, GenerationMixin):
         video_grid_thw: torch.LongTensor | None = None,
         mm_token_type_ids: torch.IntTensor | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        mm_encoder_outputs=None,
-        **kwargs,
+        mm_encoder_outputs: dict[str, BaseModelOutputWithPooling] | None = None,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> tuple | MultimodalCausalLMOutputWithPast:
         r"""
         As upstream, plus packed rows and shared-prefix training (text only: with media the ordinary

@@ -5,8 +5,9 @@
 # sha256:     aa3caec05ddf172964b6cfe9b19d333dde892ee99b75bc629c4c18169860f5d6
 # config:     patchgen/configs/qwen3_5_moe/gpu.py
 # device:     gpu
-# patches (13):
+# patches (17):
 #   add_method Qwen3_5MoePreTrainedModel.post_init [upstream fe04537fe740]: resolve the op slots once per model build (ops.bind)
+#   add_method Qwen3_5MoePreTrainedModel.is_custom_code [upstream fe04537fe740]: upstream's weights and names: transformers' checkpoint conversions and weight init apply
 #   override_method Qwen3_5MoeRMSNorm.forward [upstream 41de6124ddef]: zero-centred RMSNorm through ops.rms_norm
 #   override_method Qwen3_5MoeRMSNormGated.forward [upstream f314ae42d4e4]: gated RMSNorm through ops.rms_norm_gated
 #   override_method Qwen3_5MoeMLP.forward [upstream aa38c30e1baf]: SwiGLU MLP through ops.swiglu_mlp
@@ -19,6 +20,9 @@
 #   override_method Qwen3_5MoeForCausalLM.forward [upstream a30c5b416438]: shared-prefix plan and guards; LM head through ops.cross_entropy; aux loss over packed tokens
 #   override_method Qwen3_5MoeForConditionalGeneration.forward [upstream 6adedac07954]: shared-prefix plan (text only); LM head through ops.cross_entropy; aux loss over packed tokens
 #   replace_class Qwen3_5MoeExperts [upstream 30d0d1aad48a]: experts through ops.moe_experts, without upstream's experts-implementation dispatch
+#   add_method Qwen3_5MoePreTrainedModel._can_set_experts_implementation [upstream fe04537fe740]: experts_implementation is always settable: it maps onto the moe_experts op slot
+#   add_method Qwen3_5MoePreTrainedModel._check_and_adjust_experts_implementation [upstream fe04537fe740]: an unset experts_implementation stays unset: the moe_experts op slot decides
+#   add_method Qwen3_5MoePreTrainedModel.set_experts_implementation [upstream fe04537fe740]: a new experts_implementation re-resolves the op slots (moe_experts follows it)
 # op-slot defaults:
 #   attention = auto
 #   causal_conv1d = fla
@@ -67,6 +71,7 @@ from transformers.integrations import (
 )
 from transformers.integrations.accelerate import force_accelerate_hooks
 from transformers.masking_utils import create_causal_mask, create_recurrent_attention_mask
+from transformers.modeling_flash_attention_utils import FlashAttentionKwargs
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPooling,
@@ -603,9 +608,9 @@ class Qwen3_5MoeGatedDeltaNet(nn.Module):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        cache=None,
+        cache: Cache | None = None,
         attention_mask: torch.Tensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ):
         hidden_states = apply_mask_to_padding_states(hidden_states, attention_mask)
         batch_size, seq_len, _ = hidden_states.shape
@@ -819,8 +824,8 @@ class Qwen3_5MoeAttention(nn.Module):
         hidden_states: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         attention_mask: torch.Tensor | None,
-        cache=None,
-        **kwargs,
+        cache: Cache | None = None,
+        **kwargs: Unpack[FlashAttentionKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
@@ -908,8 +913,9 @@ class Qwen3_5MoeMLP(nn.Module):
 class Qwen3_5MoeExperts(nn.Module):
     """Collection of expert weights stored as 3D tensors, computed through the `moe_experts` op slot.
 
-    Replaces upstream's class to drop its `@use_experts_implementation` dispatch: the op slot is the
-    one place that picks the experts kernel (weights and their names are upstream's).
+    Replaces upstream's class to drop transformers' experts dispatch: the op slot is the one place
+    that picks the experts kernel, and `experts_implementation` maps onto it (weights, names and
+    init are upstream's).
     """
 
     def __init__(self, config):
@@ -1008,8 +1014,10 @@ class Qwen3_5MoeDecoderLayer(GradientCheckpointingLayer):
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        cache=None,
-        **kwargs,
+        cache: Cache | None = None,
+        # upstream annotates this Unpack[TransformersKwargs] here, Unpack[FlashAttentionKwargs] in
+        # Qwen3.5-MoE: left bare, the generator writes each module's own (patchgen/signatures.py)
+        **kwargs: Unpack[FlashAttentionKwargs],
     ) -> torch.Tensor:
         # The packed metadata or the shared-prefix plan travels in kwargs to both mixers; on the
         # compact row every token-wise step below (norms, MLP or MoE, residuals) runs on C rows.
@@ -1087,6 +1095,36 @@ class Qwen3_5MoePreTrainedModel(PreTrainedModel):
     def post_init(self):
         super().post_init()
         # Resolve the op slots once per model build; every submodule reads them with ops.of(self).
+        ops.bind(self, self.config, defaults=PATCHGEN_OP_DEFAULTS)
+    
+    # patchgen[add_method]: upstream's weights and names: transformers' checkpoint conversions and weight init apply
+    @classmethod
+    def is_custom_code(cls) -> bool:
+        # transformers counts a class defined outside `transformers.` as custom code, and then skips the
+        # checkpoint conversions (the published `model.language_model.` layout, per-expert MoE keys) and
+        # part of weight init. This module's own classes keep upstream's weights, names and init, so
+        # those apply; subclasses defined elsewhere are judged by upstream's rule (docs/loading.md).
+        return cls.__module__ != __name__ and super().is_custom_code()
+    
+    # patchgen[add_method]: experts_implementation is always settable: it maps onto the moe_experts op slot
+    @classmethod
+    def _can_set_experts_implementation(cls) -> bool:
+        # transformers guesses this from the module source; here requests map onto the moe_experts op slot,
+        # which refuses the names it has no backend for (docs/kernel_selection.md).
+        return True
+    
+    # patchgen[add_method]: an unset experts_implementation stays unset: the moe_experts op slot decides
+    def _check_and_adjust_experts_implementation(self, experts_implementation: str | None) -> str | None:
+        # Not asked stays None instead of transformers' "grouped_mm": the moe_experts op slot then picks
+        # the kernel, and an explicit request maps onto that slot (docs/kernel_selection.md).
+        if experts_implementation is None:
+            return None
+        return super()._check_and_adjust_experts_implementation(experts_implementation)
+    
+    # patchgen[add_method]: a new experts_implementation re-resolves the op slots (moe_experts follows it)
+    def set_experts_implementation(self, experts_implementation: str | dict):
+        super().set_experts_implementation(experts_implementation)
+        # The op table is resolved once per build; a new experts request resolves it again.
         ops.bind(self, self.config, defaults=PATCHGEN_OP_DEFAULTS)
 
 
@@ -1377,10 +1415,10 @@ class Qwen3_5MoeTextModel(Qwen3_5MoePreTrainedModel):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        cache=None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> MoeModelOutputWithPast:
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
@@ -1478,7 +1516,7 @@ class Qwen3_5MoeModel(Qwen3_5MoePreTrainedModel):
     _no_split_modules = ["Qwen3_5MoeDecoderLayer", "Qwen3_5MoeVisionBlock"]
 
     # patchgen[override_method]: build this module's patched text model (AutoModel would build upstream's)
-    def __init__(self, config):
+    def __init__(self, config: Qwen3_5MoeConfig):
         super().__init__(config)
         self.visual = AutoModel.from_config(config.vision_config)
         # This module's (patched) text model; AutoModel would build upstream's.
@@ -1935,13 +1973,13 @@ class Qwen3_5MoeForCausalLM(Qwen3_5MoePreTrainedModel, GenerationMixin):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        cache=None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         output_router_logits: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> MoeCausalLMOutputWithPast:
         r"""
         Packed rows: pass `cu_seq_lens_q/k` and `max_length_q/k`. With `text_config.shared_prefix_training`
@@ -2069,7 +2107,7 @@ class Qwen3_5MoeForConditionalGeneration(Qwen3_5MoePreTrainedModel, GenerationMi
         input_ids: torch.LongTensor = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        cache=None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         pixel_values: torch.Tensor | None = None,
@@ -2079,8 +2117,8 @@ class Qwen3_5MoeForConditionalGeneration(Qwen3_5MoePreTrainedModel, GenerationMi
         mm_token_type_ids: torch.IntTensor | None = None,
         output_router_logits: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        mm_encoder_outputs=None,
-        **kwargs,
+        mm_encoder_outputs: dict[str, BaseModelOutputWithPooling] | None = None,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> tuple | Qwen3_5MoeCausalLMOutputWithPast:
         r"""
         As upstream, plus packed rows and shared-prefix training (text only: with media the ordinary

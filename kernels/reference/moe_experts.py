@@ -2,7 +2,9 @@
 
 ``gate_up_proj: [E, 2I, d]`` (gate rows first), ``down_proj: [E, d, I]``. ``eager`` loops over
 the experts that were hit, as upstream's ``Qwen3_5MoeExperts``; ``grouped_mm`` sorts the
-(token, slot) pairs by expert and runs two ``torch.nn.functional.grouped_mm`` calls.
+(token, slot) pairs by expert and runs two ``torch.nn.functional.grouped_mm`` calls; ``batched_mm``
+gathers each pair's expert weights and runs two batched matmuls (more memory, fewer launches: what
+transformers switches to for decoding).
 """
 
 from __future__ import annotations
@@ -35,3 +37,14 @@ def grouped_mm(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, act_
     y = F.grouped_mm(act_fn(gate) * up, down_proj.transpose(-2, -1), offs=ends)
     y = y * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(y.dtype)
     return torch.zeros_like(hidden).index_add(0, token, y.to(hidden.dtype))
+
+
+def batched_mm(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, act_fn):
+    """As ``eager``: one ``[d] x [2I, d]`` and one ``[I] x [d, I]`` product per (token, slot) pair, batched."""
+    top_k = top_k_index.shape[1]
+    flat = top_k_index.reshape(-1)
+    x = hidden.repeat_interleave(top_k, dim=0).unsqueeze(-1)  # [N*k, d, 1]
+    gate, up = torch.bmm(gate_up_proj[flat], x).squeeze(-1).chunk(2, dim=-1)
+    y = torch.bmm(down_proj[flat], (act_fn(gate) * up).unsqueeze(-1)).squeeze(-1)
+    y = y * top_k_weights.reshape(-1, 1).to(y.dtype)
+    return y.view(hidden.shape[0], top_k, -1).sum(dim=1).to(hidden.dtype)

@@ -114,7 +114,7 @@ def test_imports_read_by_all_or_string_annotations_are_kept(bodies):
         from tp.utils import Cache, Helper
 
         class A:
-            def forward(self, x, cache: "Cache" = None):
+            def forward(self, x):
                 return Helper(x)
 
         class C:

@@ -47,6 +47,10 @@ def test_eager_in_float64():
     check(moe_experts.eager, F64, 1e-12, 1e-12)
 
 
+def test_batched_mm_in_float64():
+    check(moe_experts.batched_mm, F64, 1e-12, 1e-12)
+
+
 def test_grouped_mm_in_float32():
     check(moe_experts.grouped_mm, torch.float32, 1e-5, 1e-4)
 

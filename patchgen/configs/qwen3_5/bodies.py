@@ -18,9 +18,15 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (
     ALL_ATTENTION_FUNCTIONS,
     AutoModel,
     BaseModelOutputWithPast,
+    BaseModelOutputWithPooling,
+    Cache,
     CausalLMOutputWithPast,
     DynamicCache,
+    FlashAttentionKwargs,
     MultimodalCausalLMOutputWithPast,
+    Qwen3_5Config,
+    TransformersKwargs,
+    Unpack,
     apply_mask_to_padding_states,
     causal_conv1d_fn,
     causal_conv1d_update,
@@ -58,6 +64,14 @@ class Qwen3_5PreTrainedModel(upstream.Qwen3_5PreTrainedModel):
         # Resolve the op slots once per model build; every submodule reads them with ops.of(self).
         ops.bind(self, self.config, defaults=PATCHGEN_OP_DEFAULTS)
 
+    @classmethod
+    def is_custom_code(cls) -> bool:
+        # transformers counts a class defined outside `transformers.` as custom code, and then skips the
+        # checkpoint conversions (the published `model.language_model.` layout, per-expert MoE keys) and
+        # part of weight init. This module's own classes keep upstream's weights, names and init, so
+        # those apply; subclasses defined elsewhere are judged by upstream's rule (docs/loading.md).
+        return cls.__module__ != __name__ and super().is_custom_code()
+
 
 class Qwen3_5RMSNorm(upstream.Qwen3_5RMSNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -80,9 +94,9 @@ class Qwen3_5GatedDeltaNet(upstream.Qwen3_5GatedDeltaNet):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        cache=None,
+        cache: Cache | None = None,
         attention_mask: torch.Tensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ):
         hidden_states = apply_mask_to_padding_states(hidden_states, attention_mask)
         batch_size, seq_len, _ = hidden_states.shape
@@ -182,8 +196,8 @@ class Qwen3_5Attention(upstream.Qwen3_5Attention):
         hidden_states: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         attention_mask: torch.Tensor | None,
-        cache=None,
-        **kwargs,
+        cache: Cache | None = None,
+        **kwargs: Unpack[FlashAttentionKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
@@ -256,7 +270,9 @@ class Qwen3_5DecoderLayer(upstream.Qwen3_5DecoderLayer):
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        cache=None,
+        cache: Cache | None = None,
+        # upstream annotates this Unpack[TransformersKwargs] here, Unpack[FlashAttentionKwargs] in
+        # Qwen3.5-MoE: left bare, the generator writes each module's own (patchgen/signatures.py)
         **kwargs,
     ) -> torch.Tensor:
         # The packed metadata or the shared-prefix plan travels in kwargs to both mixers; on the
@@ -303,10 +319,10 @@ class Qwen3_5TextModel(upstream.Qwen3_5TextModel):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        cache=None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPast:
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
@@ -396,7 +412,7 @@ class Qwen3_5TextModel(upstream.Qwen3_5TextModel):
 
 
 class Qwen3_5Model(upstream.Qwen3_5Model):
-    def __init__(self, config):
+    def __init__(self, config: Qwen3_5Config):
         super().__init__(config)
         self.visual = AutoModel.from_config(config.vision_config)
         # This module's (patched) text model; AutoModel would build upstream's.
@@ -413,12 +429,12 @@ class Qwen3_5ForCausalLM(upstream.Qwen3_5ForCausalLM):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        cache=None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> CausalLMOutputWithPast:
         r"""
         Packed rows: pass `cu_seq_lens_q/k` and `max_length_q/k`. With `text_config.shared_prefix_training`
@@ -470,7 +486,7 @@ class Qwen3_5ForConditionalGeneration(upstream.Qwen3_5ForConditionalGeneration):
         input_ids: torch.LongTensor = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        cache=None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         pixel_values: torch.Tensor | None = None,
@@ -479,8 +495,8 @@ class Qwen3_5ForConditionalGeneration(upstream.Qwen3_5ForConditionalGeneration):
         video_grid_thw: torch.LongTensor | None = None,
         mm_token_type_ids: torch.IntTensor | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        mm_encoder_outputs=None,
-        **kwargs,
+        mm_encoder_outputs: dict[str, BaseModelOutputWithPooling] | None = None,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> tuple | MultimodalCausalLMOutputWithPast:
         r"""
         As upstream, plus packed rows and shared-prefix training (text only: with media the ordinary

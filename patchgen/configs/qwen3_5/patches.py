@@ -10,6 +10,10 @@ BODIES = "patchgen.configs.qwen3_5.bodies"
 def dense_config(device: str, op_defaults: dict[str, str]) -> PatchConfig:
     config = PatchConfig("qwen3_5", device, bodies=BODIES, op_defaults=op_defaults)
     config.add_method("Qwen3_5PreTrainedModel.post_init", reason="resolve the op slots once per model build (ops.bind)")
+    config.add_method(
+        "Qwen3_5PreTrainedModel.is_custom_code",
+        reason="upstream's weights and names: transformers' checkpoint conversions and weight init apply",
+    )
     config.override_method("Qwen3_5RMSNorm.forward", reason="zero-centred RMSNorm through ops.rms_norm")
     config.override_method("Qwen3_5RMSNormGated.forward", reason="gated RMSNorm through ops.rms_norm_gated")
     config.override_method("Qwen3_5MLP.forward", reason="SwiGLU MLP through ops.swiglu_mlp")

@@ -12,9 +12,13 @@ from torch import nn
 from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as upstream
 from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import (
     ACT2FN,
+    BaseModelOutputWithPooling,
+    Cache,
     MoeCausalLMOutputWithPast,
     MoeModelOutputWithPast,
     Qwen3_5MoeCausalLMOutputWithPast,
+    TransformersKwargs,
+    Unpack,
     load_balancing_loss_func,
 )
 
@@ -22,12 +26,16 @@ from patchgen.kernels import ops
 from patchgen.kernels.modeling import shared_prefix
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
 
+# Stand-in for the constant the generator writes into each generated module (as in Qwen3.5's bodies).
+PATCHGEN_OP_DEFAULTS: dict[str, str] = {}
+
 
 class Qwen3_5MoeExperts(nn.Module):
     """Collection of expert weights stored as 3D tensors, computed through the `moe_experts` op slot.
 
-    Replaces upstream's class to drop its `@use_experts_implementation` dispatch: the op slot is the
-    one place that picks the experts kernel (weights and their names are upstream's).
+    Replaces upstream's class to drop transformers' experts dispatch: the op slot is the one place
+    that picks the experts kernel, and `experts_implementation` maps onto it (weights, names and
+    init are upstream's).
     """
 
     def __init__(self, config):
@@ -45,19 +53,39 @@ class Qwen3_5MoeExperts(nn.Module):
         )
 
 
+class Qwen3_5MoePreTrainedModel(upstream.Qwen3_5MoePreTrainedModel):
+    @classmethod
+    def _can_set_experts_implementation(cls) -> bool:
+        # transformers guesses this from the module source; here requests map onto the moe_experts op slot,
+        # which refuses the names it has no backend for (docs/kernel_selection.md).
+        return True
+
+    def _check_and_adjust_experts_implementation(self, experts_implementation: str | None) -> str | None:
+        # Not asked stays None instead of transformers' "grouped_mm": the moe_experts op slot then picks
+        # the kernel, and an explicit request maps onto that slot (docs/kernel_selection.md).
+        if experts_implementation is None:
+            return None
+        return super()._check_and_adjust_experts_implementation(experts_implementation)
+
+    def set_experts_implementation(self, experts_implementation: str | dict):
+        super().set_experts_implementation(experts_implementation)
+        # The op table is resolved once per build; a new experts request resolves it again.
+        ops.bind(self, self.config, defaults=PATCHGEN_OP_DEFAULTS)
+
+
 class Qwen3_5MoeForCausalLM(upstream.Qwen3_5MoeForCausalLM):
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        cache=None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         output_router_logits: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> MoeCausalLMOutputWithPast:
         r"""
         Packed rows: pass `cu_seq_lens_q/k` and `max_length_q/k`. With `text_config.shared_prefix_training`
@@ -128,7 +156,7 @@ class Qwen3_5MoeForConditionalGeneration(upstream.Qwen3_5MoeForConditionalGenera
         input_ids: torch.LongTensor = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        cache=None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         pixel_values: torch.Tensor | None = None,
@@ -138,8 +166,8 @@ class Qwen3_5MoeForConditionalGeneration(upstream.Qwen3_5MoeForConditionalGenera
         mm_token_type_ids: torch.IntTensor | None = None,
         output_router_logits: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        mm_encoder_outputs=None,
-        **kwargs,
+        mm_encoder_outputs: dict[str, BaseModelOutputWithPooling] | None = None,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> tuple | Qwen3_5MoeCausalLMOutputWithPast:
         r"""
         As upstream, plus packed rows and shared-prefix training (text only: with media the ordinary

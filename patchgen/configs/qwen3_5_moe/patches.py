@@ -26,6 +26,21 @@ def moe_config(dense: PatchConfig, op_defaults: dict[str, str]) -> PatchConfig:
         reason="experts through ops.moe_experts, without upstream's experts-implementation dispatch",
         body=f"{BODIES}:Qwen3_5MoeExperts",
     )
+    config.add_method(
+        "Qwen3_5MoePreTrainedModel._can_set_experts_implementation",
+        reason="experts_implementation is always settable: it maps onto the moe_experts op slot",
+        body=f"{BODIES}:Qwen3_5MoePreTrainedModel._can_set_experts_implementation",
+    )
+    config.add_method(
+        "Qwen3_5MoePreTrainedModel._check_and_adjust_experts_implementation",
+        reason="an unset experts_implementation stays unset: the moe_experts op slot decides",
+        body=f"{BODIES}:Qwen3_5MoePreTrainedModel._check_and_adjust_experts_implementation",
+    )
+    config.add_method(
+        "Qwen3_5MoePreTrainedModel.set_experts_implementation",
+        reason="a new experts_implementation re-resolves the op slots (moe_experts follows it)",
+        body=f"{BODIES}:Qwen3_5MoePreTrainedModel.set_experts_implementation",
+    )
     own(
         "Qwen3_5MoeForCausalLM.forward",
         "shared-prefix plan and guards; LM head through ops.cross_entropy; aux loss over packed tokens",
