@@ -25,6 +25,9 @@ _ADAPT = "patchgen.kernels.backends"
 FLA = Requirement("fla-core", ">=0.6,<0.7")
 LIGER = Requirement("liger-kernel", ">=0.8,<0.9")
 TRITON = Requirement("triton", ">=3.4")
+# The oldest torch-npu whose documentation lists every argument the npu_* adapters pass, and the
+# newest release: a later one is refused (auto falls back) until it is checked.
+TORCH_NPU = Requirement("torch-npu", ">=2.6,<2.15")
 
 GDN_STATE = {caps.VARLEN, caps.INITIAL_STATE, caps.INITIAL_STATE_GRAD, caps.FINAL_STATE_GRAD, caps.GQA}
 ATTENTION = {caps.VARLEN, caps.BOTTOM_RIGHT_CAUSAL, caps.GQA}
@@ -58,6 +61,20 @@ def fla_gdn_backward_works() -> str | None:
 
     if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:
         return f"fla's GDN backward fails on Hopper with triton {found} (>=3.4,<3.7.1); install triton>=3.7.1"
+    return None
+
+
+def npu_device() -> str | None:
+    """Why torch_npu's operators cannot run here: they need ``torch.npu.is_available()``.
+
+    Imports torch_npu (which registers ``torch.npu``) only after its metadata was found; creates no tensor.
+    """
+    import torch
+    import torch_npu  # noqa: F401 - registers torch.npu
+
+    npu = getattr(torch, "npu", None)
+    if npu is None or not npu.is_available():
+        return "needs an Ascend NPU (torch.npu.is_available() is False)"
     return None
 
 
@@ -178,10 +195,28 @@ def _handles() -> dict[str, tuple[KernelHandle, ...]]:
                 gpu,
                 summary="LigerRMSNorm, offset 1",
             ),
+            h(
+                "rms_norm",
+                "npu_rms_norm",
+                f"{_ADAPT}.npu_rms_norm:rms_norm",
+                (TORCH_NPU,),
+                (),
+                npu_device,
+                "torch_npu.npu_rms_norm, gamma 1 + weight",
+            ),
             h("rms_norm", "torch", f"{_REF}.norms:rms_norm", (), f64, summary="upstream RMSNorm math"),
         ),
         "rotary": (
             h("rotary", "liger", f"{_ADAPT}.liger:rotary", (LIGER,), gpu, summary="liger_rotary_pos_emb"),
+            h(
+                "rotary",
+                "npu_rotary_mul",
+                f"{_ADAPT}.npu_rotary_mul:rotary",
+                (TORCH_NPU,),
+                (),
+                npu_device,
+                "torch_npu.npu_rotary_mul, partial rotary sliced",
+            ),
             h("rotary", "torch", f"{_REF}.rotary:rotary", (), f64, summary="upstream apply_rotary_pos_emb"),
         ),
         "swiglu_mlp": (
@@ -192,6 +227,15 @@ def _handles() -> dict[str, tuple[KernelHandle, ...]]:
                 (LIGER,),
                 gpu,
                 summary="fused SiLU-multiply",
+            ),
+            h(
+                "swiglu_mlp",
+                "npu_swiglu",
+                f"{_ADAPT}.npu_swiglu:swiglu_mlp",
+                (TORCH_NPU,),
+                (),
+                npu_device,
+                "torch_npu.npu_swiglu, gate half first",
             ),
             h("swiglu_mlp", "torch", f"{_REF}.swiglu_mlp:swiglu_mlp", (), f64, summary="upstream MLP math"),
         ),
@@ -227,6 +271,16 @@ def _handles() -> dict[str, tuple[KernelHandle, ...]]:
                 (Requirement("torch", ">=2.11"),),
                 ATTENTION | gpu,
                 summary="torch.nn.attention.varlen.varlen_attn",
+            ),
+            h(
+                "attention",
+                "npu_fusion_attention",
+                f"{_ADAPT}.npu_fusion_attention:attention",
+                (TORCH_NPU,),
+                # sparse_mode=3 (rightDownCausal) aligns each TND segment's mask bottom-right.
+                ATTENTION,
+                npu_device,
+                "torch_npu.npu_fusion_attention, TND varlen",
             ),
             h(
                 "attention",
@@ -288,6 +342,15 @@ def _handles() -> dict[str, tuple[KernelHandle, ...]]:
                 (),
                 grouped_mm_present,
                 "torch grouped_mm",
+            ),
+            h(
+                "moe_experts",
+                "npu_grouped_matmul",
+                f"{_ADAPT}.npu_grouped_matmul:moe_experts",
+                (TORCH_NPU,),
+                (),
+                npu_device,
+                "torch_npu.npu_grouped_matmul, grouped along M",
             ),
             h("moe_experts", "eager", f"{_REF}.moe_experts:eager", (), f64, summary="loop over experts hit"),
         ),

@@ -60,6 +60,12 @@ AUTO_ORDER: dict[str, dict[str, tuple[str, ...]]] = {
         "causal_conv1d": ("triton", "torch"),
         "rms_norm_gated": ("triton", "torch"),
         **_PORTABLE,
+        # torch_npu's fused operators first (kernels/backends/npu_*.py).
+        "rms_norm": ("npu_rms_norm", "torch"),
+        "rotary": ("npu_rotary_mul", "torch"),
+        "swiglu_mlp": ("npu_swiglu", "torch"),
+        "attention": ("npu_fusion_attention", "sdpa", "eager"),
+        "moe_experts": ("npu_grouped_matmul", "eager"),
     },
     "cpu": {
         "gated_delta_rule": ("torch",),

@@ -20,13 +20,15 @@
 #   override_method Qwen3_5MoeForConditionalGeneration.forward [upstream 6adedac07954]: shared-prefix plan (text only); LM head through ops.cross_entropy; aux loss over packed tokens
 #   replace_class Qwen3_5MoeExperts [upstream 30d0d1aad48a]: experts through ops.moe_experts, without upstream's experts-implementation dispatch
 # op-slot defaults:
-#   attention = sdpa
+#   attention = npu_fusion_attention
 #   causal_conv1d = triton
 #   cross_entropy = chunked
 #   gated_delta_rule = triton
-#   moe_experts = eager
-#   rms_norm = torch
+#   moe_experts = npu_grouped_matmul
+#   rms_norm = npu_rms_norm
 #   rms_norm_gated = triton
+#   rotary = npu_rotary_mul
+#   swiglu_mlp = npu_swiglu
 #
 #                🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨
 #           This file was automatically generated from src/transformers/models/qwen3_5_moe/modular_qwen3_5_moe.py.
@@ -110,13 +112,15 @@ from patchgen.kernels.shared_prefix import shared_prefix_attention, shared_prefi
 
 PATCHGEN_DEVICE = "npu"
 PATCHGEN_OP_DEFAULTS = {
-    "attention": "sdpa",
+    "attention": "npu_fusion_attention",
     "causal_conv1d": "triton",
     "cross_entropy": "chunked",
     "gated_delta_rule": "triton",
-    "moe_experts": "eager",
-    "rms_norm": "torch",
+    "moe_experts": "npu_grouped_matmul",
+    "rms_norm": "npu_rms_norm",
     "rms_norm_gated": "triton",
+    "rotary": "npu_rotary_mul",
+    "swiglu_mlp": "npu_swiglu",
 }
 
 
