@@ -25,6 +25,8 @@ _ADAPT = "patchgen.kernels.backends"
 FLA = Requirement("fla-core", ">=0.6,<0.7")
 LIGER = Requirement("liger-kernel", ">=0.8,<0.9")
 TRITON = Requirement("triton", ">=3.4")
+# On Ascend, Triton comes as the triton-ascend distribution (it installs the `triton` package).
+TRITON_ASCEND = Requirement("triton-ascend", ">=3.2")
 # The oldest torch-npu whose documentation lists every argument the npu_* adapters pass, and the
 # newest release: a later one is refused (auto falls back) until it is checked.
 TORCH_NPU = Requirement("torch-npu", ">=2.6,<2.15")
@@ -39,12 +41,17 @@ def triton_device() -> str | None:
         return None
     import torch
 
-    if torch.cuda.is_available():
-        return None
-    npu = getattr(torch, "npu", None)
-    if npu is not None and npu.is_available():
+    if torch.cuda.is_available() or npu_available():
         return None
     return "needs a CUDA or NPU device for Triton, or TRITON_INTERPRET=1 to run it on the CPU"
+
+
+def triton_ready() -> str | None:
+    """Why our Triton kernels cannot run here: they need triton>=3.4 (or triton-ascend>=3.2) and a device."""
+    problem = TRITON.problem()
+    if problem and TRITON_ASCEND.problem() is not None:
+        return f"{problem}; on an Ascend NPU, needs {TRITON_ASCEND} instead"
+    return triton_device()
 
 
 def fla_gdn_backward_works() -> str | None:
@@ -64,18 +71,31 @@ def fla_gdn_backward_works() -> str | None:
     return None
 
 
-def npu_device() -> str | None:
-    """Why torch_npu's operators cannot run here: they need ``torch.npu.is_available()``.
+def npu_available() -> bool:
+    """Whether ``torch.npu.is_available()``; imports torch_npu (which registers ``torch.npu``) when installed.
 
-    Imports torch_npu (which registers ``torch.npu``) only after its metadata was found; creates no tensor.
+    Users need not import torch_npu before building a model: an installed torch-npu is imported here.
     """
     import torch
-    import torch_npu  # noqa: F401 - registers torch.npu
 
+    if getattr(torch, "npu", None) is None:
+        try:
+            metadata.version("torch-npu")
+        except metadata.PackageNotFoundError:
+            return False
+        try:
+            import torch_npu  # noqa: F401 - registers torch.npu
+        except Exception:  # noqa: BLE001 - a broken install means no NPU, as for a missing one
+            return False
     npu = getattr(torch, "npu", None)
-    if npu is None or not npu.is_available():
-        return "needs an Ascend NPU (torch.npu.is_available() is False)"
-    return None
+    return npu is not None and bool(npu.is_available())
+
+
+def npu_device() -> str | None:
+    """Why torch_npu's operators cannot run here: they need ``torch.npu.is_available()``. Creates no tensor."""
+    import torch_npu  # noqa: F401 - the adapters need it; an import error becomes the handle's reason
+
+    return None if npu_available() else "needs an Ascend NPU (torch.npu.is_available() is False)"
 
 
 def grouped_mm_present() -> str | None:
@@ -118,9 +138,9 @@ def _handles() -> dict[str, tuple[KernelHandle, ...]]:
                 "gated_delta_rule",
                 "triton",
                 f"{ours}:gated_delta_rule",
-                (TRITON,),
+                (),
                 GDN_STATE,
-                triton_device,
+                triton_ready,
                 "our portable Triton kernels",
             ),
             h(
@@ -145,9 +165,9 @@ def _handles() -> dict[str, tuple[KernelHandle, ...]]:
                 "causal_conv1d",
                 "triton",
                 f"{ours}:causal_conv1d",
-                (TRITON,),
+                (),
                 {caps.VARLEN},
-                triton_device,
+                triton_ready,
                 "our portable Triton kernels",
             ),
             h(
@@ -172,9 +192,9 @@ def _handles() -> dict[str, tuple[KernelHandle, ...]]:
                 "rms_norm_gated",
                 "triton",
                 f"{ours}:rms_norm_gated",
-                (TRITON,),
                 (),
-                triton_device,
+                (),
+                triton_ready,
                 "our portable Triton kernels",
             ),
             h(

@@ -89,8 +89,7 @@ def _detect() -> str:
 
     if torch.cuda.is_available():
         return "gpu"
-    npu = getattr(torch, "npu", None)
-    return "npu" if npu is not None and npu.is_available() else "cpu"
+    return "npu" if registry.npu_available() else "cpu"
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ semantics give the reference results.
 from __future__ import annotations
 
 import importlib.machinery
+import itertools
 import types
 
 import torch
@@ -55,7 +56,7 @@ def _cumulative_ends(name: str, ends: list[int], total: int) -> list[int]:
         used -= 1
     live = ends[:used]
     _require(all(b >= 0 for b in live), f"{name} must not be negative: {ends}")
-    _require(all(a <= b for a, b in zip(live, live[1:])), f"{name} must not decrease: {ends}")
+    _require(all(a <= b for a, b in itertools.pairwise(live)), f"{name} must not decrease: {ends}")
     _require(live[-1] == total, f"{name} must end at the row length {total}, got {live[-1]}")
     starts = [0, *live[:-1]]
     return [end - start for start, end in zip(starts, live)] + [0] * (len(ends) - used)
@@ -247,7 +248,7 @@ def npu_grouped_matmul(
     values = [int(v) for v in group_list.tolist()]
     _require(all(v >= 0 for v in values), "group_list must not be negative")
     if group_list_type == 0:
-        _require(all(p <= n for p, n in zip(values, values[1:])), "cumulative group_list must not decrease")
+        _require(all(p <= n for p, n in itertools.pairwise(values)), "cumulative group_list must not decrease")
         _require(values[-1] == a.shape[0], f"group_list's last value {values[-1]} must equal x's rows {a.shape[0]}")
         ends = values
     elif group_list_type == 1:
