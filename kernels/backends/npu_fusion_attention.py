@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 import torch_npu
 
+from .npu_dtypes import require_npu_float
+
 RIGHT_DOWN_CAUSAL = 3  # sparse_mode: rightDownCausal
 NO_MASK = 0  # sparse_mode: defaultMask, with atten_mask=None: full attention
 COMPRESSED_MASK = 2048  # the side of the compressed mask that sparse modes 2, 3 and 4 take
@@ -18,7 +20,10 @@ MAX_SEGMENTS = 1024  # varlen: actual_seq_qlen holds at most 1K entries
 TOKENS_UNBOUNDED = 2147483647  # pre_tockens / next_tockens default: no band
 
 _masks: dict[torch.device, torch.Tensor] = {}
-_ends: list = [None, -1, None]  # (last cu_seqlens tensor, its version, its values): one host read per row
+# The last cu_seqlens tensors read to the host (id -> (tensor, version, values)): every layer of a
+# micro-batch passes the same ones (q and k differ on shared-prefix rows), so each is read once.
+_host: dict[int, tuple[torch.Tensor, int, list[int]]] = {}
+_HOST_ENTRIES = 4
 
 
 def causal_mask(device: torch.device) -> torch.Tensor:
@@ -31,17 +36,20 @@ def causal_mask(device: torch.device) -> torch.Tensor:
 
 
 def host_bounds(cu_seqlens: torch.Tensor) -> list[int]:
-    """``cu_seqlens`` as Python ints; every layer of one micro-batch passes the same tensor, read once."""
-    held, version, values = _ends
-    if held is cu_seqlens and version == cu_seqlens._version:
-        return values
+    """``cu_seqlens`` as Python ints, read to the host once per tensor (and again only if it was modified)."""
+    entry = _host.get(id(cu_seqlens))
+    if entry is not None and entry[0] is cu_seqlens and entry[1] == cu_seqlens._version:
+        return entry[2]
     values = [int(b) for b in cu_seqlens.tolist()]
-    _ends[:] = [cu_seqlens, cu_seqlens._version, values]
+    if len(_host) >= _HOST_ENTRIES:
+        _host.pop(next(iter(_host)))
+    _host[id(cu_seqlens)] = (cu_seqlens, cu_seqlens._version, values)
     return values
 
 
 def attention(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal=True):
     """Varlen attention through ``npu_fusion_attention``; GQA by head counts, causal aligned bottom-right."""
+    require_npu_float("npu_fusion_attention", "attention", q, k, v)
     bounds_q, bounds_k = host_bounds(cu_seqlens_q), host_bounds(cu_seqlens_k)
     if len(bounds_q) != len(bounds_k):
         raise ValueError(f"cu_seqlens_q has {len(bounds_q) - 1} segments, cu_seqlens_k {len(bounds_k) - 1}")

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 import torch_npu
 
+from .npu_dtypes import require_npu_float
+
 MAX_GROUPS = 1024  # group_list holds at most 1024 groups
 
 
@@ -55,6 +57,7 @@ class GroupedMatmul(torch.autograd.Function):
 
 def moe_experts(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, act_fn):
     """``sum_k w_k * down_e(act(gate_e x) * up_e x)``; SiLU goes through ``npu_swiglu`` (gate half first)."""
+    require_npu_float("npu_grouped_matmul", "moe_experts", hidden, gate_up_proj, down_proj)
     experts, top_k = gate_up_proj.shape[0], top_k_index.shape[1]
     if experts > MAX_GROUPS:
         raise ValueError(

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import torch
 import torch_npu
+
+from .npu_dtypes import require_npu_float
 
 
 def rms_norm(x, weight, eps):
@@ -12,7 +13,6 @@ def rms_norm(x, weight, eps):
     The operator wants gamma in x's dtype; going through fp32 keeps upstream's rounding (the norm and
     ``1 + weight`` in fp32, one cast at the end) rather than rounding ``1 + weight`` to bf16.
     """
-    if x.dtype == torch.float64:
-        raise TypeError("npu_rms_norm computes in float16, bfloat16 or float32; use the 'torch' rms_norm for float64")
+    require_npu_float("npu_rms_norm", "rms_norm", x)
     y, _rstd = torch_npu.npu_rms_norm(x.float(), 1.0 + weight.float(), epsilon=float(eps))
     return y.to(x.dtype)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch_npu
 
+from .npu_dtypes import require_npu_float
+
 
 def rotary(q, k, cos, sin):
     """Rotate the first ``R = cos.shape[-1]`` dims of ``q, k: [B, H, T, D]`` (half mode); the rest pass through.
@@ -12,6 +14,7 @@ def rotary(q, k, cos, sin):
     The operator rotates its whole last dim, so Qwen3.5's partial rotary slices the rotated part out
     and puts the untouched part back. Layout BNSD with cos/sin as ``[B, 1, T, R]``.
     """
+    require_npu_float("npu_rotary_mul", "rotary", q, k)
     cos, sin = cos.unsqueeze(1).to(q.dtype), sin.unsqueeze(1).to(q.dtype)
     width = cos.shape[-1]
 

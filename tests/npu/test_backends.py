@@ -138,3 +138,26 @@ def test_grouped_matmul_experts_equal_the_reference_with_exact_routing(npu, act_
     twins = reference_twins(hidden, gate_up, down)
     ref = ref_moe.eager(twins[0], index, weights, twins[1], twins[2], act_fn)
     assert_same(out, ref, (hidden, gate_up, down), twins)
+
+
+def test_segment_ends_are_read_to_the_host_once_per_tensor(npu):
+    module = adapter("npu_fusion_attention")
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32, device=npu.device)
+    first = module.host_bounds(cu)
+    assert module.host_bounds(cu) is first  # every layer of a micro-batch reuses the first read
+    cu[1] = 4  # modified in place: read again
+    assert module.host_bounds(cu) == [0, 4, 8]
+
+
+@pytest.mark.parametrize("name, call", [
+    ("npu_fusion_attention", lambda m, t: m.attention(t, t, t, cu_seqlens_q=torch.tensor([0, 2]),
+                                                      cu_seqlens_k=torch.tensor([0, 2]), max_seqlen_q=2,
+                                                      max_seqlen_k=2, scale=1.0)),
+    ("npu_rms_norm", lambda m, t: m.rms_norm(t, t[0, 0], 1e-6)),
+    ("npu_swiglu", lambda m, t: m.swiglu_mlp(t[0], t[0], t[0], t[0])),
+])
+def test_float64_is_refused_with_the_fallback_named(npu, name, call):
+    t = torch.zeros(2, 2, 2, dtype=torch.float64, device=npu.device)
+    with pytest.raises(TypeError, match=rf"{name} computes in float16, bfloat16 or float32, got torch.float64; use the reference"):
+        call(adapter(name), t)
+    assert npu.calls == []
