@@ -72,14 +72,17 @@ def test_fusion_attention_equals_the_reference_with_bottom_right_causal_segments
     assert_same(out, ref, (q, k, v), twins)
 
 
-def test_fusion_attention_splits_rows_of_more_than_1024_segments(npu):
-    lengths = [1, 2] * 600  # 1200 segments
+def test_fusion_attention_splits_rows_of_more_segments_than_one_call_takes(npu, monkeypatch):
+    module = adapter("npu_fusion_attention")
+    assert module.MAX_SEGMENTS == 1024  # the documented varlen limit; 4 below keeps the test small
+    monkeypatch.setattr(module, "MAX_SEGMENTS", 4)
+    lengths = [1, 2, 3, 4, 5] * 2  # 10 segments
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
     q, k, v = leaves((int(cu[-1]), 2, 8), (int(cu[-1]), 1, 8), (int(cu[-1]), 1, 8), device=npu.device)
-    kwargs = dict(max_seqlen_q=2, max_seqlen_k=2, scale=0.3)
-    out = adapter("npu_fusion_attention").attention(q, k, v, cu_seqlens_q=cu.to(npu.device),
-                                                    cu_seqlens_k=cu.to(npu.device), **kwargs)
-    assert [len(c["actual_seq_qlen"]) for c in npu.called("npu_fusion_attention")] == [1024, 176]
+    kwargs = dict(max_seqlen_q=5, max_seqlen_k=5, scale=0.3)
+    out = module.attention(q, k, v, cu_seqlens_q=cu.to(npu.device), cu_seqlens_k=cu.to(npu.device), **kwargs)
+    calls = npu.called("npu_fusion_attention")
+    assert [c["actual_seq_qlen"] for c in calls] == [[1, 3, 6, 10], [5, 6, 8, 11], [4, 9]]
     twins = reference_twins(q, k, v)
     assert_same(out, ref_attention.eager(*twins, cu_seqlens_q=cu, cu_seqlens_k=cu, **kwargs), (q, k, v), twins)
 

@@ -47,6 +47,7 @@ def test_sparse_mode_2_aligns_top_left_so_shorter_queries_differ():
         (dict(atten_mask=MASK[:1024, :1024]), "2048x2048 upper-triangular"),
         (dict(scale=1), "scale is a float"),
         (dict(sparse_mode=5), "varlen does not support sparse_mode 5"),
+        (dict(actual_seq_qlen=[6] * 1025, actual_seq_kvlen=[10] * 1025), "holds 1..1024 entries"),
     ],
 )
 def test_fusion_attention_refuses_what_the_operator_documents_as_invalid(overrides, message):
