@@ -25,6 +25,11 @@ _ADAPT = "patchgen.kernels.backends"
 FLA = Requirement("fla-core", ">=0.6,<0.7")
 LIGER = Requirement("liger-kernel", ">=0.8,<0.9")
 TRITON = Requirement("triton", ">=3.4")
+# On Ascend, Triton comes as the triton-ascend distribution (it installs the `triton` package).
+TRITON_ASCEND = Requirement("triton-ascend", ">=3.2")
+# The oldest torch-npu whose documentation lists every argument the npu_* adapters pass, and the
+# newest release: a later one is refused (auto falls back) until it is checked.
+TORCH_NPU = Requirement("torch-npu", ">=2.6,<2.15")
 
 GDN_STATE = {caps.VARLEN, caps.INITIAL_STATE, caps.INITIAL_STATE_GRAD, caps.FINAL_STATE_GRAD, caps.GQA}
 ATTENTION = {caps.VARLEN, caps.BOTTOM_RIGHT_CAUSAL, caps.GQA}
@@ -36,12 +41,17 @@ def triton_device() -> str | None:
         return None
     import torch
 
-    if torch.cuda.is_available():
-        return None
-    npu = getattr(torch, "npu", None)
-    if npu is not None and npu.is_available():
+    if torch.cuda.is_available() or npu_available():
         return None
     return "needs a CUDA or NPU device for Triton, or TRITON_INTERPRET=1 to run it on the CPU"
+
+
+def triton_ready() -> str | None:
+    """Why our Triton kernels cannot run here: they need triton>=3.4 (or triton-ascend>=3.2) and a device."""
+    problem = TRITON.problem()
+    if problem and TRITON_ASCEND.problem() is not None:
+        return f"{problem}; on an Ascend NPU, needs {TRITON_ASCEND} instead"
+    return triton_device()
 
 
 def fla_gdn_backward_works() -> str | None:
@@ -59,6 +69,33 @@ def fla_gdn_backward_works() -> str | None:
     if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:
         return f"fla's GDN backward fails on Hopper with triton {found} (>=3.4,<3.7.1); install triton>=3.7.1"
     return None
+
+
+def npu_available() -> bool:
+    """Whether ``torch.npu.is_available()``; imports torch_npu (which registers ``torch.npu``) when installed.
+
+    Users need not import torch_npu before building a model: an installed torch-npu is imported here.
+    """
+    import torch
+
+    if getattr(torch, "npu", None) is None:
+        try:
+            metadata.version("torch-npu")
+        except metadata.PackageNotFoundError:
+            return False
+        try:
+            import torch_npu  # noqa: F401 - registers torch.npu
+        except Exception:  # noqa: BLE001 - a broken install means no NPU, as for a missing one
+            return False
+    npu = getattr(torch, "npu", None)
+    return npu is not None and bool(npu.is_available())
+
+
+def npu_device() -> str | None:
+    """Why torch_npu's operators cannot run here: they need ``torch.npu.is_available()``. Creates no tensor."""
+    import torch_npu  # noqa: F401 - the adapters need it; an import error becomes the handle's reason
+
+    return None if npu_available() else "needs an Ascend NPU (torch.npu.is_available() is False)"
 
 
 def grouped_mm_present() -> str | None:
@@ -102,9 +139,9 @@ def _handles() -> dict[str, tuple[KernelHandle, ...]]:
                 "gated_delta_rule",
                 "triton",
                 f"{ours}:gated_delta_rule",
-                (TRITON,),
+                (),
                 GDN_STATE,
-                triton_device,
+                triton_ready,
                 "our portable Triton kernels",
             ),
             h(
@@ -129,9 +166,9 @@ def _handles() -> dict[str, tuple[KernelHandle, ...]]:
                 "causal_conv1d",
                 "triton",
                 f"{ours}:causal_conv1d",
-                (TRITON,),
+                (),
                 {caps.VARLEN},
-                triton_device,
+                triton_ready,
                 "our portable Triton kernels",
             ),
             h(
@@ -156,9 +193,9 @@ def _handles() -> dict[str, tuple[KernelHandle, ...]]:
                 "rms_norm_gated",
                 "triton",
                 f"{ours}:rms_norm_gated",
-                (TRITON,),
                 (),
-                triton_device,
+                (),
+                triton_ready,
                 "our portable Triton kernels",
             ),
             h(
@@ -179,10 +216,28 @@ def _handles() -> dict[str, tuple[KernelHandle, ...]]:
                 gpu,
                 summary="LigerRMSNorm, offset 1",
             ),
+            h(
+                "rms_norm",
+                "npu_rms_norm",
+                f"{_ADAPT}.npu_rms_norm:rms_norm",
+                (TORCH_NPU,),
+                (),
+                npu_device,
+                "torch_npu.npu_rms_norm, gamma 1 + weight",
+            ),
             h("rms_norm", "torch", f"{_REF}.norms:rms_norm", (), f64, summary="upstream RMSNorm math"),
         ),
         "rotary": (
             h("rotary", "liger", f"{_ADAPT}.liger:rotary", (LIGER,), gpu, summary="liger_rotary_pos_emb"),
+            h(
+                "rotary",
+                "npu_rotary_mul",
+                f"{_ADAPT}.npu_rotary_mul:rotary",
+                (TORCH_NPU,),
+                (),
+                npu_device,
+                "torch_npu.npu_rotary_mul, partial rotary sliced",
+            ),
             h("rotary", "torch", f"{_REF}.rotary:rotary", (), f64, summary="upstream apply_rotary_pos_emb"),
         ),
         "swiglu_mlp": (
@@ -193,6 +248,15 @@ def _handles() -> dict[str, tuple[KernelHandle, ...]]:
                 (LIGER,),
                 gpu,
                 summary="fused SiLU-multiply",
+            ),
+            h(
+                "swiglu_mlp",
+                "npu_swiglu",
+                f"{_ADAPT}.npu_swiglu:swiglu_mlp",
+                (TORCH_NPU,),
+                (),
+                npu_device,
+                "torch_npu.npu_swiglu, gate half first",
             ),
             h("swiglu_mlp", "torch", f"{_REF}.swiglu_mlp:swiglu_mlp", (), f64, summary="upstream MLP math"),
         ),
@@ -232,6 +296,16 @@ def _handles() -> dict[str, tuple[KernelHandle, ...]]:
                 ATTENTION | gpu,
                 summary="torch.nn.attention.varlen.varlen_attn",
                 dtypes=caps.HALF,
+            ),
+            h(
+                "attention",
+                "npu_fusion_attention",
+                f"{_ADAPT}.npu_fusion_attention:attention",
+                (TORCH_NPU,),
+                # sparse_mode=3 (rightDownCausal) aligns each TND segment's mask bottom-right.
+                ATTENTION,
+                npu_device,
+                "torch_npu.npu_fusion_attention, TND varlen",
             ),
             h(
                 "attention",
@@ -295,6 +369,15 @@ def _handles() -> dict[str, tuple[KernelHandle, ...]]:
                 "torch grouped_mm",
             ),
             h("moe_experts", "batched_mm", f"{_REF}.moe_experts:batched_mm", (), f64, summary="gathered weights, bmm"),
+            h(
+                "moe_experts",
+                "npu_grouped_matmul",
+                f"{_ADAPT}.npu_grouped_matmul:moe_experts",
+                (TORCH_NPU,),
+                (),
+                npu_device,
+                "torch_npu.npu_grouped_matmul, grouped along M",
+            ),
             h("moe_experts", "eager", f"{_REF}.moe_experts:eager", (), f64, summary="loop over experts hit"),
         ),
     }

@@ -69,6 +69,12 @@ AUTO_ORDER: dict[str, dict[str, tuple[str, ...]]] = {
         "causal_conv1d": ("triton", "torch"),
         "rms_norm_gated": ("triton", "torch"),
         **_PORTABLE,
+        # torch_npu's fused operators first (kernels/backends/npu_*.py).
+        "rms_norm": ("npu_rms_norm", "torch"),
+        "rotary": ("npu_rotary_mul", "torch"),
+        "swiglu_mlp": ("npu_swiglu", "torch"),
+        "attention": ("npu_fusion_attention", "sdpa", "eager"),
+        "moe_experts": ("npu_grouped_matmul", "eager"),
     },
     "cpu": {
         "gated_delta_rule": ("torch",),
@@ -92,8 +98,7 @@ def _detect() -> str:
 
     if torch.cuda.is_available():
         return "gpu"
-    npu = getattr(torch, "npu", None)
-    return "npu" if npu is not None and npu.is_available() else "cpu"
+    return "npu" if registry.npu_available() else "cpu"
 
 
 @dataclass(frozen=True)

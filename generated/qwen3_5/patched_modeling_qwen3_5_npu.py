@@ -20,12 +20,14 @@
 #   override_method Qwen3_5ForCausalLM.forward [upstream 749a45f2182e]: shared-prefix plan and guards; LM head through ops.cross_entropy with row dedup
 #   override_method Qwen3_5ForConditionalGeneration.forward [upstream ef654ce3edba]: shared-prefix plan (text only) and guards; LM head through ops.cross_entropy with row dedup
 # op-slot defaults:
-#   attention = sdpa
+#   attention = npu_fusion_attention
 #   causal_conv1d = triton
 #   cross_entropy = chunked
 #   gated_delta_rule = triton
-#   rms_norm = torch
+#   rms_norm = npu_rms_norm
 #   rms_norm_gated = triton
+#   rotary = npu_rotary_mul
+#   swiglu_mlp = npu_swiglu
 #
 #                🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨
 #           This file was automatically generated from src/transformers/models/qwen3_5/modular_qwen3_5.py.
@@ -109,12 +111,14 @@ from patchgen.kernels.shared_prefix import shared_prefix_attention, shared_prefi
 
 PATCHGEN_DEVICE = "npu"
 PATCHGEN_OP_DEFAULTS = {
-    "attention": "sdpa",
+    "attention": "npu_fusion_attention",
     "causal_conv1d": "triton",
     "cross_entropy": "chunked",
     "gated_delta_rule": "triton",
-    "rms_norm": "torch",
+    "rms_norm": "npu_rms_norm",
     "rms_norm_gated": "triton",
+    "rotary": "npu_rotary_mul",
+    "swiglu_mlp": "npu_swiglu",
 }
 
 

@@ -24,13 +24,15 @@
 #   add_method Qwen3_5MoePreTrainedModel._check_and_adjust_experts_implementation [upstream fe04537fe740]: an unset experts_implementation stays unset: the moe_experts op slot decides
 #   add_method Qwen3_5MoePreTrainedModel.set_experts_implementation [upstream fe04537fe740]: a new experts_implementation re-resolves the op slots (moe_experts follows it)
 # op-slot defaults:
-#   attention = sdpa
+#   attention = npu_fusion_attention
 #   causal_conv1d = triton
 #   cross_entropy = chunked
 #   gated_delta_rule = triton
-#   moe_experts = eager
-#   rms_norm = torch
+#   moe_experts = npu_grouped_matmul
+#   rms_norm = npu_rms_norm
 #   rms_norm_gated = triton
+#   rotary = npu_rotary_mul
+#   swiglu_mlp = npu_swiglu
 #
 #                🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨
 #           This file was automatically generated from src/transformers/models/qwen3_5_moe/modular_qwen3_5_moe.py.
@@ -115,13 +117,15 @@ from patchgen.kernels.shared_prefix import shared_prefix_attention, shared_prefi
 
 PATCHGEN_DEVICE = "npu"
 PATCHGEN_OP_DEFAULTS = {
-    "attention": "sdpa",
+    "attention": "npu_fusion_attention",
     "causal_conv1d": "triton",
     "cross_entropy": "chunked",
     "gated_delta_rule": "triton",
-    "moe_experts": "eager",
-    "rms_norm": "torch",
+    "moe_experts": "npu_grouped_matmul",
+    "rms_norm": "npu_rms_norm",
     "rms_norm_gated": "triton",
+    "rotary": "npu_rotary_mul",
+    "swiglu_mlp": "npu_swiglu",
 }
 
 

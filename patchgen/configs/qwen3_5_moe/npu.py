@@ -3,4 +3,4 @@
 from patchgen.configs.qwen3_5 import npu as dense
 from patchgen.configs.qwen3_5_moe.patches import moe_config
 
-config = moe_config(dense.config, {"moe_experts": "eager"})
+config = moe_config(dense.config, {"moe_experts": "npu_grouped_matmul"})
