@@ -13,7 +13,9 @@ from ..selection import working
 from ..shared_prefix import (
     ATTENTION_NEEDS,
     CONV_NEEDS,
+    DEFAULT_MAX_DEPTH,
     GDN_NEEDS,
+    LEVEL_COST_TOKENS,
     build_plan,
     check_attention_backend,
     check_conv_backend,
@@ -70,6 +72,8 @@ def plan_for(config, table, *, input_ids, position_ids, cache, use_cache, kwargs
         position_ids,
         conv_kernel_size=getattr(cfg, "linear_conv_kernel_dim", 4),
         min_prefix=getattr(cfg, "shared_prefix_min_length", 64),
+        max_depth=getattr(cfg, "shared_prefix_max_depth", DEFAULT_MAX_DEPTH),
+        level_cost=getattr(cfg, "shared_prefix_level_cost", LEVEL_COST_TOKENS),
     )
 
 
