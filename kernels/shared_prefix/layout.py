@@ -108,8 +108,16 @@ def build_layout(nodes: list[Node], cu: list[int]) -> Layout:
     def add(length, offset, members, parent, level, node) -> int:
         nonlocal pos
         segments.append(
-            {"start": pos, "length": length, "offset": offset, "members": members, "parent": parent,
-             "level": level, "node": node, "children": []}
+            {
+                "start": pos,
+                "length": length,
+                "offset": offset,
+                "members": members,
+                "parent": parent,
+                "level": level,
+                "node": node,
+                "children": [],
+            }
         )
         pos += length
         if parent >= 0:

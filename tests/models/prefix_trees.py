@@ -14,14 +14,23 @@ NODE_LENGTHS = (1, 3, 63, 64, 65, 100, 128)
 
 @st.composite
 def prefix_trees(
-    draw, *, depth=(1, 3), fan_out=(2, 3), lengths=NODE_LENGTHS, leaf=(1, 6), roots=(1, 2), spine=False, vocab=2000
+    draw,
+    *,
+    depth=(1, 3),
+    fan_out=(2, 3),
+    lengths=NODE_LENGTHS,
+    leaf=(1, 6),
+    roots=(1, 2),
+    spine=False,
+    max_sequences=None,
+    vocab=2000,
 ):
     """`(seqs, prompt_lengths, positions)`: root-to-leaf token lists in a random packed order.
 
     Each node draws a length and a fan-out; each child is a subtree (while depth lasts) or a leaf
     of `leaf` tokens (the response); with `spine` the first child is always a subtree, so every
-    root reaches its drawn depth. `prompt_lengths[i]` counts the rows of sequence `i` above its
-    leaf. Sometimes a singleton and a zero-length segment join; positions are None, per-sequence
+    root reaches its drawn depth; past about `max_sequences` leaves no new subtree starts (small
+    model tests). `prompt_lengths[i]` counts the rows of sequence `i` above its leaf. Sometimes a singleton and a zero-length segment join; positions are None, per-sequence
     `[1, T]` or M-RoPE `[3, 1, T]` rows.
     """
     rng = random.Random(draw(st.integers(0, 2**32 - 1)))
@@ -29,13 +38,17 @@ def prefix_trees(
     def toks(n):
         return [rng.randrange(1, vocab) for _ in range(n)]
 
+    leaves = [0]
+
     def subtree(levels):
         head = toks(draw(st.sampled_from(lengths)))
         out = []
         for i in range(draw(st.integers(*fan_out))):
-            if levels > 1 and ((spine and i == 0) or draw(st.booleans())):
+            room = max_sequences is None or leaves[0] + fan_out[1] <= max_sequences
+            if levels > 1 and room and ((spine and i == 0) or draw(st.booleans())):
                 out += [(head + s, head_len + len(head)) for s, head_len in subtree(levels - 1)]
             else:
+                leaves[0] += 1
                 out.append((head + toks(draw(st.integers(*leaf))), len(head)))
         return out
 

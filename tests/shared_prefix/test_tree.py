@@ -117,7 +117,9 @@ def test_nested_node_shorter_than_a_chunk_is_merged_into_its_children(extra, nes
 
 
 def test_a_level_must_save_more_than_its_cost():
-    seqs = [tokens(200, 0) + tokens(64, 1 + p) + tokens(4, 10 + 2 * p + r) for p in range(2) for r in range(2)]
+    seqs = [
+        tokens(200, 0) + tokens(64, 1 + p) + tokens(4, 10 + 2 * p + r) for p in range(2) for r in range(2)
+    ]
     ids, cu = pack(seqs)
     # a second level saves 2 * (2 - 1) * 64 = 128 rows more than one level of the 200 shared rows
     assert build_plan(ids, cu, max_depth=2, level_cost=127).depth == 2
@@ -135,7 +137,9 @@ def test_max_depth_must_be_a_positive_int(bad):
         build_plan(*pack(agentic()), max_depth=bad)
 
 
-@pytest.mark.parametrize("positions", [torch.zeros(1, 0, dtype=torch.long), torch.zeros(3, 1, 0, dtype=torch.long), None])
+@pytest.mark.parametrize(
+    "positions", [torch.zeros(1, 0, dtype=torch.long), torch.zeros(3, 1, 0, dtype=torch.long), None]
+)
 @pytest.mark.parametrize("depth", [1, 4])
 def test_empty_packed_row_plans_nothing(positions, depth):
     ids = torch.zeros(1, 0, dtype=torch.long)
@@ -150,7 +154,11 @@ def _shapes_only_gdn(q, k, v, g, beta, *, initial_state=None, output_final_state
 
 
 def _layer_calls(plan, ref):
-    gdn, conv, attn = ref.Counting(_shapes_only_gdn), ref.Counting(ref.causal_conv1d), ref.Counting(ref.attention)
+    gdn, conv, attn = (
+        ref.Counting(_shapes_only_gdn),
+        ref.Counting(ref.causal_conv1d),
+        ref.Counting(ref.attention),
+    )
     c = plan.compact_length
     with torch.no_grad():
         shared_prefix_causal_conv1d(plan, conv, torch.randn(1, c, 4, **F64), torch.randn(4, 4, **F64))
@@ -191,7 +199,8 @@ def _check_plan(plan, seqs, ids, positions):
         assert all(seqs[m][: n.end] == seqs[n.members[0]][: n.end] for m in n.members)
     # the last row of a node is scored once per child (nested node or leaf)
     kids = [
-        len(children.get(i, [])) + len(set(n.members) - {m for c in children.get(i, []) for m in plan.nodes[c].members})
+        len(children.get(i, []))
+        + len(set(n.members) - {m for c in children.get(i, []) for m in plan.nodes[c].members})
         for i, n in enumerate(plan.nodes)
     ]
     assert plan.lm.length == plan.compact_length + sum(k - 1 for k in kids)
@@ -247,13 +256,18 @@ def test_conv_and_attention_match_packed_on_random_trees(ref, batch):
         ).unsqueeze(0)
 
     ref.assert_matches_packed(
-        plan, lambda q, k, v: shared_prefix_attention(plan, ref.attention, q, k, v, scale=0.3), attention_packed, [q, k, v]
+        plan,
+        lambda q, k, v: shared_prefix_attention(plan, ref.attention, q, k, v, scale=0.3),
+        attention_packed,
+        [q, k, v],
     )
 
 
 # the float64 chunked GDN reference is slow on CPU: few, small trees (the fixed cases below go deeper)
 @settings(max_examples=3, **SETTINGS)
-@given(prefix_trees(depth=(2, 3), fan_out=(2, 2), lengths=(63, 64, 65), leaf=(1, 2), roots=(1, 1), spine=True))
+@given(
+    prefix_trees(depth=(2, 3), fan_out=(2, 2), lengths=(63, 64, 65), leaf=(1, 2), roots=(1, 1), spine=True)
+)
 def test_gated_delta_rule_matches_packed_on_random_trees(ref, batch):
     """Each node from its parent's exported state: outputs bit-identical (chunk-aligned), every gradient through dh0."""
     seqs, _, positions = batch
@@ -325,5 +339,7 @@ def test_lm_rows_and_loss_match_packed_on_random_trees(ref, batch):
         packed_loss = F.cross_entropy(packed_logits, labels[0], ignore_index=-100)
         torch.testing.assert_close(nll[0], packed_nll, rtol=0, atol=1e-10)
         torch.testing.assert_close(loss, packed_loss, rtol=0, atol=1e-12)
-        for a, b in zip(torch.autograd.grad(loss, [hidden, weight]), torch.autograd.grad(packed_loss, [hidden, weight])):
+        for a, b in zip(
+            torch.autograd.grad(loss, [hidden, weight]), torch.autograd.grad(packed_loss, [hidden, weight])
+        ):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
