@@ -24,8 +24,8 @@ class ConvIndex:
 
 
 def conv_host_index(layout: Layout, kernel_size: int) -> dict:
-    out = np.empty(layout.compact_length, dtype=np.int64)
     starts, lengths, seq_lengths = [], [], []
+    kept_from = []  # conv output row of each segment's first row
     row = 0
     for seg in layout.segments:
         if seg.length == 0:
@@ -42,8 +42,13 @@ def conv_host_index(layout: Layout, kernel_size: int) -> dict:
         starts.append(seg.start)
         lengths.append(seg.length)
         seq_lengths.append(back + seg.length)
-        out[seg.start : seg.start + seg.length] = np.arange(row + back, row + back + seg.length)
+        kept_from.append(row + back)
         row += back + seg.length
+    out = np.empty(layout.compact_length, dtype=np.int64)
+    nonempty = [seg for seg in layout.segments if seg.length]
+    out[ranges([seg.start for seg in nonempty], [seg.length for seg in nonempty])] = ranges(
+        kept_from, [seg.length for seg in nonempty]
+    )
     return {
         "kernel_size": kernel_size,
         "src": ranges(starts, lengths),

@@ -75,8 +75,8 @@ def chunk_indices(lengths) -> np.ndarray:
 
 def gdn_host_index(layout: Layout) -> dict:
     """Host arrays of every round (see `GDNIndex`); uploaded by the plan builder."""
-    out = np.empty(layout.compact_length, dtype=np.int64)
     segs = layout.segments
+    kept_at, kept_from, kept_len = [], [], []  # compact rows whose output a round row holds
     row = 0
     run_of: dict[int, int] = {}  # shared segment -> its sequence in its level's round
     rounds = []
@@ -93,7 +93,9 @@ def gdn_host_index(layout: Layout) -> dict:
             starts.append(seg.start)
             lengths.append(n)
             seq_lengths.append(n)
-            out[seg.start : seg.start + n] = np.arange(row, row + n)
+            kept_at.append(seg.start)
+            kept_from.append(row)
+            kept_len.append(n)
             row += n
     rounds.append((starts, lengths, seq_lengths, None))
 
@@ -111,7 +113,9 @@ def gdn_host_index(layout: Layout) -> dict:
                 lengths.append(tail)
                 seq_lengths.append(tail)
                 state.append(from_state)
-                out[tail_start : tail_start + tail] = np.arange(row, row + tail)
+                kept_at.append(tail_start)
+                kept_from.append(row)
+                kept_len.append(tail)
                 row += tail
             for c in par.children:
                 child = segs[c]
@@ -122,12 +126,16 @@ def gdn_host_index(layout: Layout) -> dict:
                 lengths += [tail, own]
                 seq_lengths.append(tail + own)
                 state.append(from_state)
-                out[child.start : child.start + own] = np.arange(row + tail, row + tail + own)
+                kept_at.append(child.start)
+                kept_from.append(row + tail)
+                kept_len.append(own)
                 row += tail + own
         rounds.append((starts, lengths, seq_lengths, state))
         run_of = next_run
         parents = [c for p in parents for c in segs[p].children if segs[c].shared]
 
+    out = np.empty(layout.compact_length, dtype=np.int64)
+    out[ranges(kept_at, kept_len)] = ranges(kept_from, kept_len)
     host = {"out_index": out, "rounds": len(rounds)}
     for r, (starts, lengths, seq_lengths, state) in enumerate(rounds):
         if not seq_lengths:

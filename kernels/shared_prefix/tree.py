@@ -15,13 +15,12 @@ it, and the conv look-back); a shorter one is merged into its children.
 
 from __future__ import annotations
 
-import itertools
 import sys
 from dataclasses import dataclass
 
 import numpy as np
 
-from .grouping import BUCKET_TOKENS, _common_prefix, find_groups
+from .grouping import find_groups, sorted_runs
 
 
 @dataclass(frozen=True)
@@ -53,19 +52,15 @@ def find_tree(
     `ids [T]`, `positions [R, T]` or None (per-sequence positions), `cu` the boundaries. A root is at
     least `min_prefix` rows long, a nested node at least `nested_min`; at most `max_depth` levels.
     """
-    groups = find_groups(ids, positions, cu, min_prefix)
+    runs = sorted_runs(ids, positions, cu, min_prefix)
+    groups = find_groups(ids, positions, cu, min_prefix, runs=runs)
     flat = [Node(g.members, 0, g.prefix_length, None) for g in groups]
     if max_depth == 1 or not groups:
         return flat
+    tries = [_trie(order, adjacent) for order, adjacent in runs]
+    if all(c.is_leaf for t in tries for c in t.children):
+        return flat  # no bucket nests: a deeper tree has nothing more to share
     flat_saved = sum((len(n.members) - 1) * n.length for n in flat)
-
-    symbols = ids[:, None] if positions is None else np.stack([ids, *positions], axis=1)
-    key_len = min(BUCKET_TOKENS, min_prefix)
-    buckets: dict[bytes, list[int]] = {}
-    for s in range(len(cu) - 1):
-        if cu[s + 1] - cu[s] > min_prefix:
-            buckets.setdefault(ids[cu[s] : cu[s] + key_len].tobytes(), []).append(s)
-    tries = [_trie(symbols, cu, members) for members in buckets.values() if len(members) > 1]
 
     solver = _Solver(min_prefix, max(nested_min, min_prefix))
     limit = sys.getrecursionlimit()
@@ -100,11 +95,8 @@ class _TrieNode:
         return not self.children
 
 
-def _trie(symbols: np.ndarray, cu: list[int], members: list[int]) -> _TrieNode:
-    blocks = [symbols[cu[s] : cu[s + 1]] for s in members]
-    order = sorted(range(len(members)), key=lambda i: blocks[i].tobytes())
-    seqs = [members[i] for i in order]
-    adjacent = [_common_prefix(blocks[a], blocks[b]) for a, b in itertools.pairwise(order)]
+def _trie(seqs: list[int], adjacent: list[int]) -> _TrieNode:
+    """The compressed trie of sequences in lexicographic order, from their adjacent common prefixes."""
 
     def build(lo: int, hi: int) -> _TrieNode:
         if hi - lo == 1:
@@ -143,12 +135,12 @@ class _Solver:
         hit = self.memo.get(key)
         if hit is not None:
             return hit
-        alone = [self._solve(c, above, depth)[0] for c in node.children]
+        alone = [0 if c.is_leaf else self._solve(c, above, depth)[0] for c in node.children]
         length = node.prefix - above
         if length < (self.min_root if above == 0 else self.min_nested):
             result = (sum(alone), [])
         else:
-            kept = [self._solve(c, node.prefix, depth - 1)[0] for c in node.children]
+            kept = [0 if c.is_leaf else self._solve(c, node.prefix, depth - 1)[0] for c in node.children]
             k = len(node.children)
             best = [0] * (k + 1)
             choice = [0] * (k + 1)  # start of the last segment; j - 1 means child j - 1 alone
