@@ -89,6 +89,7 @@ class _TrieNode:
     members: tuple[int, ...]
     prefix: int  # common prefix of the members (capped so every member keeps a row); unused for a leaf
     children: list[_TrieNode]
+    height: int = 0  # levels of internal nodes from here down: more depth than that changes nothing
 
     @property
     def is_leaf(self) -> bool:
@@ -108,7 +109,7 @@ def _trie(seqs: list[int], adjacent: list[int]) -> _TrieNode:
                 children.append(build(first, i + 1))
                 first = i + 1
         children.append(build(first, hi))
-        return _TrieNode(tuple(seqs[lo:hi]), prefix, children)
+        return _TrieNode(tuple(seqs[lo:hi]), prefix, children, 1 + max(c.height for c in children))
 
     return build(0, len(seqs))
 
@@ -131,6 +132,7 @@ class _Solver:
     def _solve(self, node: _TrieNode, above: int, depth: int) -> tuple[int, list]:
         if node.is_leaf or depth == 0:
             return 0, []
+        depth = min(depth, node.height)
         key = (id(node), above, depth)
         hit = self.memo.get(key)
         if hit is not None:
@@ -173,6 +175,7 @@ class _Solver:
         """Append the kept nodes of the best solution as (members, start, end, parent slot)."""
         if node.is_leaf or depth == 0:
             return
+        depth = min(depth, node.height)
         _, runs = self._solve(node, above, depth)
         in_run = set()
         for i, j in runs:
