@@ -26,8 +26,8 @@ def main() -> None:
     cu = torch.tensor([0] + [len(s) for s in seqs]).cumsum(0).to(torch.int32)
     plan = build_plan(ids, cu)
 
-    print("one level (shared_prefix_max_depth=1):")
     print(plan)
+    print("  one level (shared_prefix_max_depth=1):")
     for g in plan.groups:
         print(f"  group: sequences {list(g.members)} share {g.prefix_length} tokens")
     print(f"  T / C = {plan.packed_length / plan.compact_length:.2f}; LM rows L = {plan.lm.length}")
