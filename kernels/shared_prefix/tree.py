@@ -23,6 +23,9 @@ import numpy as np
 from .grouping import find_groups, sorted_runs
 
 
+MAX_TRIE_HEIGHT = 64  # deeper tries (chains of nested prefixes) keep the one-level plan
+
+
 @dataclass(frozen=True)
 class Node:
     """Rows `[start, end)` of every member sequence, shared; `parent` indexes `Plan.nodes` (None: a root)."""
@@ -57,15 +60,18 @@ def find_tree(
     flat = [Node(g.members, 0, g.prefix_length, None) for g in groups]
     if max_depth == 1 or not groups:
         return flat
-    tries = [_trie(order, adjacent) for order, adjacent in runs]
-    if all(c.is_leaf for t in tries for c in t.children):
-        return flat  # no bucket nests: a deeper tree has nothing more to share
-    flat_saved = sum((len(n.members) - 1) * n.length for n in flat)
-
-    solver = _Solver(min_prefix, max(nested_min, min_prefix))
     limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, 10_000))
+    # the trie and the solver recurse once (a few frames) per trie level; a chain of nested
+    # prefixes can be as deep as a bucket has sequences
+    sys.setrecursionlimit(max(limit, 4 * len(cu) + 1000))
     try:
+        tries = [_trie(order, adjacent) for order, adjacent in runs]
+        if all(c.is_leaf for t in tries for c in t.children):
+            return flat  # no bucket nests: a deeper tree has nothing more to share
+        if max(t.height for t in tries) > MAX_TRIE_HEIGHT:
+            return flat  # a long chain of nested prefixes (not an RL batch): the solver would be quadratic in it
+        flat_saved = sum((len(n.members) - 1) * n.length for n in flat)
+        solver = _Solver(min_prefix, max(nested_min, min_prefix))
         # depth 1 is the one-level grouping (exactly today's plan); deeper only where it pays its levels
         best_depth, best_cost = 1, -flat_saved + level_cost
         for depth in range(2, max_depth + 1):

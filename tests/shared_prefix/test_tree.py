@@ -343,3 +343,12 @@ def test_lm_rows_and_loss_match_packed_on_random_trees(ref, batch):
             torch.autograd.grad(loss, [hidden, weight]), torch.autograd.grad(packed_loss, [hidden, weight])
         ):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+def test_a_chain_of_nested_prefixes_deeper_than_the_solver_takes_keeps_one_level():
+    """Sequence i is the first 70 + i tokens of one text plus its own token: a trie 70 levels deep."""
+    base = tokens(70 + 70, 0)
+    ids, cu = pack([base[: 70 + i] + [0] for i in range(70)])
+    flat, deep = build_plan(ids, cu), build_plan(ids, cu, max_depth=4, level_cost=0)
+    assert deep.depth == 1 and shape(deep) == shape(flat)
+    assert torch.equal(deep.expand(deep.compact(ids)), ids)
