@@ -112,6 +112,10 @@ def build_plan(
         raise ValueError(
             f"shared_prefix_max_depth must be an int of at least 1 (1: one level of sharing), got {max_depth!r}"
         )
+    if isinstance(level_cost, bool) or not isinstance(level_cost, int) or level_cost < 0:
+        raise ValueError(
+            f"shared_prefix_level_cost must be an int of at least 0 (rows a level must save), got {level_cost!r}"
+        )
     length = input_ids.shape[1]
     device = input_ids.device
     pos_rows = None

@@ -22,7 +22,6 @@ import numpy as np
 
 from .grouping import find_groups, sorted_runs
 
-
 MAX_TRIE_HEIGHT = 64  # deeper tries (chains of nested prefixes) keep the one-level plan
 
 
