@@ -1,12 +1,13 @@
 """Shared-prefix plan building on CPU: time per micro-batch and the T/C each batch reaches.
 
-    python bench/plan_build.py [--repeats 30]
+    python bench/plan_build.py [--repeats 30] [--depth 4]
 
 Prints the median plan-building time for GRPO-like micro-batches of about 16k and 64k tokens
 (positions None, and M-RoPE rows [3, 1, T]; `--device cuda` puts the inputs on the GPU, so the
-timing includes the one device-to-host and the index uploads), then T, C and T/C for three GRPO-like batches
-next to the bound of section 5 of shared_prefix.md (T / C is the bound when nothing but the
-prefix is shared).
+timing includes the one device-to-host and the index uploads), with one level (`max_depth=1`)
+and as a prefix tree (`max_depth=--depth`, the config default); then T, C and T/C for GRPO-like
+batches, the system-prompt control and a 3-turn agentic shape, one level against the tree (T / C
+is the bound of section 5 of shared_prefix.md: the token-wise work shrinks by that factor).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import statistics
 import time
 
 import torch
-from patchgen.kernels.shared_prefix import build_plan
+from patchgen.kernels.shared_prefix import DEFAULT_MAX_DEPTH, build_plan
 
 
 def grpo_batch(prompts, n, prompt_len, response_len, system_len=0, seed=0):
@@ -35,12 +36,31 @@ def grpo_batch(prompts, n, prompt_len, response_len, system_len=0, seed=0):
     return ids, cu
 
 
+def agentic_batch(prompt_len, turns, last, fan=2, rollouts_of=1, seed=0):
+    """Multi-turn rollouts that branch `fan` ways at every turn: `turns` shared turn lengths, then `last` own tokens."""
+    rng = random.Random(seed)
+
+    def toks(n):
+        return [rng.randrange(1, 150_000) for _ in range(n)]
+
+    seqs = []
+    for _ in range(rollouts_of):
+        level = [toks(prompt_len)]
+        for length in (*turns, last):
+            level = [s + toks(length) for s in level for _ in range(fan)]
+        seqs += level
+    ids = torch.tensor([t for s in seqs for t in s]).reshape(1, -1)
+    cu = torch.tensor([0] + [len(s) for s in seqs]).cumsum(0).to(torch.int32)
+    return ids, cu
+
+
 def mrope(cu, length):
     pos = torch.cat([torch.arange(int(b - a)) for a, b in itertools.pairwise(cu)])
     return pos.expand(3, length).reshape(3, 1, length).contiguous()
 
 
 def median_ms(fn, repeats, sync=lambda: None):
+    """(median, fastest) wall time in ms; the fastest is what a busy shared host hides least."""
     fn()  # warm-up
     times = []
     for _ in range(repeats):
@@ -49,53 +69,69 @@ def median_ms(fn, repeats, sync=lambda: None):
         fn()
         sync()
         times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+    return 1e3 * statistics.median(times), 1e3 * min(times)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--device", default="cpu", help="where input_ids live (cuda: includes the copies)")
+    parser.add_argument("--depth", type=int, default=DEFAULT_MAX_DEPTH, help="max_depth of the tree plans")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
     print(f"plan building (host: one thread; inputs on {args.device}; median of {args.repeats})")
     print("[3,1,T]: per-sequence M-RoPE rows; [3,1,T]*: one row offset, so positions are compared exactly")
-    print(f"{'batch':<34} {'T':>7} {'seqs':>5} {'groups':>6} {'positions':>10} {'ms':>8}")
+    print(f"depth: max_depth of the plan (1: one level; {args.depth}: the tree); levels: the depth it chose")
+    print(f"{'batch':<40} {'T':>7} {'seqs':>5} {'depth':>5} {'levels':>6} {'positions':>10} {'ms':>8} {'min ms':>8}")
     timing = {
         "16k: 2 prompts x 8, P~500, R~500": grpo_batch(2, 8, (400, 600), (256, 768), seed=1),
         "64k: 8 prompts x 8, P~500, R~500": grpo_batch(8, 8, (400, 600), (256, 768), seed=2),
         "64k: 64 prompts x 4, P~200, R~50": grpo_batch(64, 4, (150, 250), (10, 90), seed=3),
+        "70k: 512 system + 8 prompts x 8, P~200": grpo_batch(8, 8, (150, 250), (256, 512), system_len=512, seed=7),
+        "64k: 8 agentic trees, 3 turns x 2": agentic_batch(512, (128, 128), 256, rollouts_of=8, seed=8),
     }
     for name, (ids, cu) in timing.items():
         t = ids.shape[1]
         ids, cu = ids.to(args.device), cu.to(args.device)
         shifted = mrope(cu.cpu(), t).to(args.device)
         shifted[1] += 1  # rows that are not per-sequence aranges force the exact position compare
-        for label, pos in (
-            ("None", None),
-            ("[3,1,T]", mrope(cu.cpu(), t).to(args.device)),
-            ("[3,1,T]*", shifted),
-        ):
-            plan = build_plan(ids, cu, pos)
-            sync = torch.cuda.synchronize if ids.is_cuda else (lambda: None)
-            ms = median_ms(lambda ids=ids, cu=cu, pos=pos: build_plan(ids, cu, pos), args.repeats, sync)
-            print(f"{name:<34} {t:>7} {len(cu) - 1:>5} {len(plan.groups):>6} {label:>10} {ms:>8.2f}")
+        for depth in sorted({1, args.depth}):
+            for label, pos in (
+                ("None", None),
+                ("[3,1,T]", mrope(cu.cpu(), t).to(args.device)),
+                ("[3,1,T]*", shifted),
+            ):
+                plan = build_plan(ids, cu, pos, max_depth=depth)
+                sync = torch.cuda.synchronize if ids.is_cuda else (lambda: None)
+                ms, fastest = median_ms(
+                    lambda ids=ids, cu=cu, pos=pos, depth=depth: build_plan(ids, cu, pos, max_depth=depth),
+                    args.repeats,
+                    sync,
+                )
+                print(
+                    f"{name:<40} {t:>7} {len(cu) - 1:>5} {depth:>5} {plan.depth:>6} {label:>10} {ms:>8.2f} {fastest:>8.2f}"
+                )
 
     print()
-    print("T / C for GRPO-like batches")
-    print(f"{'batch':<48} {'T':>7} {'C':>7} {'T/C':>6} {'L':>7}")
+    print(f"T / C for GRPO-like and multi-turn batches: one level (max_depth=1) and tree (max_depth={args.depth})")
+    print(f"{'batch':<52} {'T':>7} {'C one':>7} {'T/C':>6} {'C tree':>7} {'T/C':>6} {'levels':>6} {'L tree':>7}")
     batches = {
         "n=4, P=2048, R=256 (section 5 example)": grpo_batch(2, 4, (2048, 2048), (256, 256), seed=4),
         "n=8, P~1k, R~0.5k (uniform 256..768)": grpo_batch(3, 8, (900, 1100), (256, 768), seed=5),
-        "n=16, 64-token system + P~300, R~1..600": grpo_batch(
-            4, 16, (250, 350), (1, 600), system_len=64, seed=6
+        "n=16, 64-token system + P~300, R~1..600": grpo_batch(4, 16, (250, 350), (1, 600), system_len=64, seed=6),
+        "system-prompt control: 2x4, 1024 + 512, R=256": grpo_batch(
+            2, 4, (512, 512), (256, 256), system_len=1024, seed=9
         ),
+        "3-turn agentic: P=1024, 256/turn, x2 per turn (8)": agentic_batch(1024, (256, 256), 256, seed=10),
+        "3-turn agentic, 4 prompts (32 rollouts)": agentic_batch(1024, (256, 256), 256, rollouts_of=4, seed=11),
     }
     for name, (ids, cu) in batches.items():
-        plan = build_plan(ids, cu)
-        t, c = plan.packed_length, plan.compact_length
-        print(f"{name:<48} {t:>7} {c:>7} {t / c:>6.2f} {plan.lm.length:>7}")
+        one, tree = build_plan(ids, cu), build_plan(ids, cu, max_depth=args.depth)
+        t, c1, c2 = one.packed_length, one.compact_length, tree.compact_length
+        print(
+            f"{name:<52} {t:>7} {c1:>7} {t / c1:>6.2f} {c2:>7} {t / c2:>6.2f} {tree.depth:>6} {tree.lm.length:>7}"
+        )
 
 
 if __name__ == "__main__":

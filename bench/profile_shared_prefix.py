@@ -18,12 +18,13 @@ import torch
 from shared_prefix_gpu import (
     MODULE,
     WIDTHS,
-    batch,
     checkpointed,
     config_for,
     count_syncs,
     parse_shapes,
+    shape_batch,
     train_step,
+    tree_settings,
 )
 from torch.profiler import ProfilerActivity, profile
 
@@ -48,8 +49,12 @@ def main(argv=None):
         model = importlib.import_module(MODULE).Qwen3_5ForCausalLM(config_for(WIDTHS, args.layers)).bfloat16()
     checkpointed(model)
     model.train()
-    for name, groups, singles, system in parse_shapes(args.shapes):
-        ids, cu, max_len, _ = batch(groups, singles, WIDTHS["vocab_size"], "cuda", system=system)
+    for shape in parse_shapes(args.shapes):
+        name = shape[0]
+        ids, cu, max_len, _ = shape_batch(shape, WIDTHS["vocab_size"], "cuda")
+        tree = tree_settings(shape)
+        model.config.shared_prefix_max_depth = tree["max_depth"]
+        model.config.shared_prefix_level_cost = tree["level_cost"]
         for flag in (False, True):
             model.config.shared_prefix_training = flag
             step = functools.partial(train_step, model, ids, cu, max_len)

@@ -82,18 +82,71 @@ def checkpointed(model):
     return model
 
 
+class Shape(tuple):
+    """`(name, groups, singles, system)`, unpacked as such by every script, plus how deep it is shared.
+
+    `turns`: shared turn lengths of a multi-turn (agentic) shape: each group's rollouts branch
+    `fan` ways after the prompt and after every turn, so a group has `fan ** (len(turns) + 1)`
+    rollouts (its `n` is ignored) whose own last turn is `R` tokens. `depth`: the plan's
+    `shared_prefix_max_depth` (None: the config default, a tree; 1: one level of sharing);
+    `level_cost`: its `shared_prefix_level_cost` (None: the default; the tiny shapes use 0).
+    """
+
+    def __new__(cls, name, groups, singles, system=0, *, turns=(), fan=2, depth=None, level_cost=None):
+        shape = super().__new__(cls, (name, groups, singles, system))
+        shape.turns, shape.fan, shape.depth, shape.level_cost = tuple(turns), fan, depth, level_cost
+        return shape
+
+    name = property(lambda self: self[0])
+
+
+def shape_batch(shape, vocab: int, device, seed: int = 0):
+    """`batch` of a `Shape` (or of a plain 4-tuple)."""
+    _, groups, singles, system = shape
+    return batch(
+        groups, singles, vocab, device, seed=seed, system=system,
+        turns=getattr(shape, "turns", ()), fan=getattr(shape, "fan", 2),
+    )
+
+
+def tree_settings(shape) -> dict:
+    """The `build_plan` keywords a shape runs with (the model reads the same from its config)."""
+    from patchgen.kernels.shared_prefix import DEFAULT_MAX_DEPTH, LEVEL_COST_TOKENS
+
+    depth, cost = getattr(shape, "depth", None), getattr(shape, "level_cost", None)
+    return {
+        "max_depth": DEFAULT_MAX_DEPTH if depth is None else depth,
+        "level_cost": LEVEL_COST_TOKENS if cost is None else cost,
+    }
+
+
 def batch(
-    groups: list[tuple[int, int, int]], singles: list[int], vocab: int, device, seed: int = 0, system: int = 0
+    groups: list[tuple[int, int, int]],
+    singles: list[int],
+    vocab: int,
+    device,
+    seed: int = 0,
+    system: int = 0,
+    turns: tuple[int, ...] = (),
+    fan: int = 2,
 ):
     """Packed row of whole groups `(n, P, R)` then unrelated sequences; labels = input ids.
 
     The first `system` tokens of every group's prompt are one system prompt common to all groups.
+    With `turns`, a group is a multi-turn tree: its rollouts branch `fan` ways after the prompt
+    and after each turn (`fan ** (len(turns) + 1)` rollouts, `n` ignored), then `R` own tokens.
     """
     gen = torch.Generator().manual_seed(seed)
     common = torch.randint(0, vocab, (system,), generator=gen)
     seqs = []
     for n, p, r in groups:
         prompt = torch.cat([common, torch.randint(0, vocab, (p - system,), generator=gen)])
+        if turns:
+            level = [prompt]
+            for length in turns:
+                level = [torch.cat([s, torch.randint(0, vocab, (length,), generator=gen)]) for s in level for _ in range(fan)]
+            seqs += [torch.cat([s, torch.randint(0, vocab, (r,), generator=gen)]) for s in level for _ in range(fan)]
+            continue
         seqs += [torch.cat([prompt, torch.randint(0, vocab, (r,), generator=gen)]) for _ in range(n)]
     seqs += [torch.randint(0, vocab, (s,), generator=gen) for s in singles]
     lengths = [len(s) for s in seqs]
@@ -202,7 +255,7 @@ def count_syncs(model, fn, ids, cu, max_len, device) -> int:
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
-def plan_build_ms(ids, cu, device, repeats=10) -> float:
+def plan_build_ms(ids, cu, device, repeats=10, **tree) -> float:
     """Host time of `build_plan` (it copies ids and boundaries to the host, then works there)."""
     from patchgen.kernels.shared_prefix import build_plan
 
@@ -210,7 +263,7 @@ def plan_build_ms(ids, cu, device, repeats=10) -> float:
         if device.type == "cuda":
             torch.cuda.synchronize()
         begin = time.perf_counter()
-        build_plan(ids, cu)
+        build_plan(ids, cu, **tree)
         return (time.perf_counter() - begin) * 1e3
 
     once()
@@ -255,14 +308,16 @@ def ratios(row):
     row["step_memory_ratio_train"] = row["shared_train_step_gib"] / row["packed_train_step_gib"]
 
 
-def shape_row(name, groups, singles, system, vocab, device):
-    """The row of one shape (its name, packed and compact lengths, bound) and its packed inputs."""
+def shape_row(shape, vocab, device):
+    """The row of one shape (its name, packed and compact lengths, bound, depth) and its packed inputs."""
     from patchgen.kernels.shared_prefix import build_plan
 
-    ids, cu, max_len, _ = batch(groups, singles, vocab, device, system=system)
-    plan = build_plan(ids, cu)
+    ids, cu, max_len, _ = shape_batch(shape, vocab, device)
+    plan = build_plan(ids, cu, **tree_settings(shape))
     compact = plan.compact_length if plan is not None else ids.shape[1]
-    return {"shape": name, "T": ids.shape[1], "C": compact, "bound": ids.shape[1] / compact}, (
+    levels = plan.depth if plan is not None else 0
+    row = {"shape": shape[0], "T": ids.shape[1], "C": compact, "bound": ids.shape[1] / compact, "levels": levels}
+    return row, (
         ids,
         cu,
         max_len,
@@ -272,12 +327,16 @@ def shape_row(name, groups, singles, system, vocab, device):
 def speed(model, shapes, args, device, timer, vocab, save):
     """Our two arms over every shape, each row saved as soon as it is measured."""
     rows = []
-    for name, groups, singles, system in shapes:
-        row, (ids, cu, max_len) = shape_row(name, groups, singles, system, vocab, device)
+    for shape in shapes:
+        name = shape[0]
+        row, (ids, cu, max_len) = shape_row(shape, vocab, device)
         total, compact = row["T"], row["C"]
+        tree = tree_settings(shape)
+        model.config.shared_prefix_max_depth = tree["max_depth"]
+        model.config.shared_prefix_level_cost = tree["level_cost"]
         for arm in ("packed", "shared"):
             run_arm(model, arm, row, (ids, cu, max_len), args, device, timer)
-        row["plan_ms"] = plan_build_ms(ids, cu, device)
+        row["plan_ms"] = plan_build_ms(ids, cu, device, **tree)
         ratios(row)
         rows.append(row)
         save(rows)
@@ -295,8 +354,9 @@ def speed(model, shapes, args, device, timer, vocab, save):
 
 def upstream_speed(model, shapes, rows, args, device, timer, vocab, save):
     """Upstream's packed arm over the same shapes, into the same rows."""
-    for (name, groups, singles, system), row in zip(shapes, rows):
-        ids, cu, max_len, _ = batch(groups, singles, vocab, device, system=system)
+    for shape, row in zip(shapes, rows):
+        name = shape[0]
+        ids, cu, max_len, _ = shape_batch(shape, vocab, device)
         run_arm(model, "upstream", row, (ids, cu, max_len), args, device, timer)
         ratios(row)
         save(rows)
@@ -416,29 +476,55 @@ def write(rows, path: Path):
 
 
 GRID = [f"{n}x{p}x{r}" for n in (4, 8) for p in (1024, 2048, 4096, 8192) for r in (256, 512)]
-CONTROLS = ["split", "system", "4x512x256"]
+CONTROLS = ["split", "system", "4x512x256", "system-tree", "agentic", "agentic-flat", "agentic-4"]
 
 
 def parse_shapes(text: str):
-    """`(name, groups, unrelated lengths, system-prompt tokens)` per item; `grid` is the whole grid plus controls."""
+    """`Shape`s `(name, groups, unrelated lengths, system-prompt tokens)`; `grid` is the whole grid plus controls.
+
+    The grid shapes nest nothing, so their plan is the one-level plan at any depth (the tree's
+    no-regression check). `system` is the one-level system-prompt control (depth 1: two groups),
+    `system-tree` the same batch as a tree (C = 1024 + 2 * 512 + 8 * 256 = 4096); `agentic` is a
+    3-turn agentic tree (P = 1024, two shared turns of 256 after which 8 rollouts each end in 256
+    own tokens, branching in two at every turn), `agentic-flat` the same at depth 1, `agentic-4`
+    four such prompts in one micro-batch.
+    """
     shapes = []
+    system_groups = [(4, 1536, 256), (4, 1536, 256)]
     for item in text.split(","):
         if item == "grid":
             shapes += parse_shapes(",".join(GRID + CONTROLS))
         elif item == "split":  # one group of 8 split over two micro-batches: each half is seen alone
-            shapes.append(("split 4of8 P=2048 R=256", [(4, 2048, 256)], [], 0))
+            shapes.append(Shape("split 4of8 P=2048 R=256", [(4, 2048, 256)], []))
         elif item == "system":  # two prompts sharing only a 1k system prompt, 4 rollouts each
-            shapes.append(("system-only 2x4 P=1024+512 R=256", [(4, 1536, 256), (4, 1536, 256)], [], 1024))
+            shapes.append(Shape("system-only 2x4 P=1024+512 R=256", system_groups, [], 1024, depth=1))
+        elif item == "system-tree":
+            shapes.append(Shape("system tree 2x4 P=1024+512 R=256", system_groups, [], 1024))
+        elif item in ("agentic", "agentic-flat", "agentic-4"):
+            prompts, depth = (4, None) if item == "agentic-4" else (1, 1 if item == "agentic-flat" else None)
+            label = {"agentic": "tree", "agentic-flat": "one level", "agentic-4": "tree, 4 prompts"}[item]
+            shapes.append(
+                Shape(
+                    f"agentic 3 turns x2 P=1024 turn=256 R=256 ({label})",
+                    [(8, 1024, 256)] * prompts,
+                    [],
+                    turns=(256, 256),
+                    depth=depth,
+                )
+            )
         else:
             n, p, r = (int(v) for v in item.split("x"))
-            shapes.append((f"n={n} P={p} R={r}", [(n, p, r)], [], 0))
+            shapes.append(Shape(f"n={n} P={p} R={r}", [(n, p, r)], []))
     return shapes
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--shapes", default="grid", help="comma-separated n x P x R, 'split', 'system', or 'grid'"
+        "--shapes",
+        default="grid",
+        help="comma-separated n x P x R, 'split', 'system', 'system-tree', 'agentic', 'agentic-flat', "
+        "'agentic-4', or 'grid' (all of them)",
     )
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
@@ -486,16 +572,15 @@ def main(argv=None):
     shapes = parse_shapes(args.shapes)
     if args.tiny:
         shapes = [
-            ("tiny n=4 P=192 R=32", [(4, 192, 32)], [40], 0),
-            ("tiny system", [(2, 96, 16)] * 2, [], 80),
+            Shape("tiny n=4 P=192 R=32", [(4, 192, 32)], [40]),
+            Shape("tiny system", [(2, 96, 16)] * 2, [], 80, depth=1),
+            Shape("tiny system tree", [(2, 128, 4)] * 2, [], 64, level_cost=0),  # C = 64 + 2 * 64 + 4 * 4
+            Shape("tiny agentic", [(4, 64, 4)], [], turns=(64,), level_cost=0),
         ]
     path = out / f"shared_prefix_{label}.csv"
     timer = Timer(device)
     if args.upstream_only:
-        rows = [
-            shape_row(name, groups, singles, system, widths["vocab_size"], device)[0]
-            for name, groups, singles, system in shapes
-        ]
+        rows = [shape_row(shape, widths["vocab_size"], device)[0] for shape in shapes]
     else:
         rows = speed(model, shapes, args, device, timer, widths["vocab_size"], lambda rows: write(rows, path))
     if not args.no_upstream:

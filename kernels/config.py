@@ -10,6 +10,7 @@ from typing import Any
 
 from .errors import SettingError
 from .registry import SLOTS
+from .shared_prefix.plan import DEFAULT_MAX_DEPTH, LEVEL_COST_TOKENS
 
 AUTO = "auto"
 ENV_PREFIX = "PATCHGEN_OPS_"
@@ -82,18 +83,32 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
 # Model config fields patchgen reads (on the text config), with their defaults.
 SHARED_PREFIX_TRAINING = "shared_prefix_training"
 SHARED_PREFIX_MIN_LENGTH = "shared_prefix_min_length"
-FIELDS = (SHARED_PREFIX_TRAINING, SHARED_PREFIX_MIN_LENGTH, "ops_implementation")
+SHARED_PREFIX_MAX_DEPTH = "shared_prefix_max_depth"
+SHARED_PREFIX_LEVEL_COST = "shared_prefix_level_cost"
+# Whole-number fields: name -> (default, smallest value allowed, what it counts).
+INT_FIELDS = {
+    SHARED_PREFIX_MIN_LENGTH: (64, 1, "the shortest prefix worth sharing, in tokens"),
+    SHARED_PREFIX_MAX_DEPTH: (DEFAULT_MAX_DEPTH, 1, "levels of nested prefixes shared (1: one level)"),
+    SHARED_PREFIX_LEVEL_COST: (LEVEL_COST_TOKENS, 0, "rows a deeper level must save to be used"),
+}
+FIELDS = (SHARED_PREFIX_TRAINING, *INT_FIELDS, "ops_implementation")
+
+
+def int_field(text_config: Any, name: str) -> int:
+    """A whole-number field of ``INT_FIELDS`` from the text config (its default when unset), checked."""
+    default, smallest, meaning = INT_FIELDS[name]
+    value = getattr(text_config, name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < smallest:
+        raise SettingError(
+            f"config field {name} ({meaning}) must be a whole number >= {smallest}, got {value!r}: "
+            f"set e.g. config.{name} = {default}"
+        )
+    return value
 
 
 def shared_prefix_min_length(text_config: Any) -> int:
     """``text_config.shared_prefix_min_length`` (default 64): the shortest prefix worth sharing, in tokens."""
-    value = getattr(text_config, SHARED_PREFIX_MIN_LENGTH, 64)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SettingError(
-            f"config field {SHARED_PREFIX_MIN_LENGTH} must be a whole number of tokens >= 1, got {value!r}: "
-            f"set e.g. config.{SHARED_PREFIX_MIN_LENGTH} = 64"
-        )
-    return value
+    return int_field(text_config, SHARED_PREFIX_MIN_LENGTH)
 
 
 def check_model_config(config: Any) -> None:
@@ -110,8 +125,9 @@ def check_model_config(config: Any) -> None:
             raise SettingError(
                 f"config field {SHARED_PREFIX_TRAINING} must be True or False, got {flag!r}"
             )
-        if hasattr(holder, SHARED_PREFIX_MIN_LENGTH):
-            shared_prefix_min_length(holder)
+        for name in INT_FIELDS:
+            if hasattr(holder, name):
+                int_field(holder, name)
         for key in vars(holder):
             if key not in FIELDS and (close := difflib.get_close_matches(key, FIELDS, n=1, cutoff=0.85)):
                 raise SettingError(

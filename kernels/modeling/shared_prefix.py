@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config import shared_prefix_min_length
+from ..config import SHARED_PREFIX_LEVEL_COST, SHARED_PREFIX_MAX_DEPTH, int_field, shared_prefix_min_length
 from ..selection import working
 from ..shared_prefix import (
     ATTENTION_NEEDS,
@@ -71,6 +71,8 @@ def plan_for(config, table, *, input_ids, position_ids, cache, use_cache, kwargs
         position_ids,
         conv_kernel_size=getattr(cfg, "linear_conv_kernel_dim", 4),
         min_prefix=shared_prefix_min_length(cfg),
+        max_depth=int_field(cfg, SHARED_PREFIX_MAX_DEPTH),
+        level_cost=int_field(cfg, SHARED_PREFIX_LEVEL_COST),
     )
 
 

@@ -1,8 +1,8 @@
 """Shared-prefix training: compute each prompt shared by several packed sequences once.
 
-`build_plan` groups the sequences of one packed micro-batch and lays out the compact row; the
-mixers run Gated DeltaNet, the causal conv and attention on it through op-slot backends with a
-fixed number of calls per layer; `Plan.lm_rows` and `shared_prefix_loss` keep the LM head and
+`build_plan` arranges the sequences of one packed micro-batch in a prefix tree and lays out the
+compact row; the mixers run Gated DeltaNet, the causal conv and attention on it through op-slot
+backends with a number of calls per layer that grows with the tree's depth only; `Plan.lm_rows` and `shared_prefix_loss` keep the LM head and
 the loss exact. The algorithm is written down in `shared/shared_prefix.md`.
 """
 
@@ -23,13 +23,16 @@ from .guards import (
     takes_ordinary_path,
 )
 from .lm_rows import LMIndex, LMRows, shared_prefix_loss
-from .plan import Plan, build_plan
+from .plan import DEFAULT_MAX_DEPTH, LEVEL_COST_TOKENS, Plan, build_plan
 from .positions import positions_from_cu_seqlens
+from .tree import Node
 
 __all__ = [
     "ATTENTION_NEEDS",
     "CONV_NEEDS",
+    "DEFAULT_MAX_DEPTH",
     "GDN_NEEDS",
+    "LEVEL_COST_TOKENS",
     "AttentionIndex",
     "ConvIndex",
     "GDNIndex",
@@ -37,6 +40,7 @@ __all__ = [
     "Group",
     "LMIndex",
     "LMRows",
+    "Node",
     "PackedMetadataMissing",
     "Plan",
     "attention_kv",

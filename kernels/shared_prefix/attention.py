@@ -1,8 +1,9 @@
 """Full attention on the compact row: queries stay compact, keys and values are gathered.
 
-One varlen call with segments `(q=P, k=P)` for a prefix and `(q=R_i, k=P+R_i)` for each suffix
-(singletons `(L, L)`); causal aligned bottom-right, so every suffix query sees the whole prefix
-and its own earlier rows: exactly the packed mask. K and V are gathered after RoPE and q/k-norm.
+One varlen call whatever the depth of the prefix tree: each segment's queries (a node, a leaf, a
+singleton) against the keys of all its ancestors followed by its own, `(q=len, k=offset+len)`;
+causal aligned bottom-right, so every query sees its whole ancestry and its own earlier rows:
+exactly the packed mask. K and V are gathered after RoPE and q/k-norm.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .layout import GroupBlock, Layout, boundaries, ranges
+from .layout import Layout, boundaries, ranges
 
 
 @dataclass(frozen=True, eq=False)
@@ -26,23 +27,14 @@ class AttentionIndex:
 
 def attention_host_index(layout: Layout) -> dict:
     q_lengths, k_lengths, starts, lengths = [], [], [], []
-    for blk in layout.blocks:
-        if isinstance(blk, GroupBlock):
-            p = blk.prefix_length
-            q_lengths.append(p)
-            k_lengths.append(p)
-            starts.append(blk.prefix_start)
-            lengths.append(p)
-            for s_start, r in zip(blk.suffix_starts, blk.suffix_lengths):
-                q_lengths.append(r)
-                k_lengths.append(p + r)
-                starts += [blk.prefix_start, s_start]
-                lengths += [p, r]
-        elif blk.length > 0:
-            q_lengths.append(blk.length)
-            k_lengths.append(blk.length)
-            starts.append(blk.start)
-            lengths.append(blk.length)
+    for i, seg in enumerate(layout.segments):
+        if seg.length == 0:
+            continue
+        path = layout.path(i)  # root .. this segment: every key its queries see
+        q_lengths.append(seg.length)
+        k_lengths.append(seg.offset + seg.length)
+        starts += [p.start for p in path]
+        lengths += [p.length for p in path]
     return {
         "max_q": max(q_lengths),
         "max_k": max(k_lengths),

@@ -1,7 +1,8 @@
-"""Causal depthwise conv1d on the compact row: look-back rows in front of every suffix, dropped after.
+"""Causal depthwise conv1d on the compact row: look-back rows in front of every segment, dropped after.
 
-One varlen call over each group's prefix and, per member, `[last W-1 prefix rows | suffix_i]`
-(singletons whole). A suffix row's output then reads exactly the rows it reads when packed.
+One varlen call, whatever the depth of the prefix tree: a root or singleton whole, every other
+segment (nested node or leaf) as `[last W-1 rows of its parent | its rows]`. A row's output then
+reads exactly the rows it reads when packed (a nested node is at least W-1 rows long).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .layout import GroupBlock, Layout, boundaries, ranges
+from .layout import Layout, boundaries, ranges
 
 
 @dataclass(frozen=True, eq=False)
@@ -23,30 +24,31 @@ class ConvIndex:
 
 
 def conv_host_index(layout: Layout, kernel_size: int) -> dict:
-    out = np.empty(layout.compact_length, dtype=np.int64)
     starts, lengths, seq_lengths = [], [], []
+    kept_from = []  # conv output row of each segment's first row
     row = 0
-    for blk in layout.blocks:
-        if isinstance(blk, GroupBlock):
-            p = blk.prefix_length
-            starts.append(blk.prefix_start)
-            lengths.append(p)
-            seq_lengths.append(p)
-            out[blk.prefix_start : blk.prefix_start + p] = np.arange(row, row + p)
-            row += p
-            back = min(kernel_size - 1, p)
-            for s_start, r in zip(blk.suffix_starts, blk.suffix_lengths):
-                starts += [blk.prefix_start + p - back, s_start]
-                lengths += [back, r]
-                seq_lengths.append(back + r)
-                out[s_start : s_start + r] = np.arange(row + back, row + back + r)
-                row += back + r
-        elif blk.length > 0:
-            starts.append(blk.start)
-            lengths.append(blk.length)
-            seq_lengths.append(blk.length)
-            out[blk.start : blk.start + blk.length] = np.arange(row, row + blk.length)
-            row += blk.length
+    for seg in layout.segments:
+        if seg.length == 0:
+            continue
+        back = 0
+        if seg.parent >= 0:
+            parent = layout.segments[seg.parent]
+            # a nested node is at least the conv look-back long, a root may be shorter only when
+            # the sequence starts there: the parent alone then holds every look-back row there is
+            back = min(kernel_size - 1, seg.offset)
+            assert back <= parent.length, "a nested node shorter than the conv look-back"
+            starts.append(parent.start + parent.length - back)
+            lengths.append(back)
+        starts.append(seg.start)
+        lengths.append(seg.length)
+        seq_lengths.append(back + seg.length)
+        kept_from.append(row + back)
+        row += back + seg.length
+    out = np.empty(layout.compact_length, dtype=np.int64)
+    nonempty = [seg for seg in layout.segments if seg.length]
+    out[ranges([seg.start for seg in nonempty], [seg.length for seg in nonempty])] = ranges(
+        kept_from, [seg.length for seg in nonempty]
+    )
     return {
         "kernel_size": kernel_size,
         "src": ranges(starts, lengths),

@@ -1,13 +1,19 @@
-"""Gated DeltaNet on the compact row: the chunk-aligned two-round split.
+"""Gated DeltaNet on the compact row: chunk-aligned rounds, one per level of the prefix tree.
 
-Per group with prefix `P`, `B = floor(P / 64) * 64`. Round A runs `prefix[0:B)` from zero state and
-exports `S_B`. Round B, one varlen call, runs `tail = prefix[B:P)` alone (its outputs are the
-tail's) and `tail + suffix_i` for every member, all from `S_B`; the replayed tail outputs inside the
-member sequences are dropped. Exporting only at multiples of 64 keeps the chunk partition of
-every member identical to packed execution, which is what makes the split bit-identical with a
-chunked kernel (exporting at `P` shifts the chunks and is not). Singletons run whole in round A.
-Gradients reach the prefix through `S_B`: the backend must return `dh0` for round B and accept
-`dht` for round A.
+For a shared node ending at offset `E`, `B = floor(E / 64) * 64`. Round 0 runs every root up to
+its `B` from zero state (and every singleton whole) and exports the state at `B`. Round `l`
+(one varlen call) runs, per node of level `l - 1`, its tail `[B, E)` alone (its outputs are the
+tail's) and, per child, `tail + child` from the exported state: a nested child up to its own
+`B`, exporting there for round `l + 1`; a leaf whole. The replayed tail outputs inside the child
+sequences are dropped. Exporting only at multiples of 64 keeps the chunk partition of every
+member identical to packed execution, which is what makes the split bit-identical with a chunked
+kernel (exporting at `E` shifts the chunks and is not); a nested node is at least 64 rows long,
+so the replayed rows always lie in the parent. With one level this is the two-round split (A, B).
+Gradients reach every ancestor through the states: the backend must return `dh0` and accept `dht`.
+
+The rounds are plain data (`GDNIndex.rounds`): one autograd Function over all rounds of a layer
+can later run them forward in order and backward in reverse, handing `dh0` of round `l` to round
+`l - 1` as its `dht`.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .layout import GroupBlock, Layout, boundaries, ranges
+from .layout import Layout, boundaries, ranges
 
 CHUNK = 64  # chunk size of the chunked GDN kernels (fla, ours); the split aligns to it
 
@@ -31,15 +37,32 @@ class GDNRound:
     cu_seqlens_cpu: torch.Tensor  # the same on the host, so a backend never copies it back
     chunk_indices: torch.Tensor  # [chunks, 2] int32: (sequence, chunk within it), fla's layout
     num_sequences: int
+    state_index: torch.Tensor | None = None  # [n] row of the previous round's states (+1 if zero_state)
+    zero_state: bool = False  # some sequence starts from zeros (a root shorter than 64)
+    export_state: bool = False  # the next round starts from this round's final states
 
 
 @dataclass(frozen=True, eq=False)
 class GDNIndex:
-    round_a: GDNRound | None  # None when no group has P >= 64 and there is no singleton
-    round_b: GDNRound
-    state_index: torch.Tensor  # [round B sequences] row of round A's states (shifted by 1 if zero_state)
-    zero_state: bool  # some round-B sequence starts from zeros (a group with P < 64)
-    out_index: torch.Tensor  # [C] row of cat(round A outputs, round B outputs) for each compact row
+    rounds: tuple[GDNRound | None, ...]  # round 0 is None when no root reaches 64 and there is no singleton
+    out_index: torch.Tensor  # [C] row of cat(every round's outputs) for each compact row
+
+    @property
+    def round_a(self) -> GDNRound | None:
+        return self.rounds[0]
+
+    @property
+    def round_b(self) -> GDNRound:
+        return self.rounds[1]
+
+    @property
+    def state_index(self) -> torch.Tensor:
+        """Round 1's state rows (the one-level plan's `state_index`)."""
+        return self.rounds[1].state_index
+
+    @property
+    def zero_state(self) -> bool:
+        return self.rounds[1].zero_state
 
 
 def chunk_indices(lengths) -> np.ndarray:
@@ -51,125 +74,139 @@ def chunk_indices(lengths) -> np.ndarray:
 
 
 def gdn_host_index(layout: Layout) -> dict:
-    """Host arrays of the two rounds (see `GDNIndex`); uploaded by the plan builder."""
-    out = np.empty(layout.compact_length, dtype=np.int64)
-    a_starts, a_lengths, a_seq_of_block = [], [], {}
+    """Host arrays of every round (see `GDNIndex`); uploaded by the plan builder."""
+    segs = layout.segments
+    kept_at, kept_from, kept_len = [], [], []  # compact rows whose output a round row holds
     row = 0
-    for bi, blk in enumerate(layout.blocks):
-        if isinstance(blk, GroupBlock):
-            start, n = blk.prefix_start, (blk.prefix_length // CHUNK) * CHUNK
-        else:
-            start, n = blk.start, blk.length
-        if n > 0:
-            a_seq_of_block[bi] = len(a_starts)
-            a_starts.append(start)
-            a_lengths.append(n)
-            out[start : start + n] = np.arange(row, row + n)
-            row += n
+    run_of: dict[int, int] = {}  # shared segment -> its sequence in its level's round
+    rounds = []
 
-    b_starts, b_lengths, b_seq_lengths, b_state = [], [], [], []
-    for bi, blk in enumerate(layout.blocks):
-        if not isinstance(blk, GroupBlock):
+    # round 0: roots up to their last chunk boundary, singletons whole
+    starts, lengths, seq_lengths = [], [], []
+    for i, seg in enumerate(segs):
+        if seg.parent >= 0:
             continue
-        p = blk.prefix_length
-        cut = (p // CHUNK) * CHUNK
-        tail_start, tail = blk.prefix_start + cut, p - cut
-        state = a_seq_of_block.get(bi)
-        if tail > 0:  # the tail alone; its outputs are the prefix tail's
-            b_starts.append(tail_start)
-            b_lengths.append(tail)
-            b_seq_lengths.append(tail)
-            b_state.append(state)
-            out[tail_start : tail_start + tail] = np.arange(row, row + tail)
-            row += tail
-        for s_start, r in zip(blk.suffix_starts, blk.suffix_lengths):
-            b_starts += [tail_start, s_start]
-            b_lengths += [tail, r]
-            b_seq_lengths.append(tail + r)
-            b_state.append(state)
-            out[s_start : s_start + r] = np.arange(row + tail, row + tail + r)
-            row += tail + r
+        n = (seg.length // CHUNK) * CHUNK if seg.shared else seg.length
+        if n > 0:
+            if seg.shared:
+                run_of[i] = len(seq_lengths)
+            starts.append(seg.start)
+            lengths.append(n)
+            seq_lengths.append(n)
+            kept_at.append(seg.start)
+            kept_from.append(row)
+            kept_len.append(n)
+            row += n
+    rounds.append((starts, lengths, seq_lengths, None))
 
-    zero_state = any(s is None for s in b_state)
-    shift = 1 if zero_state else 0
-    state_index = np.asarray([0 if s is None else s + shift for s in b_state], dtype=np.int64)
-    host = {
-        "zero_state": zero_state,  # not an array: stays on the host
-        "out_index": out,
-        "state_index": state_index,
-        "b_src": ranges(b_starts, b_lengths),
-        "b_cu": boundaries(b_seq_lengths).astype(np.int32),
-        "b_chunks": chunk_indices(b_seq_lengths).astype(np.int32),
-    }
-    if a_starts:
+    parents = [i for i, seg in enumerate(segs) if seg.shared and seg.level == 0]
+    while parents:
+        starts, lengths, seq_lengths, state = [], [], [], []
+        next_run: dict[int, int] = {}
+        for p in parents:
+            par = segs[p]
+            cut = (par.end // CHUNK) * CHUNK
+            tail_start, tail = par.start + cut - par.offset, par.end - cut
+            from_state = run_of.get(p)
+            if tail > 0:  # the tail alone; its outputs are the parent's tail's
+                starts.append(tail_start)
+                lengths.append(tail)
+                seq_lengths.append(tail)
+                state.append(from_state)
+                kept_at.append(tail_start)
+                kept_from.append(row)
+                kept_len.append(tail)
+                row += tail
+            for c in par.children:
+                child = segs[c]
+                own = (child.end // CHUNK) * CHUNK - child.offset if child.shared else child.length
+                if child.shared:
+                    next_run[c] = len(seq_lengths)
+                starts += [tail_start, child.start]
+                lengths += [tail, own]
+                seq_lengths.append(tail + own)
+                state.append(from_state)
+                kept_at.append(child.start)
+                kept_from.append(row + tail)
+                kept_len.append(own)
+                row += tail + own
+        rounds.append((starts, lengths, seq_lengths, state))
+        run_of = next_run
+        parents = [c for p in parents for c in segs[p].children if segs[c].shared]
+
+    out = np.empty(layout.compact_length, dtype=np.int64)
+    out[ranges(kept_at, kept_len)] = ranges(kept_from, kept_len)
+    host = {"out_index": out, "rounds": len(rounds)}
+    for r, (starts, lengths, seq_lengths, state) in enumerate(rounds):
+        if not seq_lengths:
+            continue
         host |= {
-            "a_src": ranges(a_starts, a_lengths),
-            "a_cu": boundaries(a_lengths).astype(np.int32),
-            "a_chunks": chunk_indices(a_lengths).astype(np.int32),
+            f"src{r}": ranges(starts, lengths),
+            f"cu{r}": boundaries(seq_lengths).astype(np.int32),
+            f"chunks{r}": chunk_indices(seq_lengths).astype(np.int32),
+            f"export{r}": r + 1 < len(rounds),  # not an array: stays on the host
         }
+        if state is not None:
+            zero = any(s is None for s in state)
+            host[f"zero{r}"] = zero
+            host[f"state{r}"] = np.asarray([0 if s is None else s + zero for s in state], dtype=np.int64)
     return host
 
 
 def gdn_index(host: dict, dev: dict) -> GDNIndex:
     """Assemble the index from host arrays and their uploaded device copies."""
-
-    def round_of(prefix: str) -> GDNRound | None:
-        if f"{prefix}_src" not in dev:
-            return None
-        return GDNRound(
-            src=dev[f"{prefix}_src"],
-            cu_seqlens=dev[f"{prefix}_cu"],
-            cu_seqlens_cpu=torch.from_numpy(host[f"{prefix}_cu"]),
-            chunk_indices=dev[f"{prefix}_chunks"],
-            num_sequences=len(host[f"{prefix}_cu"]) - 1,
+    rounds = []
+    for r in range(host["rounds"]):
+        if f"src{r}" not in dev:
+            rounds.append(None)
+            continue
+        rounds.append(
+            GDNRound(
+                src=dev[f"src{r}"],
+                cu_seqlens=dev[f"cu{r}"],
+                cu_seqlens_cpu=torch.from_numpy(host[f"cu{r}"]),
+                chunk_indices=dev[f"chunks{r}"],
+                num_sequences=len(host[f"cu{r}"]) - 1,
+                state_index=dev.get(f"state{r}"),
+                zero_state=host.get(f"zero{r}", False),
+                export_state=host[f"export{r}"],
+            )
         )
-
-    return GDNIndex(
-        round_a=round_of("a"),
-        round_b=round_of("b"),
-        state_index=dev["state_index"],
-        zero_state=host["zero_state"],
-        out_index=dev["out_index"],
-    )
+    return GDNIndex(rounds=tuple(rounds), out_index=dev["out_index"])
 
 
 def shared_prefix_gated_delta_rule(
     plan, gdn_fn, q, k, v, g, beta, *, scale: float | None = None, use_qk_l2norm_in_kernel: bool = True
 ) -> torch.Tensor:
-    """Gated DeltaNet over the compact row in exactly two `gdn_fn` calls (the `gated_delta_rule` slot).
+    """Gated DeltaNet over the compact row in one `gdn_fn` call per level (the `gated_delta_rule` slot).
 
     `q, k: [1, C, H, K]`, `v: [1, C, HV, V]`, `g, beta: [1, C, HV]`; returns `o: [1, C, HV, V]`.
     """
     idx: GDNIndex = plan.gdn
     inputs = (q, k, v, g, beta)
     common = {"scale": scale, "use_qk_l2norm_in_kernel": use_qk_l2norm_in_kernel}
-    if idx.round_a is not None:
-        a = idx.round_a
-        o_a, states = gdn_fn(
-            *(x.index_select(1, a.src) for x in inputs),
-            initial_state=None,
-            output_final_state=True,
-            cu_seqlens=a.cu_seqlens,
-            cu_seqlens_cpu=a.cu_seqlens_cpu,
-            chunk_indices=a.chunk_indices,
+    outputs, states = [], None
+    for r, rnd in enumerate(idx.rounds):
+        if rnd is None:
+            continue
+        if r == 0:
+            h0 = None
+        elif states is None:  # no round 0: every root is shorter than one chunk
+            shape = (rnd.num_sequences, v.shape[2], k.shape[3], v.shape[3])
+            h0 = v.new_zeros(shape, dtype=torch.promote_types(v.dtype, torch.float32))
+        else:
+            if rnd.zero_state:
+                states = torch.cat([states.new_zeros((1, *states.shape[1:])), states])
+            h0 = states.index_select(0, rnd.state_index)
+        o, states = gdn_fn(
+            *(x.index_select(1, rnd.src) for x in inputs),
+            initial_state=h0,
+            output_final_state=rnd.export_state,
+            cu_seqlens=rnd.cu_seqlens,
+            cu_seqlens_cpu=rnd.cu_seqlens_cpu,
+            chunk_indices=rnd.chunk_indices,
             **common,
         )
-        if idx.zero_state:
-            states = torch.cat([states.new_zeros((1, *states.shape[1:])), states])
-        h0 = states.index_select(0, idx.state_index)
-    else:
-        o_a = None
-        shape = (idx.round_b.num_sequences, v.shape[2], k.shape[3], v.shape[3])
-        h0 = v.new_zeros(shape, dtype=torch.promote_types(v.dtype, torch.float32))
-    b = idx.round_b
-    o_b, _ = gdn_fn(
-        *(x.index_select(1, b.src) for x in inputs),
-        initial_state=h0,
-        output_final_state=False,
-        cu_seqlens=b.cu_seqlens,
-        cu_seqlens_cpu=b.cu_seqlens_cpu,
-        chunk_indices=b.chunk_indices,
-        **common,
-    )
-    o = o_b if o_a is None else torch.cat([o_a, o_b], dim=1)
+        outputs.append(o)
+    o = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
     return o.index_select(1, idx.out_index)

@@ -24,16 +24,32 @@ class Group:
 
 
 def find_groups(
-    ids: np.ndarray, positions: np.ndarray | None, cu: list[int], min_prefix: int = 64
+    ids: np.ndarray, positions: np.ndarray | None, cu: list[int], min_prefix: int = 64, runs=None
 ) -> list[Group]:
     """Groups of sequences with a common prefix of at least `min_prefix` tokens, in packed order.
 
     `ids` is `[T]`, `positions` `[R, T]` (every position row) or None for per-sequence positions,
     which agree wherever offsets agree; `cu` the sequence boundaries. Every member keeps at least
-    one suffix token. Sequences in no group are not listed.
+    one suffix token. Sequences in no group are not listed. `runs`: `sorted_runs` of the same
+    arguments, when the caller has them already.
     """
-    # one symbol per row: the id, then every position row; row-major, so a sequence is one block
-    symbols = ids[:, None] if positions is None else np.stack([ids, *positions], axis=1)
+    groups: list[Group] = []
+    for order, adjacent in sorted_runs(ids, positions, cu, min_prefix) if runs is None else runs:
+        for lo, hi, prefix in _best_partition(adjacent, min_prefix):
+            groups.append(Group(tuple(sorted(order[lo:hi])), prefix))
+    groups.sort(key=lambda grp: grp.members[0])
+    return groups
+
+
+def sorted_runs(
+    ids: np.ndarray, positions: np.ndarray | None, cu: list[int], min_prefix: int
+) -> list[tuple[list[int], list[int]]]:
+    """Per bucket of two or more candidates: its sequences in lexicographic order, and the capped
+    common prefix of each adjacent pair (in that order, the common prefix of a contiguous run is
+    the minimum over its adjacent pairs, so the best groups are contiguous runs)."""
+    # one symbol per row: the id, then every position row, viewed as one opaque element so that
+    # rows compare in one vectorised test
+    symbols = ids if positions is None else _rows_as_elements(np.stack([ids, *positions], axis=1))
     key_len = min(BUCKET_TOKENS, min_prefix)
     buckets: dict[bytes, list[int]] = {}
     for s in range(len(cu) - 1):
@@ -42,32 +58,33 @@ def find_groups(
         if end - start > min_prefix:
             key = ids[start : start + key_len].tobytes()
             buckets.setdefault(key, []).append(s)
-
-    groups: list[Group] = []
+    runs = []
     for members in buckets.values():
-        if len(members) > 1:
-            groups.extend(_split_bucket(symbols, cu, members, min_prefix))
-    groups.sort(key=lambda grp: grp.members[0])
-    return groups
+        if len(members) < 2:
+            continue
+        blocks = [symbols[cu[s] : cu[s + 1]] for s in members]
+        # raw bytes of the row-major blocks give one lexicographic order
+        order = sorted(range(len(members)), key=lambda i: blocks[i].tobytes())
+        adjacent = [_common_prefix(blocks[a], blocks[b]) for a, b in itertools.pairwise(order)]
+        runs.append(([members[i] for i in order], adjacent))
+    return runs
 
 
-def _split_bucket(symbols: np.ndarray, cu: list[int], members: list[int], min_prefix: int) -> list[Group]:
-    blocks = [symbols[cu[s] : cu[s + 1]] for s in members]
-    # In lexicographic order the best runs are contiguous; raw bytes of the row-major blocks give
-    # one such order. The common prefix of a run is the minimum over its adjacent pairs.
-    order = sorted(range(len(members)), key=lambda i: blocks[i].tobytes())
-    adjacent = [_common_prefix(blocks[a], blocks[b]) for a, b in itertools.pairwise(order)]
-    out = []
-    for lo, hi, prefix in _best_partition(adjacent, min_prefix):
-        out.append(Group(tuple(sorted(members[i] for i in order[lo:hi])), prefix))
-    return out
+def _rows_as_elements(rows: np.ndarray) -> np.ndarray:
+    """`[T, k]` int64 rows as `[T]` opaque elements that compare equal exactly when the rows do."""
+    rows = np.ascontiguousarray(rows)
+    return rows.view(np.dtype((np.void, rows.itemsize * rows.shape[1]))).reshape(-1)
 
 
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    """Leading rows where every symbol matches, capped so both sequences keep a suffix token."""
+    """Leading symbols that match, capped so both sequences keep a suffix token."""
     n = min(len(a), len(b))
-    differs = (a[:n] != b[:n]).any(axis=1)
-    first = int(differs.argmax()) if differs.any() else n
+    if n == 0:
+        return -1
+    differs = a[:n] != b[:n]
+    first = int(differs.argmax())
+    if not differs[first]:
+        first = n
     return min(first, n - 1)
 
 

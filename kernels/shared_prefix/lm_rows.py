@@ -1,9 +1,9 @@
 """LM-head rows: each distinct (compact row, next-token label) pair scored once, and the exact loss.
 
-Rows `0 .. P-2` of a shared prefix have one hidden state and one next-token label across the
-members (the next token is inside the prefix), so they are scored once; row `P-1` predicts each
-member's first suffix token, so it is scored once per member. That gives
-`L = T - sum_g (n_g - 1) (P_g - 1)` scored rows. The structure is fixed at plan time; `lm_rows`
+Every row of a shared node but its last has one hidden state and one next-token label across the
+members (the next token is inside the node), so it is scored once; the node's last row predicts
+the first row of each child (nested node or leaf), so it is scored once per child. That gives
+`L = C + sum_nodes (children - 1)` scored rows, `T - sum_g (n_g - 1) (P_g - 1)` with one level. The structure is fixed at plan time; `lm_rows`
 only reduces the labels onto the entries, so it never syncs. Members may mask a shared row
 differently (a rollout masked out whole, multi-turn labels): an entry scores the row's valid label
 if any member has one, and each position keeps its own mask in the loss. What must hold is that
@@ -31,23 +31,23 @@ class LMIndex:
 
 def lm_host_index(layout: Layout) -> dict:
     c = layout.compact_length
-    extra_rows, extra_src = [], []  # row P-1 of a group, once for every member after the first
-    follower_starts, follower_lengths, follower_entries = [], [], []
-    for blk in layout.group_blocks:
-        p = blk.prefix_length
-        for m in blk.group.members[1:]:
-            entry = c + len(extra_rows)
-            extra_rows.append(blk.prefix_start + p - 1)
-            extra_src.append(layout.cu[m] + p - 1)
-            follower_starts.append(layout.cu[m])
-            follower_lengths.append(p - 1)
-            follower_entries.append((layout.cu[m] + p - 1, entry))
+    segs = layout.segments
+    extra_rows, extra_src = [], []  # a node's last row, once for every child after the first
+    inverse = layout.expand_index.copy()  # rows inside a node read the source member's entries
+    pos, entry = [], []
+    for seg in segs:
+        if not seg.shared:
+            continue
+        last = seg.start + seg.length - 1
+        for child in seg.children[1:]:
+            members = segs[child].members
+            extra_rows.append(last)
+            extra_src.append(layout.cu[members[0]] + seg.end - 1)
+            pos += [layout.cu[m] + seg.end - 1 for m in members]
+            entry += [c + len(extra_rows) - 1] * len(members)
     rows = np.concatenate([np.arange(c, dtype=np.int64), np.asarray(extra_rows, dtype=np.int64)])
     label_src = np.concatenate([layout.compact_src, np.asarray(extra_src, dtype=np.int64)])
-    # rows 0..P-2 of a follower read the first member's entries, which are their compact rows
-    inverse = layout.expand_index.copy()
-    if follower_entries:
-        pos, entry = zip(*follower_entries)
+    if pos:
         inverse[np.asarray(pos)] = np.asarray(entry)
     return {"length": len(rows), "rows": rows, "label_src": label_src, "inverse": inverse}
 
@@ -63,7 +63,7 @@ class LMRows:
     rows: torch.Tensor  # [L] compact rows: `hidden.index_select(1, rows)`
     labels: torch.Tensor  # [L] the label each entry scores
     inverse: torch.Tensor  # [T] entry of each packed position
-    length: int  # L = T - sum (n - 1)(P - 1)
+    length: int  # L = C + sum over nodes (children - 1)
     _shift_labels: torch.Tensor
     _label_src: torch.Tensor
 

@@ -15,24 +15,28 @@ import torch
 
 from .attention import AttentionIndex, attention_host_index, attention_index
 from .conv import ConvIndex, conv_host_index, conv_index
-from .gdn import GDNIndex, gdn_host_index, gdn_index
-from .grouping import Group, find_groups
-from .layout import GroupBlock, Layout, boundaries, build_layout
+from .gdn import CHUNK, GDNIndex, gdn_host_index, gdn_index
+from .grouping import Group
+from .layout import Layout, boundaries, build_layout
 from .lm_rows import LMIndex, LMRows, lm_host_index, lm_index, lm_rows
 from .positions import host_positions
+from .tree import Node, find_tree
+
+DEFAULT_MAX_DEPTH = 4  # a system prompt, a prompt and two turns of an agentic rollout
+LEVEL_COST_TOKENS = 256  # rows a level must save to be worth its GDN call per layer (an estimate)
 
 
 @dataclass(frozen=True, eq=False)
 class Plan:
     """The compact row of one packed micro-batch and the indices of every mixer on it."""
 
-    groups: tuple[Group, ...]  # members (packed sequence indices) and prefix length, in packed order
+    nodes: tuple[Node, ...]  # the prefix tree's shared nodes, parents first, in compact order
     packed_length: int  # T
-    compact_length: int  # C = T - sum (n - 1) P
+    compact_length: int  # C = T - sum over nodes (members - 1) * length
     compact_src: torch.Tensor  # [C] packed row of each compact row
     expand_index: torch.Tensor  # [T] compact row of each packed row
     position_ids: torch.Tensor  # compact positions, `[1, C]` or `[R, 1, C]` like the input
-    cu_seqlens: torch.Tensor  # int32 boundaries of the compact blocks (a group is one block)
+    cu_seqlens: torch.Tensor  # int32 boundaries of the compact blocks (a root with its subtree is one block)
     gdn: GDNIndex
     conv: ConvIndex
     attention: AttentionIndex
@@ -54,12 +58,28 @@ class Plan:
         return lm_rows(self, shift_labels)
 
     @property
+    def groups(self) -> tuple[Group, ...]:
+        """The roots of the tree: every sequence under a root, and the root's length (one level: the groups)."""
+        out = []
+        for node in self.nodes:
+            if node.parent is None:
+                out.append(Group(node.members, node.end))
+        return tuple(out)
+
+    @property
+    def depth(self) -> int:
+        """Levels of shared nodes: 1 for one-level sharing; GDN runs `depth + 1` rounds per layer."""
+        return self.layout.depth
+
+    @property
     def tokens_saved(self) -> int:
         return self.packed_length - self.compact_length
 
     def __repr__(self) -> str:
-        groups = ", ".join(f"{len(g.members)}x{g.prefix_length}" for g in self.groups)
-        return f"Plan(T={self.packed_length}, C={self.compact_length}, groups=[{groups}])"
+        if self.depth == 1:
+            groups = ", ".join(f"{len(g.members)}x{g.prefix_length}" for g in self.groups)
+            return f"Plan(T={self.packed_length}, C={self.compact_length}, groups=[{groups}])"
+        return f"Plan(T={self.packed_length}, C={self.compact_length}, depth={self.depth}, nodes={len(self.nodes)})"
 
     @staticmethod
     def _expect(x: torch.Tensor, dim: int, size: int, what: str) -> None:
@@ -73,17 +93,29 @@ def build_plan(
     position_ids: torch.Tensor | None = None,
     conv_kernel_size: int = 4,
     min_prefix: int = 64,
+    max_depth: int = 1,
+    level_cost: int = LEVEL_COST_TOKENS,
 ) -> Plan | None:
     """Plan shared-prefix execution of one packed row, or `None` when no sequences share a prefix.
 
     `input_ids: [1, T]`, `cu_seqlens: [N + 1]`, `position_ids: [1, T]` or `[R, 1, T]` (M-RoPE) or
     `None` (per-sequence positions). Sequences share a prefix only where token ids and every
-    position row agree; a group needs a prefix of at least `min_prefix` tokens.
+    position row agree; a root needs at least `min_prefix` tokens, a nested node at least 64 (the
+    GDN chunk). `max_depth` levels of nesting at most (1: one level, the groups); a deeper level
+    is used only where it saves more than `level_cost` rows.
     """
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"input_ids must be one packed row [1, T], got {tuple(input_ids.shape)}")
     if min_prefix < 1 or conv_kernel_size < 1:
         raise ValueError("min_prefix and conv_kernel_size must be at least 1")
+    if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
+        raise ValueError(
+            f"shared_prefix_max_depth must be an int of at least 1 (1: one level of sharing), got {max_depth!r}"
+        )
+    if isinstance(level_cost, bool) or not isinstance(level_cost, int) or level_cost < 0:
+        raise ValueError(
+            f"shared_prefix_level_cost must be an int of at least 0 (rows a level must save), got {level_cost!r}"
+        )
     length = input_ids.shape[1]
     device = input_ids.device
     pos_rows = None
@@ -105,16 +137,24 @@ def build_plan(
     per_sequence = host_positions(cu)
     if pos is not None and np.array_equal(pos, np.broadcast_to(per_sequence, pos.shape)):
         pos = None  # per-sequence positions (text-only M-RoPE too) agree wherever offsets agree
-    groups = find_groups(ids, pos, cu, min_prefix)
-    if not groups:
+    nodes = find_tree(
+        ids,
+        pos,
+        cu,
+        min_prefix=min_prefix,
+        max_depth=max_depth,
+        nested_min=max(CHUNK, conv_kernel_size - 1),
+        level_cost=level_cost,
+    )
+    if not nodes:
         return None
 
-    layout = build_layout(groups, cu)
+    layout = build_layout(nodes, cu)
     host = {
         "plan": {
             "compact_src": layout.compact_src,
             "expand_index": layout.expand_index,
-            "cu_seqlens": boundaries([_block_length(b) for b in layout.blocks]).astype(np.int32),
+            "cu_seqlens": boundaries(_block_lengths(layout)).astype(np.int32),
         },
         "gdn": gdn_host_index(layout),
         "conv": conv_host_index(layout, conv_kernel_size),
@@ -137,7 +177,7 @@ def build_plan(
     if position_ids is not None and compact_positions.dtype != position_ids.dtype:
         compact_positions = compact_positions.to(position_ids.dtype)
     return Plan(
-        groups=tuple(groups),
+        nodes=tuple(nodes),
         packed_length=length,
         compact_length=layout.compact_length,
         compact_src=dev["plan"]["compact_src"],
@@ -152,10 +192,14 @@ def build_plan(
     )
 
 
-def _block_length(blk) -> int:
-    if isinstance(blk, GroupBlock):
-        return blk.prefix_length + sum(blk.suffix_lengths)
-    return blk.length
+def _block_lengths(layout: Layout) -> list[int]:
+    """Rows of each root with its whole subtree, and of each singleton."""
+    lengths: list[int] = []
+    for seg in layout.segments:
+        if seg.parent < 0:
+            lengths.append(0)
+        lengths[-1] += seg.length
+    return lengths
 
 
 def _to_host(cu_seqlens, input_ids, pos_rows) -> tuple[list[int], np.ndarray, np.ndarray | None]:

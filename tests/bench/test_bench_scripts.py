@@ -39,13 +39,31 @@ def test_correctness_rows_compare_flag_on_off_and_a_real_noise_floor(tiny_run):
 
 def test_speed_rows_carry_bound_efficiency_and_plan_time(tiny_run):
     rows = rows_of(tiny_run / "shared_prefix_cpu-tiny.csv")
-    assert [row["shape"] for row in rows] == ["tiny n=4 P=192 R=32", "tiny system"]
+    assert [row["shape"] for row in rows] == ["tiny n=4 P=192 R=32", "tiny system", "tiny system tree", "tiny agentic"]
     for row in rows:
         T, C = int(row["T"]), int(row["C"])
         assert C < T and float(row["bound"]) == pytest.approx(T / C)
         speedup = float(row["packed_train_ms"]) / float(row["shared_train_ms"])
         assert float(row["efficiency_train"]) == pytest.approx(speedup / (T / C))
         assert float(row["plan_ms"]) > 0
+
+
+def test_tree_shapes_run_as_trees(tiny_run):
+    rows = {row["shape"]: row for row in rows_of(tiny_run / "shared_prefix_cpu-tiny.csv")}
+    assert (int(rows["tiny system"]["levels"]), int(rows["tiny system tree"]["levels"])) == (1, 2)
+    assert int(rows["tiny system tree"]["C"]) == 64 + 2 * 64 + 4 * 4
+    assert int(rows["tiny agentic"]["levels"]) == 2
+
+
+def test_an_agentic_shape_branches_at_every_turn():
+    # one prompt of 64 tokens, two shared turns of 128 tokens, each branching in two, then 4 own tokens
+    *_, seqs = shared_prefix_gpu.batch([(8, 64, 4)], [], 512, "cpu", turns=(128, 128))
+    assert [len(s) for s in seqs] == [64 + 128 + 128 + 4] * 8
+    assert all((s[:64] == seqs[0][:64]).all() for s in seqs)
+    for j in range(8):  # rollouts j and j ^ 1 share both turns, j and j ^ 2 only the first
+        assert (seqs[j][:320] == seqs[j ^ 1][:320]).all() and not (seqs[j][320:] == seqs[j ^ 1][320:]).all()
+        assert (seqs[j][:192] == seqs[j ^ 2][:192]).all() and not (seqs[j][192:320] == seqs[j ^ 2][192:320]).all()
+        assert not (seqs[j][64:192] == seqs[j ^ 4][64:192]).all()
 
 
 def test_a_system_prompt_common_to_two_groups_is_shared():
@@ -57,9 +75,11 @@ def test_a_system_prompt_common_to_two_groups_is_shared():
 
 def test_grid_has_every_shape_of_the_issue_and_the_controls():
     names = [name for name, *_ in shared_prefix_gpu.parse_shapes("grid")]
-    assert len(names) == 2 * 4 * 2 + 3
+    assert len(names) == 2 * 4 * 2 + 7
     assert "n=8 P=8192 R=512" in names and "n=4 P=512 R=256" in names
     assert any(name.startswith("split") for name in names) and any(name.startswith("system") for name in names)
+    assert any(name.startswith("system tree") for name in names)
+    assert sum(name.startswith("agentic") for name in names) == 3
 
 
 def test_merge_takes_each_column_once_and_recomputes_the_ratios(tmp_path):

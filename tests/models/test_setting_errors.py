@@ -17,3 +17,16 @@ def test_bad_min_length_set_after_build_names_the_config_field_at_forward():
 def test_typo_in_a_patchgen_field_fails_at_model_build():
     with pytest.raises(SettingError, match="did you mean 'shared_prefix_training'"):
         tiny.build("qwen3_5", "gpu", shared_prefix_trainin=True)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("shared_prefix_max_depth", 0), ("shared_prefix_level_cost", -1), ("shared_prefix_max_depth", 2.5)]
+)
+def test_bad_tree_setting_names_the_config_field_at_build(field, value):
+    with pytest.raises(SettingError, match=f"config field {field}"):
+        tiny.build("qwen3_5", "gpu", **{field: value})
+
+
+def test_typo_in_a_tree_field_fails_at_model_build():
+    with pytest.raises(SettingError, match="did you mean 'shared_prefix_max_depth'"):
+        tiny.build("qwen3_5", "gpu", shared_prefix_max_dept=2)

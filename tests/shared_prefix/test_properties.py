@@ -157,3 +157,35 @@ def test_conv_and_attention_match_packed_on_random_batches(ref, batch):
         ).unsqueeze(0),
         [q, k, v],
     )
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(packed_batches())
+def test_tree_plans_of_the_same_batches(ref, batch):
+    """As a prefix tree (the system prompts of these batches nest): the same rows, positions and gradients."""
+    seqs, positions, min_prefix = batch
+    ids, cu = ref.pack(seqs)
+    flat = build_plan(ids, cu, positions, min_prefix=min_prefix)
+    plan = build_plan(ids, cu, positions, min_prefix=min_prefix, max_depth=4, level_cost=0)
+    assert (plan is None) == (flat is None)
+    if plan is None:
+        return
+    assert plan.compact_length <= flat.compact_length
+    assert torch.equal(plan.expand(plan.compact(ids)), ids)
+    if positions is not None:
+        assert torch.equal(plan.expand(plan.compact(positions, dim=-1), dim=-1), positions)
+    sym = symbols(seqs, positions)
+    for node in plan.nodes:
+        assert len(node.members) >= 2 and node.length >= (min_prefix if node.parent is None else 64)
+        for m in node.members:
+            assert len(seqs[m]) > node.end and sym[m][: node.end] == sym[node.members[0]][: node.end]
+    assert plan.compact_length == ids.shape[1] - sum((len(n.members) - 1) * n.length for n in plan.nodes)
+    x = torch.randn(1, plan.compact_length, 3, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    ref.assert_matches_packed(
+        plan,
+        lambda x, w: shared_prefix_causal_conv1d(plan, ref.causal_conv1d, x, w, None, activation=None),
+        lambda x, w: ref.causal_conv1d(x, w, None, activation=None, cu_seqlens=cu),
+        [x],
+        [w],
+    )

@@ -1,0 +1,214 @@
+"""The prefix tree: which sequences share which prefix, at every level.
+
+Host code over numpy arrays. A `Node` is a run of rows that several sequences hold identically
+(token ids and every position row) at the same offsets; nested nodes continue their parent.
+Every sequence is a root-to-leaf path: the nodes it belongs to, then its own remainder (at least
+one row). With `max_depth=1` the tree is the one-level grouping of `grouping.find_groups`.
+
+Deeper trees come from the compressed trie of each bucket (lexicographic order, adjacent common
+prefixes, the Cartesian tree of those) and a dynamic program that keeps the nodes which save the
+most rows: `(members - 1) * length` per kept node, plus `level_cost` rows charged per level, since
+every level costs one more GDN call per layer. A nested node must be at least `nested_min` rows
+long (the GDN chunk, so that its children start from a state exported at a chunk boundary inside
+it, and the conv look-back); a shorter one is merged into its children.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from .grouping import find_groups, sorted_runs
+
+MAX_TRIE_HEIGHT = 64  # deeper tries (chains of nested prefixes) keep the one-level plan
+
+
+@dataclass(frozen=True)
+class Node:
+    """Rows `[start, end)` of every member sequence, shared; `parent` indexes `Plan.nodes` (None: a root)."""
+
+    members: tuple[int, ...]  # packed sequence indices, ascending
+    start: int  # offset inside each member of the node's first row (the parent's end)
+    end: int
+    parent: int | None
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+
+def find_tree(
+    ids: np.ndarray,
+    positions: np.ndarray | None,
+    cu: list[int],
+    *,
+    min_prefix: int = 64,
+    max_depth: int = 1,
+    nested_min: int = 64,
+    level_cost: int = 0,
+) -> list[Node]:
+    """Shared nodes of the packed row, parents before children, roots in packed order of their first member.
+
+    `ids [T]`, `positions [R, T]` or None (per-sequence positions), `cu` the boundaries. A root is at
+    least `min_prefix` rows long, a nested node at least `nested_min`; at most `max_depth` levels.
+    """
+    runs = sorted_runs(ids, positions, cu, min_prefix)
+    groups = find_groups(ids, positions, cu, min_prefix, runs=runs)
+    flat = [Node(g.members, 0, g.prefix_length, None) for g in groups]
+    if max_depth == 1 or not groups:
+        return flat
+    limit = sys.getrecursionlimit()
+    # the trie and the solver recurse once (a few frames) per trie level; a chain of nested
+    # prefixes can be as deep as a bucket has sequences
+    sys.setrecursionlimit(max(limit, 4 * len(cu) + 1000))
+    try:
+        tries = [_trie(order, adjacent) for order, adjacent in runs]
+        if all(c.is_leaf for t in tries for c in t.children):
+            return flat  # no bucket nests: a deeper tree has nothing more to share
+        if max(t.height for t in tries) > MAX_TRIE_HEIGHT:
+            return flat  # a long chain of nested prefixes (not an RL batch): the solver would be quadratic in it
+        flat_saved = sum((len(n.members) - 1) * n.length for n in flat)
+        solver = _Solver(min_prefix, max(nested_min, min_prefix))
+        # depth 1 is the one-level grouping (exactly today's plan); deeper only where it pays its levels
+        best_depth, best_cost = 1, -flat_saved + level_cost
+        for depth in range(2, max_depth + 1):
+            cost = -sum(solver.best(t, 0, depth) for t in tries) + level_cost * depth
+            if cost < best_cost:
+                best_depth, best_cost = depth, cost
+        if best_depth == 1:
+            return flat
+        kept: list[tuple[tuple[int, ...], int, int, int | None]] = []  # (members, start, end, parent)
+        for t in tries:
+            solver.collect(t, 0, best_depth, None, kept)
+    finally:
+        sys.setrecursionlimit(limit)
+    return _ordered(kept)
+
+
+@dataclass
+class _TrieNode:
+    """An interval of a bucket's sorted sequences and their common prefix; leaves are one sequence."""
+
+    members: tuple[int, ...]
+    prefix: int  # common prefix of the members (capped so every member keeps a row); unused for a leaf
+    children: list[_TrieNode]
+    height: int = 0  # levels of internal nodes from here down: more depth than that changes nothing
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self.children
+
+
+def _trie(seqs: list[int], adjacent: list[int]) -> _TrieNode:
+    """The compressed trie of sequences in lexicographic order, from their adjacent common prefixes."""
+
+    def build(lo: int, hi: int) -> _TrieNode:
+        if hi - lo == 1:
+            return _TrieNode((seqs[lo],), 0, [])
+        prefix = min(adjacent[lo : hi - 1])
+        children, first = [], lo
+        for i in range(lo, hi - 1):  # children split where the adjacent prefix equals the node's
+            if adjacent[i] == prefix:
+                children.append(build(first, i + 1))
+                first = i + 1
+        children.append(build(first, hi))
+        return _TrieNode(tuple(seqs[lo:hi]), prefix, children, 1 + max(c.height for c in children))
+
+    return build(0, len(seqs))
+
+
+class _Solver:
+    """Most rows saved under a trie node, given the end of the nearest kept ancestor and the levels left.
+
+    At a trie node with prefix `p`, any contiguous run of two or more of its children may become one
+    kept node of rows `[above, p)`; the other children are solved on their own. A run's value is
+    linear in prefix sums, so the best split of `k` children costs O(k).
+    """
+
+    def __init__(self, min_root: int, min_nested: int):
+        self.min_root, self.min_nested = min_root, min_nested
+        self.memo: dict[tuple[int, int, int], tuple[int, list]] = {}
+
+    def best(self, node: _TrieNode, above: int, depth: int) -> int:
+        return self._solve(node, above, depth)[0]
+
+    def _solve(self, node: _TrieNode, above: int, depth: int) -> tuple[int, list]:
+        if node.is_leaf or depth == 0:
+            return 0, []
+        depth = min(depth, node.height)
+        key = (id(node), above, depth)
+        hit = self.memo.get(key)
+        if hit is not None:
+            return hit
+        alone = [0 if c.is_leaf else self._solve(c, above, depth)[0] for c in node.children]
+        length = node.prefix - above
+        if length < (self.min_root if above == 0 else self.min_nested):
+            result = (sum(alone), [])
+        else:
+            kept = [0 if c.is_leaf else self._solve(c, node.prefix, depth - 1)[0] for c in node.children]
+            k = len(node.children)
+            best = [0] * (k + 1)
+            choice = [0] * (k + 1)  # start of the last segment; j - 1 means child j - 1 alone
+            lead_best, lead_at = None, -1  # max over i <= j - 2 of best[i] - M_i * length - K_i
+            m_sum, k_sum = [0] * (k + 1), [0] * (k + 1)
+            for j in range(1, k + 1):
+                m_sum[j] = m_sum[j - 1] + len(node.children[j - 1].members)
+                k_sum[j] = k_sum[j - 1] + kept[j - 1]
+            for j in range(1, k + 1):
+                best[j], choice[j] = best[j - 1] + alone[j - 1], j - 1
+                if j >= 2:
+                    i = j - 2
+                    lead = best[i] - m_sum[i] * length - k_sum[i]
+                    if lead_best is None or lead > lead_best:
+                        lead_best, lead_at = lead, i
+                    run = lead_best + (m_sum[j] - 1) * length + k_sum[j]
+                    if run > best[j]:
+                        best[j], choice[j] = run, lead_at
+            runs, j = [], k
+            while j > 0:
+                i = choice[j]
+                if j - i > 1:
+                    runs.append((i, j))
+                j = i
+            result = (best[k], runs[::-1])
+        self.memo[key] = result
+        return result
+
+    def collect(self, node: _TrieNode, above: int, depth: int, parent, out: list) -> None:
+        """Append the kept nodes of the best solution as (members, start, end, parent slot)."""
+        if node.is_leaf or depth == 0:
+            return
+        depth = min(depth, node.height)
+        _, runs = self._solve(node, above, depth)
+        in_run = set()
+        for i, j in runs:
+            members = tuple(sorted(m for c in node.children[i:j] for m in c.members))
+            slot = len(out)
+            out.append((members, above, node.prefix, parent))
+            for c in node.children[i:j]:
+                self.collect(c, node.prefix, depth - 1, slot, out)
+            in_run.update(range(i, j))
+        for ci, c in enumerate(node.children):
+            if ci not in in_run:
+                self.collect(c, above, depth, parent, out)
+
+
+def _ordered(kept: list[tuple[tuple[int, ...], int, int, int | None]]) -> list[Node]:
+    """Nodes in compact-row order (depth first, siblings by first member); parents renumbered."""
+    children: dict[int | None, list[int]] = {}
+    for slot, (_, _, _, parent) in enumerate(kept):
+        children.setdefault(parent, []).append(slot)
+    nodes: list[Node] = []
+
+    def visit(slot: int, parent: int | None) -> None:
+        members, start, end, _ = kept[slot]
+        index = len(nodes)
+        nodes.append(Node(members, start, end, parent))
+        for c in sorted(children.get(slot, []), key=lambda s: kept[s][0][0]):
+            visit(c, index)
+
+    for root in sorted(children.get(None, []), key=lambda s: kept[s][0][0]):
+        visit(root, None)
+    return nodes

@@ -1,0 +1,118 @@
+"""Prefix trees end to end: flag on vs off on random trees, all four targets, float64 on CPU (issue 19).
+
+Logits at every packed position, the loss (with the MoE load-balancing loss), and every
+parameter gradient to 1e-10, with the prompt masked or labelled and `position_ids` None or given.
+The trees are small (a float64 model on two CPU cores): depth 2-3, node lengths 63 / 64 / 65.
+"""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from patchgen.kernels.shared_prefix import build_plan
+
+from tests.models import tiny
+from tests.models.prefix_trees import pack, prefix_trees, prompt_mask
+
+SETTINGS = {
+    "deadline": None,
+    "derandomize": True,
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+}
+TREES = prefix_trees(
+    depth=(2, 3),
+    fan_out=(2, 2),
+    lengths=(63, 64, 65),
+    leaf=(1, 3),
+    roots=(1, 1),
+    spine=True,
+    max_sequences=5,
+    vocab=tiny.VOCAB,
+)
+# the NPU target runs our Triton GDN kernel, through Triton's interpreter on the CPU (~1 s a call):
+# one small tree whose nested nodes are kept (64 / 65 rows)
+NPU_TREES = prefix_trees(
+    depth=(2, 3),
+    fan_out=(2, 2),
+    lengths=(64, 65),
+    leaf=(1, 3),
+    roots=(1, 1),
+    spine=True,
+    max_sequences=4,
+    vocab=tiny.VOCAB,
+)
+TREE_CONFIG = {"shared_prefix_max_depth": 4, "shared_prefix_level_cost": 0}
+
+
+@pytest.fixture
+def float64_router(monkeypatch):
+    """Upstream's MoE router rounds its softmax to float32; a float64 one makes flag on / off exact to 1e-10."""
+
+    def router(self, hidden_states):
+        hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+        logits = torch.nn.functional.linear(hidden_states, self.weight)
+        top, index = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)
+        return logits, top / top.sum(-1, keepdim=True), index
+
+    for device in ("gpu", "npu"):
+        monkeypatch.setattr(tiny.module("qwen3_5_moe", device).Qwen3_5MoeTopKRouter, "forward", router)
+
+
+def _run(model, device, flag, kwargs):
+    net = tiny.build(model, device, seed=3, shared_prefix_training=flag, **TREE_CONFIG)
+    out = net(**kwargs)
+    out.loss.backward()
+    return out, tiny.grads(net)
+
+
+def check_tree(model, device, batch, masked):
+    seqs, prompt_lengths, positions = batch
+    ids, cu = pack(seqs)
+    plan = build_plan(ids, cu, positions, max_depth=4, level_cost=0)
+    assert plan is not None and plan.compact_length < plan.packed_length
+    labels = ids.masked_fill(prompt_mask(seqs, prompt_lengths), -100) if masked else ids
+    kwargs = dict(input_ids=ids, labels=labels, **tiny.packed_kwargs(cu))
+    if positions is not None:
+        kwargs["position_ids"] = positions
+    if model == "qwen3_5_moe":
+        kwargs["output_router_logits"] = True  # the loss then carries the load-balancing loss
+    (off, g_off), (on, g_on) = _run(model, device, False, kwargs), _run(model, device, True, kwargs)
+    assert on.logits.shape == off.logits.shape == (1, ids.shape[1], tiny.VOCAB)
+    torch.testing.assert_close(on.logits, off.logits, atol=1e-10, rtol=0)
+    torch.testing.assert_close(on.loss, off.loss, atol=1e-12, rtol=0)
+    if model == "qwen3_5_moe":
+        torch.testing.assert_close(on.aux_loss, off.aux_loss, atol=1e-12, rtol=0)
+    tiny.assert_grads_close(g_on, g_off)
+    return plan
+
+
+@pytest.mark.parametrize("model", ["qwen3_5", "qwen3_5_moe"])
+@settings(max_examples=3, **SETTINGS)
+@given(batch=TREES, masked=st.booleans())
+def test_random_trees_match_packed_gpu_target(float64_router, model, batch, masked):
+    check_tree(model, "gpu", batch, masked)
+
+
+@pytest.mark.parametrize("model", ["qwen3_5", "qwen3_5_moe"])
+@settings(max_examples=1, **SETTINGS)
+@given(batch=NPU_TREES, masked=st.booleans())
+def test_random_trees_match_packed_npu_target(float64_router, model, batch, masked):
+    assert check_tree(model, "npu", batch, masked).depth >= 2
+
+
+def test_a_three_level_tree_runs_three_levels_in_the_model(float64_router):
+    """A fixed deep case, so the model tests never depend on what hypothesis draws."""
+    gen = torch.Generator().manual_seed(5)
+
+    def toks(n):
+        return torch.randint(0, tiny.VOCAB, (n,), generator=gen).tolist()
+
+    root, turn1, turn2 = toks(64), toks(65), toks(64)
+    seqs = [
+        root + toks(2),
+        root + turn1 + toks(1),
+        root + turn1 + turn2 + toks(3),
+        root + turn1 + turn2 + toks(2),
+    ]
+    plan = check_tree("qwen3_5", "gpu", (seqs, [64, 129, 193, 193], None), masked=True)
+    assert plan.depth == 3
