@@ -433,9 +433,12 @@ def distance(a, b):
     return (a - b).abs().max().item(), ((a - b).norm() / b.norm()).item()
 
 
-def correctness(model, device, vocab, case):
-    n, p, r, single = case
-    ids, cu, max_len, seqs = batch([(n, p, r)], [single], vocab, device, seed=1)
+def correctness(model, device, vocab, shape):
+    """bf16 flag on vs off on one `Shape` (a tree where it nests), against the packed-vs-unpacked floor."""
+    ids, cu, max_len, seqs = shape_batch(shape, vocab, device, seed=1)
+    tree = tree_settings(shape)
+    model.config.shared_prefix_max_depth = tree["max_depth"]
+    model.config.shared_prefix_level_cost = tree["level_cost"]
     n_items = ids.shape[1] - len(seqs)  # shifted labels: one fewer per sequence
     off = correctness_arm(model, ids, cu, max_len, False, n_items)
     on = correctness_arm(model, ids, cu, max_len, True, n_items)
@@ -446,6 +449,7 @@ def correctness(model, device, vocab, case):
         nf_max, nf_rel = distance(alone[i], off[i])
         rows.append(
             {
+                "shape": shape.name,
                 "quantity": what,
                 "shared_vs_packed_max": sp_max,
                 "shared_vs_packed_rel": sp_rel,
@@ -455,12 +459,29 @@ def correctness(model, device, vocab, case):
             }
         )
         print(
-            f"{what:>6}: shared-vs-packed rel {sp_rel:.2e} (max {sp_max:.2e}); packed-vs-unpacked rel "
+            f"{shape.name}: {what:>6}: shared-vs-packed rel {sp_rel:.2e} (max {sp_max:.2e}); packed-vs-unpacked rel "
             f"{nf_rel:.2e} (max {nf_max:.2e})",
             flush=True,
         )
     model.config.shared_prefix_training = False
     return rows
+
+
+def correctness_shapes(text: str, tiny: bool):
+    """`--correctness`: `n x P x R x unrelated` cases and control names (e.g. `system-tree`), comma-separated."""
+    shapes = []
+    for item in filter(None, text.split(",")):
+        parts = item.split("x")
+        if len(parts) == 4 and all(v.isdigit() for v in parts):
+            n, p, r, single = (int(v) for v in parts)
+            if tiny:
+                p, r, single = 130, 20, 50
+            shapes.append(Shape(f"n={n} P={p} R={r} + {single}", [(n, p, r)], [single]))
+        elif tiny:
+            shapes.append(Shape("tiny system tree", [(2, 128, 4)] * 2, [], 64, level_cost=0))
+        else:
+            shapes += parse_shapes(item)
+    return shapes
 
 
 def write(rows, path: Path):
@@ -537,7 +558,9 @@ def main(argv=None):
         help="only upstream's arm (another GPU runs ours; the CSVs merge by shape)",
     )
     parser.add_argument(
-        "--correctness", default="3x1990x96x300", help="n x P x R x unrelated length; '' skips"
+        "--correctness",
+        default="3x1990x96x300",
+        help="comma-separated n x P x R x unrelated length cases and control shapes (system-tree); '' skips",
     )
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--tag", default="", help="suffix of the CSV names (runs split over GPUs or calls)")
@@ -562,11 +585,9 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     label = ("cpu-tiny" if args.tiny else torch.cuda.get_device_name().replace(" ", "_")) + args.tag
     if args.correctness:
-        n, p, r, single = (int(v) for v in args.correctness.split("x"))
-        if args.tiny:
-            p, r, single = 130, 20, 50
+        checked = correctness_shapes(args.correctness, args.tiny)
         write(
-            correctness(model, device, widths["vocab_size"], (n, p, r, single)),
+            [row for shape in checked for row in correctness(model, device, widths["vocab_size"], shape)],
             out / f"correctness_{label}.csv",
         )
     shapes = parse_shapes(args.shapes)
