@@ -6,7 +6,7 @@ TORCH_CPU ?= torch==2.13.0
 .PHONY: setup test generate check lint bench demo
 
 setup:
-	python3 -m venv .venv && $(PY) -m pip install -q $(TORCH_CPU) && $(PY) -m pip install -q -e '.[dev]'
+	python3 -m venv .venv && $(PY) -m pip install -q $(TORCH_CPU) && $(PY) -m pip install -q -e '.[dev,trl]'
 
 test:
 	$(PY) -m pytest -q

@@ -101,6 +101,8 @@ from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config, Qwe
 
 from patchgen.kernels import ops
 from patchgen.kernels.modeling import shared_prefix
+from patchgen.kernels.modeling.boundaries import resolve_packed
+from patchgen.kernels.modeling.generation import cache_only_when_asked, starts_from_zero_state
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
 from patchgen.kernels.modeling.packing import PACKED_ROW, packed_max_lengths, packed_row, varlen_attention, without_packed
 from patchgen.kernels.shared_prefix import shared_prefix_attention, shared_prefix_causal_conv1d, shared_prefix_gated_delta_rule
@@ -602,11 +604,15 @@ class Qwen3_5GatedDeltaNet(nn.Module):
         # If the model is loaded in fp16, without the .float() here, A might be -inf
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
 
-        if cache is not None:
+        prefill = cache is not None and starts_from_zero_state(cache, self.layer_idx)
+        if cache is not None and not prefill:
             core_attn_out = self._cached_mix(mixed_qkv, g, beta, cache, **kwargs)
         else:
-            # Training and prefill without a cache: one packed row [1, B*T, .] through the op slots.
-            # Every sequence starts from zeros, so packed sequences never leak into each other.
+            # Training, scoring and prefill: one packed row [1, B*T, .] through the op slots. Every
+            # sequence starts from zeros, so packed sequences never leak into each other.
+            if prefill:
+                # Decoding continues from the last conv inputs, stored as upstream's prefill stores them.
+                cache.update_conv_state(mixed_qkv.transpose(1, 2), self.layer_idx, conv_kernel_size=self.conv_kernel_size)
             weight = self.conv1d.weight.squeeze(1)
             mixed_qkv = mixed_qkv.reshape(1, batch_size * seq_len, -1)
             g = g.reshape(1, batch_size * seq_len, -1)
@@ -633,7 +639,11 @@ class Qwen3_5GatedDeltaNet(nn.Module):
                 varlen = {} if row is None else dict(
                     cu_seqlens=row.cu_seqlens, cu_seqlens_cpu=row.cu_seqlens_cpu, chunk_indices=row.chunk_indices
                 )
-                core_attn_out, _ = table.gated_delta_rule(query, key, value, g, beta, use_qk_l2norm_in_kernel=True, **varlen)
+                core_attn_out, final_state = table.gated_delta_rule(
+                    query, key, value, g, beta, use_qk_l2norm_in_kernel=True, output_final_state=prefill, **varlen
+                )
+                if prefill:
+                    cache.update_recurrent_state(final_state, self.layer_idx)
 
         # reshape input data into 2D tensor
         core_attn_out = core_attn_out.reshape(-1, self.head_v_dim)
@@ -1294,6 +1304,9 @@ class Qwen3_5TextModel(Qwen3_5PreTrainedModel):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
 
         plan = kwargs.get("shared_prefix")
+        if plan is None:
+            # Checked boundaries, or boundaries from restarting position_ids (a no-op below the top model).
+            kwargs = resolve_packed(kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache)
         packed = plan is not None or kwargs.get("cu_seq_lens_q") is not None
         if packed and isinstance(attention_mask, torch.Tensor) and not bool(attention_mask.all()):
             raise ValueError(
@@ -1782,6 +1795,7 @@ class Qwen3_5ForCausalLM(Qwen3_5PreTrainedModel, GenerationMixin):
         `return_logits=False` skips the logits.
         """
         request = HeadRequest.pop(kwargs)
+        kwargs = resolve_packed(kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache)
         position_ids = shared_prefix.packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs)
         plan = shared_prefix.plan_for(
             self.config, ops.of(self), input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=use_cache, kwargs=kwargs
@@ -1793,7 +1807,7 @@ class Qwen3_5ForCausalLM(Qwen3_5PreTrainedModel, GenerationMixin):
             position_ids=position_ids,
             cache=cache,
             inputs_embeds=inputs_embeds,
-            use_cache=use_cache if plan is None else False,
+            use_cache=cache_only_when_asked(use_cache, cache) if plan is None else False,
             **model_kwargs,
         )
 
@@ -1889,7 +1903,9 @@ class Qwen3_5ForConditionalGeneration(Qwen3_5PreTrainedModel, GenerationMixin):
         path runs); `return_log_probs`, `return_entropy` and `return_logits` as in ForCausalLM.
         """
         request = HeadRequest.pop(kwargs)
+        kwargs["use_cache"] = cache_only_when_asked(kwargs.get("use_cache"), cache)
         if pixel_values is None and pixel_values_videos is None:
+            kwargs = resolve_packed(kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache)
             position_ids = shared_prefix.packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs)
         plan = shared_prefix.plan_for(
             self.config,

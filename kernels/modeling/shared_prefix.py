@@ -20,7 +20,6 @@ from ..shared_prefix import (
     check_gdn_backend,
     positions_from_cu_seqlens,
     reject_unsupported,
-    require_packed_metadata,
     takes_ordinary_path,
 )
 
@@ -48,19 +47,22 @@ def packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs):
 
 
 def plan_for(config, table, *, input_ids, position_ids, cache, use_cache, kwargs, pixel_values=None, pixel_values_videos=None):
-    """The shared-prefix plan of this micro-batch, or None for the ordinary (packed) path.
+    """The shared-prefix plan of this micro-batch, or None for the ordinary path.
 
-    Raises ``NotImplementedError`` for a cache, ``use_cache=True``, MTP and sequence parallelism,
-    a clear error without ``cu_seq_lens_q``, and ``BackendUnavailable`` when a bound backend lacks
-    what the compact row needs. Builds nothing when the flag is off or media are present.
+    The flag means "share prefixes on packed training rows": generation, cached forwards
+    (a cache or ``use_cache=True``) and unpacked rows (no ``cu_seq_lens_q``, no restarting
+    ``position_ids``) take the ordinary path, so one model trains and generates. On a packed row it
+    raises ``NotImplementedError`` for MTP and sequence parallelism, and ``BackendUnavailable`` when a
+    bound backend lacks what the compact row needs. Builds nothing when the flag is off or media are present.
     """
     cfg = text_config(config)
     if takes_ordinary_path(enabled(config), input_ids, pixel_values, pixel_values_videos):
         return None
+    if cache is not None or use_cache or kwargs.get("cu_seq_lens_q") is None:
+        return None
     sequence_parallel = bool(kwargs.get("sequence_parallel")) or getattr(cfg, "sequence_parallel_size", 1) > 1
     mtp = bool(kwargs.get("use_mtp")) or bool(getattr(cfg, "mtp_training", False))
-    reject_unsupported(cache=cache, use_cache=bool(use_cache), mtp=mtp, sequence_parallel=sequence_parallel)
-    require_packed_metadata(kwargs.get("cu_seq_lens_q"))
+    reject_unsupported(mtp=mtp, sequence_parallel=sequence_parallel)
     check_gdn_backend(table.handle("gated_delta_rule"), working("gated_delta_rule", frozenset(GDN_NEEDS)))
     check_conv_backend(table.handle("causal_conv1d"), working("causal_conv1d", frozenset(CONV_NEEDS)))
     check_attention_backend(table.handle("attention"), working("attention", frozenset(ATTENTION_NEEDS)))
