@@ -32,7 +32,7 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (
 )
 
 from patchgen.kernels import ops
-from patchgen.kernels.modeling import shared_prefix
+from patchgen.kernels.modeling import shared_prefix, verify
 from patchgen.kernels.modeling.boundaries import resolve_packed
 from patchgen.kernels.modeling.generation import cache_only_when_asked, starts_from_zero_state
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
@@ -439,10 +439,16 @@ class Qwen3_5ForCausalLM(upstream.Qwen3_5ForCausalLM):
         `return_entropy=True` add per-token `log_probs` and `entropy` (`[1, T]`) to the output;
         `return_logits=False` skips the logits.
         """
+        if verify.due(self, input_ids, position_ids, cache, use_cache, kwargs):
+            # First use (or a longer row than verified): run shared and packed, compare, keep the checked result.
+            return verify.run(self, dict(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs,
+            ))
         request = HeadRequest.pop(kwargs)
         kwargs = resolve_packed(kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache)
         position_ids = shared_prefix.packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs)
-        plan = shared_prefix.plan_for(
+        plan = None if not verify.sharing_allowed(self) else shared_prefix.plan_for(
             self.config, ops.of(self), input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=use_cache, kwargs=kwargs
         )
         model_kwargs = kwargs if plan is None else {**kwargs, "shared_prefix": plan}
@@ -505,7 +511,7 @@ class Qwen3_5ForConditionalGeneration(upstream.Qwen3_5ForConditionalGeneration):
         if pixel_values is None and pixel_values_videos is None:
             kwargs = resolve_packed(kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache)
             position_ids = shared_prefix.packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs)
-        plan = shared_prefix.plan_for(
+        plan = None if not verify.sharing_allowed(self) else shared_prefix.plan_for(
             self.config,
             ops.of(self),
             input_ids=input_ids,
