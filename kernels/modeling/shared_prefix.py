@@ -7,6 +7,9 @@ Section 4 of shared_prefix.md is the table of guards implemented here.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+
 import torch
 
 from ..selection import working
@@ -22,6 +25,8 @@ from ..shared_prefix import (
     reject_unsupported,
     takes_ordinary_path,
 )
+
+_observers: list[Callable] = []
 
 KWARG = "shared_prefix"  # the keyword the plan travels under, from the top model to the mixers
 FLAG = "shared_prefix_training"
@@ -66,13 +71,29 @@ def plan_for(config, table, *, input_ids, position_ids, cache, use_cache, kwargs
     check_gdn_backend(table.handle("gated_delta_rule"), working("gated_delta_rule", frozenset(GDN_NEEDS)))
     check_conv_backend(table.handle("causal_conv1d"), working("causal_conv1d", frozenset(CONV_NEEDS)))
     check_attention_backend(table.handle("attention"), working("attention", frozenset(ATTENTION_NEEDS)))
-    return build_plan(
+    plan = build_plan(
         input_ids,
         kwargs["cu_seq_lens_q"],
         position_ids,
         conv_kernel_size=getattr(cfg, "linear_conv_kernel_dim", 4),
         min_prefix=getattr(cfg, "shared_prefix_min_length", 64),
     )
+    for observer in _observers:
+        observer(plan, input_ids.shape[-1])
+    return plan
+
+
+@contextlib.contextmanager
+def observe_plans(callback: Callable):
+    """Call ``callback(plan_or_None, packed_tokens)`` for every plan decision on a packed row inside the block.
+
+    For trainers and benchmarks that report ``T / C``; the models themselves never read it.
+    """
+    _observers.append(callback)
+    try:
+        yield
+    finally:
+        _observers.remove(callback)
 
 
 def expand_hidden_states(plan, hidden_states):

@@ -20,6 +20,7 @@ from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head, split_pixel_values_by_grid, split_tensor_dict, unsplit_pixel_values_by_grid
 
 from patchgen.kernels import ops
+from patchgen.kernels.modeling.shared_prefix import observe_plans
 
 from .packed_rows import pack_rows
 
@@ -42,7 +43,9 @@ class SharedPrefixGRPOTrainer(GRPOTrainer):
     Use it as ``GRPOTrainer``, with a patchgen model instance (``shared_prefix_training=True`` on its
     text config to share prompts). Batches it cannot pack (media, a mask with holes, a non-patchgen
     or PEFT-wrapped model, ``cast_lm_head_to_fp32``) are scored by TRL's own path, with one warning.
-    ``packed_tokens`` counts the tokens of every packed row scored, per pass (``policy``, ``old``, ``ref``).
+    ``packed_tokens`` counts the tokens of every packed row scored, per pass (``policy``, ``old``, ``ref``);
+    ``shared_prefix_tokens`` the packed (T) and compact (C) tokens of the rows that shared a prefix,
+    also logged as ``shared_prefix/packed_over_compact``.
     """
 
     def __init__(self, model, *args, **kwargs):
@@ -54,6 +57,7 @@ class SharedPrefixGRPOTrainer(GRPOTrainer):
             )
         super().__init__(model, *args, **kwargs)
         self.packed_tokens = {"policy": 0, "old": 0, "ref": 0}
+        self.shared_prefix_tokens = {"packed": 0, "compact": 0}
         self._fallback_warned = False
         self._share_reference_model()
 
@@ -88,7 +92,7 @@ class SharedPrefixGRPOTrainer(GRPOTrainer):
                     compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **media,
                 )
             extra = {"output_router_logits": True} if compute_aux_loss else {}
-            with self.accelerator.autocast():
+            with self.accelerator.autocast(), observe_plans(self._count_plan):
                 out = model(
                     **packed.model_kwargs(), return_log_probs=True, return_entropy=compute_entropy,
                     return_logits=False, temperature=self.temperature, use_cache=False, **extra,
@@ -100,6 +104,13 @@ class SharedPrefixGRPOTrainer(GRPOTrainer):
         entropies = torch.cat([c[1] for c in chunks]) if compute_entropy else None
         aux_loss = torch.stack([c[2] for c in chunks]).mean() if compute_aux_loss else None
         return logps, entropies, aux_loss
+
+    def _count_plan(self, plan, tokens: int) -> None:
+        compact = tokens if plan is None else plan.compact_length
+        self.shared_prefix_tokens["packed"] += tokens
+        self.shared_prefix_tokens["compact"] += compact
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["shared_prefix/packed_over_compact"].append(tokens / max(compact, 1))
 
     def _pass_name(self, model) -> str:
         if self.ref_model is not None and model is self.ref_model:
