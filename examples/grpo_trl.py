@@ -27,9 +27,8 @@ VOCAB = 256
 
 
 def build_model(flag: bool):
-    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
-
     from patchgen.generated.qwen3_5.patched_modeling_qwen3_5_gpu import Qwen3_5ForCausalLM
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
 
     config = Qwen3_5TextConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,

@@ -17,7 +17,12 @@ import warnings
 
 import torch
 from trl import GRPOTrainer
-from trl.trainer.utils import add_fused_lm_head, split_pixel_values_by_grid, split_tensor_dict, unsplit_pixel_values_by_grid
+from trl.trainer.utils import (
+    add_fused_lm_head,
+    split_pixel_values_by_grid,
+    split_tensor_dict,
+    unsplit_pixel_values_by_grid,
+)
 
 from patchgen.kernels import ops
 from patchgen.kernels.modeling.shared_prefix import observe_plans

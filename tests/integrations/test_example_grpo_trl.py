@@ -15,7 +15,7 @@ def test_example_runs_two_steps_and_shares_prompts(capsys):
     out = capsys.readouterr().out
     ratio = float(re.search(r"T/C (\d+\.\d+)", out).group(1))
     assert ratio > 1.5
-    rows = re.findall(r"^\s+(\d+)\s+(-?\d+\.\d+)\s+(-?\d+\.\d+)", out, flags=re.M)
+    rows = re.findall(r"^\s+(\d+)\s+(-?\d+\.\d+)\s+(-?\d+\.\d+)", out, flags=re.MULTILINE)
     assert [r[0] for r in rows] == ["1", "2"]
     first_stock, first_shared = float(rows[0][1]), float(rows[0][2])
     assert abs(first_stock - first_shared) < 1e-5  # same completions, same loss (float32)

@@ -32,9 +32,8 @@ def test_g1_use_cache_on_a_packed_row_takes_the_ordinary_packed_path(net):
 
 
 def test_g1_a_cache_with_a_packed_row_is_a_clear_error(net):
-    from transformers import DynamicCache
-
     from patchgen.kernels.modeling.boundaries import PackedMetadataError
+    from transformers import DynamicCache
 
     ids, cu, _ = _batch()
     with pytest.raises(PackedMetadataError, match="with a cache"):

@@ -1,5 +1,7 @@
 """Packed-row metadata: boundaries from restarting position_ids, and every malformed form refused clearly."""
 
+import itertools
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -161,7 +163,7 @@ def test_random_packed_metadata_gives_a_clear_error_or_each_sequence_alone(lengt
     else:
         bounds = [0, total]
     alone = []
-    for s, e in zip(bounds[:-1], bounds[1:]):
+    for s, e in itertools.pairwise(bounds):
         pos = kwargs.get("position_ids")
         alone.append(net(input_ids=ids[:, s:e], position_ids=None if pos is None else pos[:, s:e]).logits)
     assert torch.allclose(logits, torch.cat(alone, 1), atol=1e-10, rtol=0)
