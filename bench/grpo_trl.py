@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import statistics
 import tempfile
 import time
@@ -191,9 +192,10 @@ def main(argv=None) -> None:
 
     stock = rows[0]
     device_name = torch.cuda.get_device_name() if args.device != "cpu" else "CPU"
+    load = f", load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores" if args.device == "cpu" else ""
     print(f"GRPO through TRL: {args.prompts} x {args.rollouts} rollouts, prompt {args.prompt_len}, response <= "
           f"{args.response_len}; Qwen3.5 {args.widths} widths, {args.layers} layers, {args.dtype}, {device_name}; "
-          f"median of {args.repeats}")
+          f"median of {args.repeats}{load}")
     print(f"  tokens: padded {stock['tokens_padded']}, packed T {rows[2]['tokens_packed']}, compact C "
           f"{rows[2]['tokens_compact']}, T/C {rows[2]['tokens_packed'] / rows[2]['tokens_compact']:.2f}")
     print(f"  {'arm':<7} {'scoring ms':>11} {'train step ms':>14} {'vs stock (score / train)':>26} {'peak GiB':>9} "
@@ -215,7 +217,7 @@ def main(argv=None) -> None:
             writer = csv.DictWriter(handle, fieldnames=[*meta, *rows[0]])
             writer.writeheader()
             for row in rows:
-                writer.writerow({**meta, **{k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in row.items()}})
+                writer.writerow({**meta, **{k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()}})
         print(f"wrote {path}")
 
 
