@@ -10,11 +10,11 @@
 #   override_method Qwen3_5MoeRMSNorm.forward [upstream 41de6124ddef]: zero-centred RMSNorm through ops.rms_norm
 #   override_method Qwen3_5MoeRMSNormGated.forward [upstream f314ae42d4e4]: gated RMSNorm through ops.rms_norm_gated
 #   override_method Qwen3_5MoeMLP.forward [upstream aa38c30e1baf]: SwiGLU MLP through ops.swiglu_mlp
-#   override_method Qwen3_5MoeGatedDeltaNet.forward [upstream dc06dace37db]: varlen conv and delta rule through ops (no leak across packed sequences); shared-prefix rounds
-#   add_method Qwen3_5MoeGatedDeltaNet._cached_mix [upstream 68f08247c81a]: upstream's cached conv and delta rule, for generation
+#   override_method Qwen3_5MoeGatedDeltaNet.forward [upstream dc06dace37db]: varlen conv and delta rule through ops (no leak across packed sequences, prefill too); shared-prefix rounds
+#   add_method Qwen3_5MoeGatedDeltaNet._cached_mix [upstream 68f08247c81a]: upstream's cached conv and delta rule, for decode steps
 #   override_method Qwen3_5MoeAttention.forward [upstream 2b6ae99fef5a]: rotary through ops.rotary; varlen ops.attention when packed or shared-prefix
 #   override_method Qwen3_5MoeDecoderLayer.forward [upstream 6c6e0d484c70]: thread packed metadata / shared-prefix plan to both mixers
-#   override_method Qwen3_5MoeTextModel.forward [upstream 461ca2a78206]: compact row under a shared-prefix plan; no [T, T] mask for varlen rows
+#   override_method Qwen3_5MoeTextModel.forward [upstream 461ca2a78206]: compact row under a shared-prefix plan; packed rows checked or read from position_ids; no [T, T] mask
 #   override_method Qwen3_5MoeModel.__init__ [upstream d25d11bffee5]: build this module's patched text model (AutoModel would build upstream's)
 #   override_method Qwen3_5MoeForCausalLM.forward [upstream a30c5b416438]: shared-prefix plan and guards; LM head through ops.cross_entropy; aux loss over packed tokens
 #   override_method Qwen3_5MoeForConditionalGeneration.forward [upstream 6adedac07954]: shared-prefix plan (text only); LM head through ops.cross_entropy; aux loss over packed tokens
@@ -599,7 +599,7 @@ class Qwen3_5MoeGatedDeltaNet(nn.Module):
         self.in_proj_b = nn.Linear(self.hidden_size, self.num_v_heads, bias=False)
         self.in_proj_a = nn.Linear(self.hidden_size, self.num_v_heads, bias=False)
 
-    # patchgen[override_method]: varlen conv and delta rule through ops (no leak across packed sequences); shared-prefix rounds
+    # patchgen[override_method]: varlen conv and delta rule through ops (no leak across packed sequences, prefill too); shared-prefix rounds
     @force_accelerate_hooks("conv1d")
     @deprecate_kwarg("cache_params", "5.40.0", new_name="cache")
     def forward(
@@ -673,7 +673,7 @@ class Qwen3_5MoeGatedDeltaNet(nn.Module):
         output = self.out_proj(core_attn_out)
         return output
     
-    # patchgen[add_method]: upstream's cached conv and delta rule, for generation
+    # patchgen[add_method]: upstream's cached conv and delta rule, for decode steps
     def _cached_mix(self, mixed_qkv, g, beta, cache, **kwargs):
         """Upstream's conv and delta rule with a cache (generation): conv and recurrent state kept per layer."""
         batch_size, seq_len, _ = mixed_qkv.shape
@@ -1377,7 +1377,7 @@ class Qwen3_5MoeTextModel(Qwen3_5MoePreTrainedModel):
         # Initialize weights and apply final processing
         self.post_init()
 
-    # patchgen[override_method]: compact row under a shared-prefix plan; no [T, T] mask for varlen rows
+    # patchgen[override_method]: compact row under a shared-prefix plan; packed rows checked or read from position_ids; no [T, T] mask
     @merge_with_config_defaults
     @capture_outputs
     @auto_docstring
