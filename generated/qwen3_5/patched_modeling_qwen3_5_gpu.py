@@ -102,7 +102,7 @@ from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config, Qwe
 from patchgen.kernels import ops
 from patchgen.kernels.modeling import shared_prefix, verify
 from patchgen.kernels.modeling.boundaries import resolve_packed
-from patchgen.kernels.modeling.generation import cache_only_when_asked, starts_from_zero_state
+from patchgen.kernels.modeling.generation import cache_only_when_asked, prefill_rows, starts_from_zero_state
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
 from patchgen.kernels.modeling.packing import PACKED_ROW, packed_max_lengths, packed_row, varlen_attention, without_packed
 from patchgen.kernels.shared_prefix import shared_prefix_attention, shared_prefix_causal_conv1d, shared_prefix_gated_delta_rule
@@ -829,6 +829,11 @@ class Qwen3_5Attention(nn.Module):
 
         plan = kwargs.get("shared_prefix")
         varlen = varlen_attention(kwargs) if plan is None else None
+        # Generation's prefill without padding: every batch row is one sequence for the attention slot.
+        prefill = prefill_rows(cache, self.layer_idx, attention_mask, *input_shape, hidden_states.device)
+        if cache is not None and prefill is not None:
+            cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)
+            cache, varlen = None, prefill
         if cache is None and (plan is not None or varlen is not None):
             # One packed row: [1, H, T, D] -> [1, T, H, D]; causal per segment, aligned bottom-right.
             query_states, key_states, value_states = (x.transpose(1, 2) for x in (query_states, key_states, value_states))
@@ -838,9 +843,9 @@ class Qwen3_5Attention(nn.Module):
                 )
             else:
                 attn_output = table.attention(
-                    query_states[0],
-                    key_states[0],
-                    value_states[0],
+                    query_states.reshape(-1, *query_states.shape[2:]),
+                    key_states.reshape(-1, *key_states.shape[2:]),
+                    value_states.reshape(-1, *value_states.shape[2:]),
                     cu_seqlens_q=varlen.cu_seqlens_q,
                     cu_seqlens_k=varlen.cu_seqlens_k,
                     max_seqlen_q=varlen.max_seqlen_q,

@@ -8,6 +8,10 @@ holds no state yet (generation's prefill) runs the op slots and stores its final
 
 from __future__ import annotations
 
+import torch
+
+from .packing import Varlen
+
 
 def cache_only_when_asked(use_cache, cache) -> bool:
     """``use_cache`` for the text model: True with a cache passed in or ``use_cache=True`` given, never from the config."""
@@ -27,3 +31,20 @@ def starts_from_zero_state(cache, layer_idx: int) -> bool:
         return False  # not a linear-attention cache layer we know how to fill
     recording = getattr(cache, "is_recording_past", None)
     return not (recording is not None and recording(layer_idx))
+
+
+def prefill_rows(cache, layer_idx: int, attention_mask, batch: int, length: int, device) -> Varlen | None:
+    """Varlen metadata treating each batch row as one sequence, for an attention prefill through the op slot.
+
+    Only when this layer's cache is still empty and no mask came down (no padding: the causal mask
+    was skipped); any other cached forward takes upstream's attention with the cache.
+    """
+    if cache is None or attention_mask is not None or length < 1:
+        return None
+    try:
+        if cache.get_seq_length(layer_idx) != 0:
+            return None
+    except (AttributeError, IndexError, TypeError):
+        return None
+    cu = torch.arange(0, batch * length + 1, length, dtype=torch.int32, device=device)
+    return Varlen(cu, cu, length, length)
