@@ -3,7 +3,7 @@ PY ?= .venv/bin/python
 # choosing a multi-GB CUDA build to satisfy the `torch>=2.6` range.
 TORCH_CPU ?= torch==2.13.0
 # The pyproject extras `make setup` installs (comma-separated), kept in one place.
-EXTRAS ?= dev
+EXTRAS ?= dev,trl
 # Made by the last successful set-up; older than pyproject.toml means the environment is stale.
 VENV := .venv/.patchgen-setup
 
@@ -27,7 +27,7 @@ check: $(VENV)
 	.venv/bin/patchgen --check
 
 lint: $(VENV)
-	.venv/bin/ruff check patchgen kernels tests bench
+	.venv/bin/ruff check patchgen kernels tests bench examples
 
 bench: $(VENV)
 	$(PY) bench/generator_time.py

@@ -83,6 +83,8 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
 # Model config fields patchgen reads (on the text config), with their defaults.
 SHARED_PREFIX_TRAINING = "shared_prefix_training"
 SHARED_PREFIX_MIN_LENGTH = "shared_prefix_min_length"
+SHARED_PREFIX_VERIFY = "shared_prefix_verify"
+BOOL_FIELDS = (SHARED_PREFIX_TRAINING, SHARED_PREFIX_VERIFY)
 SHARED_PREFIX_MAX_DEPTH = "shared_prefix_max_depth"
 SHARED_PREFIX_LEVEL_COST = "shared_prefix_level_cost"
 # Whole-number fields: name -> (default, smallest value allowed, what it counts).
@@ -91,7 +93,7 @@ INT_FIELDS = {
     SHARED_PREFIX_MAX_DEPTH: (DEFAULT_MAX_DEPTH, 1, "levels of nested prefixes shared (1: one level)"),
     SHARED_PREFIX_LEVEL_COST: (LEVEL_COST_TOKENS, 0, "rows a deeper level must save to be used"),
 }
-FIELDS = (SHARED_PREFIX_TRAINING, *INT_FIELDS, "ops_implementation")
+FIELDS = (*BOOL_FIELDS, *INT_FIELDS, "ops_implementation")
 
 
 def int_field(text_config: Any, name: str) -> int:
@@ -120,11 +122,10 @@ def check_model_config(config: Any) -> None:
     for holder in (config, getattr(config, "text_config", None)):
         if holder is None or not hasattr(holder, "to_dict"):
             continue
-        flag = getattr(holder, SHARED_PREFIX_TRAINING, False)
-        if not isinstance(flag, bool):
-            raise SettingError(
-                f"config field {SHARED_PREFIX_TRAINING} must be True or False, got {flag!r}"
-            )
+        for name in BOOL_FIELDS:
+            flag = getattr(holder, name, False)
+            if not isinstance(flag, bool):
+                raise SettingError(f"config field {name} must be True or False, got {flag!r}")
         for name in INT_FIELDS:
             if hasattr(holder, name):
                 int_field(holder, name)

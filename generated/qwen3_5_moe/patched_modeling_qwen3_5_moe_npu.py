@@ -11,11 +11,11 @@
 #   override_method Qwen3_5MoeRMSNorm.forward [upstream 41de6124ddef]: zero-centred RMSNorm through ops.rms_norm
 #   override_method Qwen3_5MoeRMSNormGated.forward [upstream f314ae42d4e4]: gated RMSNorm through ops.rms_norm_gated
 #   override_method Qwen3_5MoeMLP.forward [upstream aa38c30e1baf]: SwiGLU MLP through ops.swiglu_mlp
-#   override_method Qwen3_5MoeGatedDeltaNet.forward [upstream dc06dace37db]: varlen conv and delta rule through ops (no leak across packed sequences); shared-prefix rounds
-#   add_method Qwen3_5MoeGatedDeltaNet._cached_mix [upstream 68f08247c81a]: upstream's cached conv and delta rule, for generation
+#   override_method Qwen3_5MoeGatedDeltaNet.forward [upstream dc06dace37db]: varlen conv and delta rule through ops (no leak across packed sequences, prefill too); shared-prefix rounds
+#   add_method Qwen3_5MoeGatedDeltaNet._cached_mix [upstream 68f08247c81a]: upstream's cached conv and delta rule, for decode steps
 #   override_method Qwen3_5MoeAttention.forward [upstream 2b6ae99fef5a]: rotary through ops.rotary; varlen ops.attention when packed or shared-prefix
 #   override_method Qwen3_5MoeDecoderLayer.forward [upstream 6c6e0d484c70]: thread packed metadata / shared-prefix plan to both mixers
-#   override_method Qwen3_5MoeTextModel.forward [upstream 461ca2a78206]: compact row under a shared-prefix plan; no [T, T] mask for varlen rows
+#   override_method Qwen3_5MoeTextModel.forward [upstream 461ca2a78206]: compact row under a shared-prefix plan; packed rows checked or read from position_ids; no [T, T] mask
 #   override_method Qwen3_5MoeModel.__init__ [upstream d25d11bffee5]: build this module's patched text model (AutoModel would build upstream's)
 #   override_method Qwen3_5MoeForCausalLM.forward [upstream a30c5b416438]: shared-prefix plan and guards; LM head through ops.cross_entropy; aux loss over packed tokens
 #   override_method Qwen3_5MoeForConditionalGeneration.forward [upstream 6adedac07954]: shared-prefix plan (text only); LM head through ops.cross_entropy; aux loss over packed tokens
@@ -110,7 +110,9 @@ from transformers.models.auto import AutoModel
 from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeConfig, Qwen3_5MoeTextConfig, Qwen3_5MoeVisionConfig
 
 from patchgen.kernels import ops
-from patchgen.kernels.modeling import shared_prefix
+from patchgen.kernels.modeling import shared_prefix, verify
+from patchgen.kernels.modeling.boundaries import resolve_packed
+from patchgen.kernels.modeling.generation import cache_only_when_asked, prefill_rows, starts_from_zero_state
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
 from patchgen.kernels.modeling.packing import PACKED_ROW, packed_max_lengths, packed_row, varlen_attention, without_packed
 from patchgen.kernels.shared_prefix import shared_prefix_attention, shared_prefix_causal_conv1d, shared_prefix_gated_delta_rule
@@ -606,7 +608,7 @@ class Qwen3_5MoeGatedDeltaNet(nn.Module):
         self.in_proj_b = nn.Linear(self.hidden_size, self.num_v_heads, bias=False)
         self.in_proj_a = nn.Linear(self.hidden_size, self.num_v_heads, bias=False)
 
-    # patchgen[override_method]: varlen conv and delta rule through ops (no leak across packed sequences); shared-prefix rounds
+    # patchgen[override_method]: varlen conv and delta rule through ops (no leak across packed sequences, prefill too); shared-prefix rounds
     @force_accelerate_hooks("conv1d")
     @deprecate_kwarg("cache_params", "5.40.0", new_name="cache")
     def forward(
@@ -630,11 +632,15 @@ class Qwen3_5MoeGatedDeltaNet(nn.Module):
         # If the model is loaded in fp16, without the .float() here, A might be -inf
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
 
-        if cache is not None:
+        prefill = cache is not None and starts_from_zero_state(cache, self.layer_idx)
+        if cache is not None and not prefill:
             core_attn_out = self._cached_mix(mixed_qkv, g, beta, cache, **kwargs)
         else:
-            # Training and prefill without a cache: one packed row [1, B*T, .] through the op slots.
-            # Every sequence starts from zeros, so packed sequences never leak into each other.
+            # Training, scoring and prefill: one packed row [1, B*T, .] through the op slots. Every
+            # sequence starts from zeros, so packed sequences never leak into each other.
+            if prefill:
+                # Decoding continues from the last conv inputs, stored as upstream's prefill stores them.
+                cache.update_conv_state(mixed_qkv.transpose(1, 2), self.layer_idx, conv_kernel_size=self.conv_kernel_size)
             weight = self.conv1d.weight.squeeze(1)
             mixed_qkv = mixed_qkv.reshape(1, batch_size * seq_len, -1)
             g = g.reshape(1, batch_size * seq_len, -1)
@@ -661,7 +667,11 @@ class Qwen3_5MoeGatedDeltaNet(nn.Module):
                 varlen = {} if row is None else dict(
                     cu_seqlens=row.cu_seqlens, cu_seqlens_cpu=row.cu_seqlens_cpu, chunk_indices=row.chunk_indices
                 )
-                core_attn_out, _ = table.gated_delta_rule(query, key, value, g, beta, use_qk_l2norm_in_kernel=True, **varlen)
+                core_attn_out, final_state = table.gated_delta_rule(
+                    query, key, value, g, beta, use_qk_l2norm_in_kernel=True, output_final_state=prefill, **varlen
+                )
+                if prefill:
+                    cache.update_recurrent_state(final_state, self.layer_idx)
 
         # reshape input data into 2D tensor
         core_attn_out = core_attn_out.reshape(-1, self.head_v_dim)
@@ -672,7 +682,7 @@ class Qwen3_5MoeGatedDeltaNet(nn.Module):
         output = self.out_proj(core_attn_out)
         return output
     
-    # patchgen[add_method]: upstream's cached conv and delta rule, for generation
+    # patchgen[add_method]: upstream's cached conv and delta rule, for decode steps
     def _cached_mix(self, mixed_qkv, g, beta, cache, **kwargs):
         """Upstream's conv and delta rule with a cache (generation): conv and recurrent state kept per layer."""
         batch_size, seq_len, _ = mixed_qkv.shape
@@ -849,6 +859,11 @@ class Qwen3_5MoeAttention(nn.Module):
 
         plan = kwargs.get("shared_prefix")
         varlen = varlen_attention(kwargs) if plan is None else None
+        # Generation's prefill without padding: every batch row is one sequence for the attention slot.
+        prefill = prefill_rows(cache, self.layer_idx, attention_mask, *input_shape, hidden_states.device)
+        if cache is not None and prefill is not None:
+            cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)
+            cache, varlen = None, prefill
         if cache is None and (plan is not None or varlen is not None):
             # One packed row: [1, H, T, D] -> [1, T, H, D]; causal per segment, aligned bottom-right.
             query_states, key_states, value_states = (x.transpose(1, 2) for x in (query_states, key_states, value_states))
@@ -858,9 +873,9 @@ class Qwen3_5MoeAttention(nn.Module):
                 )
             else:
                 attn_output = table.attention(
-                    query_states[0],
-                    key_states[0],
-                    value_states[0],
+                    query_states.reshape(-1, *query_states.shape[2:]),
+                    key_states.reshape(-1, *key_states.shape[2:]),
+                    value_states.reshape(-1, *value_states.shape[2:]),
                     cu_seqlens_q=varlen.cu_seqlens_q,
                     cu_seqlens_k=varlen.cu_seqlens_k,
                     max_seqlen_q=varlen.max_seqlen_q,
@@ -1409,7 +1424,7 @@ class Qwen3_5MoeTextModel(Qwen3_5MoePreTrainedModel):
         # Initialize weights and apply final processing
         self.post_init()
 
-    # patchgen[override_method]: compact row under a shared-prefix plan; no [T, T] mask for varlen rows
+    # patchgen[override_method]: compact row under a shared-prefix plan; packed rows checked or read from position_ids; no [T, T] mask
     @merge_with_config_defaults
     @capture_outputs
     @auto_docstring
@@ -1428,6 +1443,9 @@ class Qwen3_5MoeTextModel(Qwen3_5MoePreTrainedModel):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
 
         plan = kwargs.get("shared_prefix")
+        if plan is None:
+            # Checked boundaries, or boundaries from restarting position_ids (a no-op below the top model).
+            kwargs = resolve_packed(kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache)
         packed = plan is not None or kwargs.get("cu_seq_lens_q") is not None
         if packed and isinstance(attention_mask, torch.Tensor) and not bool(attention_mask.all()):
             raise ValueError(
@@ -1991,12 +2009,19 @@ class Qwen3_5MoeForCausalLM(Qwen3_5MoePreTrainedModel, GenerationMixin):
         auxiliary loss over the packed tokens). `return_log_probs=True` and `return_entropy=True` add
         per-token `log_probs` and `entropy` (`[1, T]`); `return_logits=False` skips the logits.
         """
+        if verify.due(self, input_ids, position_ids, cache, use_cache, kwargs):
+            # First use (or a longer row than verified): run shared and packed, compare, keep the checked result.
+            return verify.run(self, dict(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache, output_router_logits=output_router_logits, logits_to_keep=logits_to_keep, **kwargs,
+            ))
         request = HeadRequest.pop(kwargs)
         output_router_logits = (
             output_router_logits if output_router_logits is not None else self.config.output_router_logits
         )
+        kwargs = resolve_packed(kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache)
         position_ids = shared_prefix.packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs)
-        plan = shared_prefix.plan_for(
+        plan = None if not verify.sharing_allowed(self) else shared_prefix.plan_for(
             self.config, ops.of(self), input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=use_cache, kwargs=kwargs
         )
         model_kwargs = kwargs if plan is None else {**kwargs, "shared_prefix": plan}
@@ -2006,7 +2031,7 @@ class Qwen3_5MoeForCausalLM(Qwen3_5MoePreTrainedModel, GenerationMixin):
             position_ids=position_ids,
             cache=cache,
             inputs_embeds=inputs_embeds,
-            use_cache=use_cache if plan is None else False,
+            use_cache=cache_only_when_asked(use_cache, cache) if plan is None else False,
             output_router_logits=output_router_logits,
             **model_kwargs,
         )
@@ -2132,9 +2157,11 @@ class Qwen3_5MoeForConditionalGeneration(Qwen3_5MoePreTrainedModel, GenerationMi
         output_router_logits = (
             output_router_logits if output_router_logits is not None else self.config.text_config.output_router_logits
         )
+        kwargs["use_cache"] = cache_only_when_asked(kwargs.get("use_cache"), cache)
         if pixel_values is None and pixel_values_videos is None:
+            kwargs = resolve_packed(kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache)
             position_ids = shared_prefix.packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs)
-        plan = shared_prefix.plan_for(
+        plan = None if not verify.sharing_allowed(self) else shared_prefix.plan_for(
             self.config,
             ops.of(self),
             input_ids=input_ids,

@@ -26,13 +26,19 @@ class HeadRequest:
     log_probs: bool = False  # ``return_log_probs=True``: ``output.log_probs [1, T]``, 0 where ignored
     entropy: bool = False  # ``return_entropy=True``: ``output.entropy [1, T]``
     logits: bool = True  # ``return_logits=False`` skips the ``[1, T, vocab]`` logits
+    temperature: float = 1.0  # ``temperature=t``: loss, log-probs and entropy of ``logits / t`` (logits unscaled)
 
     @classmethod
     def pop(cls, kwargs: dict) -> HeadRequest:
+        temperature = kwargs.pop("temperature", None)
+        temperature = 1.0 if temperature is None else float(temperature)
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0 (log-probs of logits / temperature), got {temperature}")
         return cls(
             log_probs=bool(kwargs.pop("return_log_probs", False)),
             entropy=bool(kwargs.pop("return_entropy", False)),
             logits=bool(kwargs.pop("return_logits", True)),
+            temperature=temperature,
         )
 
 
@@ -60,12 +66,46 @@ def _slice_positions(values: torch.Tensor, logits_to_keep) -> torch.Tensor:
     return slice_logits_to_keep(values.unsqueeze(-1), logits_to_keep).squeeze(-1)
 
 
-def _targets(labels, shift_labels, input_ids, cu_seqlens, logits_to_keep, want_values: bool):
-    """Next-token labels per position: ``shift_labels``, else shifted ``labels``, else from ``input_ids``."""
+def _kept(length: int, logits_to_keep) -> int:
+    """How many positions ``slice_logits_to_keep`` keeps of a row of ``length``."""
+    if isinstance(logits_to_keep, int):
+        return length if logits_to_keep == 0 else min(logits_to_keep, length)
+    return int(torch.zeros(length, 1)[logits_to_keep].shape[0])
+
+
+def _checked(name: str, values, batch: int, length: int, kept: int) -> str:
+    """``"full"`` for ``[B, T]`` labels, ``"kept"`` for labels of the kept positions only; else a clear error."""
+    if not torch.is_tensor(values):
+        raise ValueError(f"{name} must be a tensor of token ids [batch, seq_len], got {type(values).__name__}")
+    if values.dtype.is_floating_point or values.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integer token ids (-100 to ignore), got {values.dtype}")
+    shape = tuple(values.shape)
+    if shape == (batch, length):
+        return "full"
+    if kept != length and shape == (batch, kept):
+        return "kept"
+    kept_note = f" or, with logits_to_keep, the kept positions {(batch, kept)}" if kept != length else ""
+    raise ValueError(
+        f"{name} has shape {shape} but the input is {(batch, length)}: {name} must match the input tokens "
+        f"{(batch, length)}{kept_note}" + ("; labels are the input ids (the model shifts them), not the targets"
+                                            if name == "labels" else "")
+    )
+
+
+def _targets(labels, shift_labels, input_ids, cu_seqlens, logits_to_keep, want_values: bool, batch: int, length: int):
+    """Next-token labels of the kept positions: ``shift_labels``, else shifted ``labels``, else from ``input_ids``.
+
+    Labels of the whole row are shifted, then cut to the kept positions; labels of the kept positions
+    only are shifted within them, as upstream does when ``logits_to_keep`` and ``labels`` meet.
+    """
+    kept = _kept(length, logits_to_keep)
     if shift_labels is not None:
-        return shift_labels
+        form = _checked("shift_labels", shift_labels, batch, length, kept)
+        return _slice_positions(shift_labels, logits_to_keep) if form == "full" and kept != length else shift_labels
     if labels is not None:
-        return torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
+        form = _checked("labels", labels, batch, length, kept)
+        shifted = torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
+        return _slice_positions(shifted, logits_to_keep) if form == "full" and kept != length else shifted
     if want_values and input_ids is not None:
         return _slice_positions(next_token_labels(input_ids, cu_seqlens, IGNORE_INDEX), logits_to_keep)
     return None
@@ -101,7 +141,10 @@ def causal_lm_head(
         # logits_to_keep picks packed positions: no dedup, score the expanded rows.
         hidden_states, plan = plan.expand(hidden_states, dim=1), None
     cu = kwargs.get("cu_seq_lens_q")
-    targets = _targets(labels, kwargs.get("shift_labels"), input_ids, cu, logits_to_keep, want_values)
+    batch, length = hidden_states.shape[0], plan.packed_length if plan is not None else hidden_states.shape[1]
+    targets = _targets(labels, kwargs.get("shift_labels"), input_ids, cu, logits_to_keep, want_values, batch, length)
+    # Scoring logits / t is scoring the hidden rows / t: the head is a bias-free linear map.
+    scale = None if request.temperature == 1.0 else 1.0 / request.temperature
     scored = targets is not None and (labels is not None or kwargs.get("shift_labels") is not None or want_values)
 
     if plan is None:
@@ -109,8 +152,9 @@ def causal_lm_head(
         logits = lm_head(hidden_states) if request.logits else None
         if not scored:
             return HeadOutputs(logits, None, None, None)
+        scored_rows = hidden_states.reshape(-1, hidden_states.shape[-1])
         nll, entropy = table.cross_entropy(
-            hidden_states.reshape(-1, hidden_states.shape[-1]),
+            scored_rows if scale is None else scored_rows * scale,
             lm_head.weight,
             targets.reshape(-1).to(hidden_states.device),
             ignore_index=IGNORE_INDEX,
@@ -123,8 +167,9 @@ def causal_lm_head(
         if not scored:
             return HeadOutputs(logits, None, None, None)
         rows = plan.lm_rows(targets.to(hidden_states.device))
+        scored_rows = rows.select(hidden_states)[0]
         nll_rows, entropy_rows = table.cross_entropy(
-            rows.select(hidden_states)[0],
+            scored_rows if scale is None else scored_rows * scale,
             lm_head.weight,
             rows.labels,
             ignore_index=IGNORE_INDEX,

@@ -54,8 +54,13 @@ class PackedRow:
     chunk_indices: torch.Tensor  # [chunks, 2] int32 on the device: (sequence, chunk within it)
 
 
-def packed_row(kwargs: dict, batch: int, length: int, device: torch.device) -> PackedRow | None:
-    """The row's PackedRow: the one the text model put in ``kwargs``, else built here (None unpacked)."""
+def packed_row(
+    kwargs: dict, batch: int, length: int, device: torch.device, host: torch.Tensor | None = None
+) -> PackedRow | None:
+    """The row's PackedRow: the one the top model put in ``kwargs``, else built here (None unpacked).
+
+    ``host`` is a host copy of the boundaries the caller already made (spares a second sync).
+    """
     row = kwargs.get(PACKED_ROW)
     if row is not None:
         return row
@@ -64,7 +69,7 @@ def packed_row(kwargs: dict, batch: int, length: int, device: torch.device) -> P
         return None
     from ..shared_prefix.gdn import chunk_indices
 
-    host = cu.cpu()
+    host = cu.cpu() if host is None else host.to(torch.int32)
     chunks = torch.from_numpy(chunk_indices(host.diff().tolist()).astype("int32"))
     return PackedRow(cu, host, chunks.to(device, non_blocking=True))
 

@@ -7,6 +7,9 @@ Section 4 of shared_prefix.md is the table of guards implemented here.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+
 import torch
 
 from ..config import SHARED_PREFIX_LEVEL_COST, SHARED_PREFIX_MAX_DEPTH, int_field, shared_prefix_min_length
@@ -21,9 +24,10 @@ from ..shared_prefix import (
     check_gdn_backend,
     positions_from_cu_seqlens,
     reject_unsupported,
-    require_packed_metadata,
     takes_ordinary_path,
 )
+
+_observers: list[Callable] = []
 
 KWARG = "shared_prefix"  # the keyword the plan travels under, from the top model to the mixers
 FLAG = "shared_prefix_training"
@@ -49,23 +53,26 @@ def packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs):
 
 
 def plan_for(config, table, *, input_ids, position_ids, cache, use_cache, kwargs, pixel_values=None, pixel_values_videos=None):
-    """The shared-prefix plan of this micro-batch, or None for the ordinary (packed) path.
+    """The shared-prefix plan of this micro-batch, or None for the ordinary path.
 
-    Raises ``NotImplementedError`` for a cache, ``use_cache=True``, MTP and sequence parallelism,
-    a clear error without ``cu_seq_lens_q``, and ``BackendUnavailable`` when a bound backend lacks
-    what the compact row needs. Builds nothing when the flag is off or media are present.
+    The flag means "share prefixes on packed training rows": generation, cached forwards
+    (a cache or ``use_cache=True``) and unpacked rows (no ``cu_seq_lens_q``, no restarting
+    ``position_ids``) take the ordinary path, so one model trains and generates. On a packed row it
+    raises ``NotImplementedError`` for MTP and sequence parallelism, and ``BackendUnavailable`` when a
+    bound backend lacks what the compact row needs. Builds nothing when the flag is off or media are present.
     """
     cfg = text_config(config)
     if takes_ordinary_path(enabled(config), input_ids, pixel_values, pixel_values_videos):
         return None
+    if cache is not None or use_cache or kwargs.get("cu_seq_lens_q") is None:
+        return None
     sequence_parallel = bool(kwargs.get("sequence_parallel")) or getattr(cfg, "sequence_parallel_size", 1) > 1
     mtp = bool(kwargs.get("use_mtp")) or bool(getattr(cfg, "mtp_training", False))
-    reject_unsupported(cache=cache, use_cache=bool(use_cache), mtp=mtp, sequence_parallel=sequence_parallel)
-    require_packed_metadata(kwargs.get("cu_seq_lens_q"))
+    reject_unsupported(mtp=mtp, sequence_parallel=sequence_parallel)
     check_gdn_backend(table.handle("gated_delta_rule"), working("gated_delta_rule", frozenset(GDN_NEEDS)))
     check_conv_backend(table.handle("causal_conv1d"), working("causal_conv1d", frozenset(CONV_NEEDS)))
     check_attention_backend(table.handle("attention"), working("attention", frozenset(ATTENTION_NEEDS)))
-    return build_plan(
+    plan = build_plan(
         input_ids,
         kwargs["cu_seq_lens_q"],
         position_ids,
@@ -74,6 +81,22 @@ def plan_for(config, table, *, input_ids, position_ids, cache, use_cache, kwargs
         max_depth=int_field(cfg, SHARED_PREFIX_MAX_DEPTH),
         level_cost=int_field(cfg, SHARED_PREFIX_LEVEL_COST),
     )
+    for observer in _observers:
+        observer(plan, input_ids.shape[-1])
+    return plan
+
+
+@contextlib.contextmanager
+def observe_plans(callback: Callable):
+    """Call ``callback(plan_or_None, packed_tokens)`` for every plan decision on a packed row inside the block.
+
+    For trainers and benchmarks that report ``T / C``; the models themselves never read it.
+    """
+    _observers.append(callback)
+    try:
+        yield
+    finally:
+        _observers.remove(callback)
 
 
 def expand_hidden_states(plan, hidden_states):

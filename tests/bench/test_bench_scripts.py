@@ -95,3 +95,20 @@ def test_merge_takes_each_column_once_and_recomputes_the_ratios(tmp_path):
     assert row["packed_vs_upstream_train"] == pytest.approx(1.5)
     assert row["packed_vs_upstream_logprob"] == pytest.approx(2.0)
     assert row["memory_ratio_train"] == pytest.approx(0.6)
+
+
+def test_grpo_trl_bench_runs_the_three_arms_on_one_micro_batch(tmp_path, monkeypatch):
+    import grpo_trl
+
+    monkeypatch.setenv("PATCHGEN_DEVICE_TARGET", "cpu")
+    out = tmp_path / "grpo.csv"
+    grpo_trl.main(["--prompt-len", "96", "--response-len", "8", "--repeats", "1", "--warmup", "0",
+                   "--device", "cpu", "--out", str(out)])
+    rows = {row["arm"]: row for row in rows_of(out)}
+    assert list(rows) == ["stock", "packed", "shared"]
+    shared = rows["shared"]
+    assert int(shared["tokens_compact"]) < int(shared["tokens_packed"]) < int(shared["tokens_padded"])
+    for arm in ("packed", "shared"):
+        # float32: TRL's fused head (stock) and ours sum in different orders
+        assert float(rows[arm]["loss"]) == pytest.approx(float(rows["stock"]["loss"]), abs=1e-5)
+        assert float(rows[arm]["logp_diff"]) < 1e-4

@@ -5,7 +5,6 @@ import torch
 from patchgen.kernels import ops
 from patchgen.kernels.errors import BackendUnavailable
 from patchgen.kernels.modeling import shared_prefix
-from patchgen.kernels.shared_prefix import PackedMetadataMissing
 
 from tests.models import tiny
 
@@ -19,15 +18,26 @@ def net():
     return tiny.build("qwen3_5", "gpu", shared_prefix_training=True)
 
 
-@pytest.mark.parametrize("extra", [{"use_cache": True}, {"cache": "dynamic"}, {"use_mtp": True}])
-def test_g1_cache_use_cache_and_mtp_raise(net, extra):
+def test_g1_mtp_on_a_packed_row_raises(net):
+    ids, cu, _ = _batch()
+    with pytest.raises(NotImplementedError, match="multi-token prediction"):
+        net(input_ids=ids, use_mtp=True, **tiny.packed_kwargs(cu))
+
+
+def test_g1_use_cache_on_a_packed_row_takes_the_ordinary_packed_path(net):
+    ids, cu, _ = _batch()
+    off = tiny.build("qwen3_5", "gpu")
+    a = net(input_ids=ids, use_cache=True, **tiny.packed_kwargs(cu)).logits
+    assert torch.equal(a, off(input_ids=ids, **tiny.packed_kwargs(cu)).logits)
+
+
+def test_g1_a_cache_with_a_packed_row_is_a_clear_error(net):
+    from patchgen.kernels.modeling.boundaries import PackedMetadataError
     from transformers import DynamicCache
 
     ids, cu, _ = _batch()
-    if extra.get("cache") == "dynamic":
-        extra = {"cache": DynamicCache(config=net.config)}
-    with pytest.raises(NotImplementedError):
-        net(input_ids=ids, **extra, **tiny.packed_kwargs(cu))
+    with pytest.raises(PackedMetadataError, match="with a cache"):
+        net(input_ids=ids, cache=DynamicCache(config=net.config), **tiny.packed_kwargs(cu))
 
 
 def test_g2_sequence_parallel_raises_before_any_plan(net, monkeypatch):
@@ -89,10 +99,11 @@ def test_g5_all_ones_attention_mask_is_ignored(net):
     assert torch.equal(a, b)
 
 
-def test_g6_missing_cu_seq_lens_q_is_a_clear_error(net):
+def test_g6_an_unpacked_batch_takes_the_ordinary_path_with_the_flag_on(net):
     ids, _, _ = _batch()
-    with pytest.raises(PackedMetadataMissing, match="cu_seq_lens_q"):
-        net(input_ids=ids)
+    off = tiny.build("qwen3_5", "gpu")
+    rows = ids[:, :96].reshape(2, 48)
+    assert torch.equal(net(input_ids=rows).logits, off(input_ids=rows).logits)
 
 
 def test_flag_off_by_default_and_no_group_runs_packed():

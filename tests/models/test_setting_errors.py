@@ -30,3 +30,8 @@ def test_bad_tree_setting_names_the_config_field_at_build(field, value):
 def test_typo_in_a_tree_field_fails_at_model_build():
     with pytest.raises(SettingError, match="did you mean 'shared_prefix_max_depth'"):
         tiny.build("qwen3_5", "gpu", shared_prefix_max_dept=2)
+
+
+def test_non_bool_verify_flag_names_the_config_field_at_build():
+    with pytest.raises(SettingError, match="config field shared_prefix_verify must be True or False"):
+        tiny.build("qwen3_5", "gpu", shared_prefix_verify="yes")

@@ -38,7 +38,9 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (
 )
 
 from patchgen.kernels import ops
-from patchgen.kernels.modeling import shared_prefix
+from patchgen.kernels.modeling import shared_prefix, verify
+from patchgen.kernels.modeling.boundaries import resolve_packed
+from patchgen.kernels.modeling.generation import cache_only_when_asked, prefill_rows, starts_from_zero_state
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
 from patchgen.kernels.modeling.packing import (
     PACKED_ROW,
@@ -112,11 +114,15 @@ class Qwen3_5GatedDeltaNet(upstream.Qwen3_5GatedDeltaNet):
         # If the model is loaded in fp16, without the .float() here, A might be -inf
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
 
-        if cache is not None:
+        prefill = cache is not None and starts_from_zero_state(cache, self.layer_idx)
+        if cache is not None and not prefill:
             core_attn_out = self._cached_mix(mixed_qkv, g, beta, cache, **kwargs)
         else:
-            # Training and prefill without a cache: one packed row [1, B*T, .] through the op slots.
-            # Every sequence starts from zeros, so packed sequences never leak into each other.
+            # Training, scoring and prefill: one packed row [1, B*T, .] through the op slots. Every
+            # sequence starts from zeros, so packed sequences never leak into each other.
+            if prefill:
+                # Decoding continues from the last conv inputs, stored as upstream's prefill stores them.
+                cache.update_conv_state(mixed_qkv.transpose(1, 2), self.layer_idx, conv_kernel_size=self.conv_kernel_size)
             weight = self.conv1d.weight.squeeze(1)
             mixed_qkv = mixed_qkv.reshape(1, batch_size * seq_len, -1)
             g = g.reshape(1, batch_size * seq_len, -1)
@@ -143,7 +149,11 @@ class Qwen3_5GatedDeltaNet(upstream.Qwen3_5GatedDeltaNet):
                 varlen = {} if row is None else dict(
                     cu_seqlens=row.cu_seqlens, cu_seqlens_cpu=row.cu_seqlens_cpu, chunk_indices=row.chunk_indices
                 )
-                core_attn_out, _ = table.gated_delta_rule(query, key, value, g, beta, use_qk_l2norm_in_kernel=True, **varlen)
+                core_attn_out, final_state = table.gated_delta_rule(
+                    query, key, value, g, beta, use_qk_l2norm_in_kernel=True, output_final_state=prefill, **varlen
+                )
+                if prefill:
+                    cache.update_recurrent_state(final_state, self.layer_idx)
 
         # reshape input data into 2D tensor
         core_attn_out = core_attn_out.reshape(-1, self.head_v_dim)
@@ -217,6 +227,11 @@ class Qwen3_5Attention(upstream.Qwen3_5Attention):
 
         plan = kwargs.get("shared_prefix")
         varlen = varlen_attention(kwargs) if plan is None else None
+        # Generation's prefill without padding: every batch row is one sequence for the attention slot.
+        prefill = prefill_rows(cache, self.layer_idx, attention_mask, *input_shape, hidden_states.device)
+        if cache is not None and prefill is not None:
+            cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)
+            cache, varlen = None, prefill
         if cache is None and (plan is not None or varlen is not None):
             # One packed row: [1, H, T, D] -> [1, T, H, D]; causal per segment, aligned bottom-right.
             query_states, key_states, value_states = (x.transpose(1, 2) for x in (query_states, key_states, value_states))
@@ -226,9 +241,9 @@ class Qwen3_5Attention(upstream.Qwen3_5Attention):
                 )
             else:
                 attn_output = table.attention(
-                    query_states[0],
-                    key_states[0],
-                    value_states[0],
+                    query_states.reshape(-1, *query_states.shape[2:]),
+                    key_states.reshape(-1, *key_states.shape[2:]),
+                    value_states.reshape(-1, *value_states.shape[2:]),
                     cu_seqlens_q=varlen.cu_seqlens_q,
                     cu_seqlens_k=varlen.cu_seqlens_k,
                     max_seqlen_q=varlen.max_seqlen_q,
@@ -328,6 +343,9 @@ class Qwen3_5TextModel(upstream.Qwen3_5TextModel):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
 
         plan = kwargs.get("shared_prefix")
+        if plan is None:
+            # Checked boundaries, or boundaries from restarting position_ids (a no-op below the top model).
+            kwargs = resolve_packed(kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache)
         packed = plan is not None or kwargs.get("cu_seq_lens_q") is not None
         if packed and isinstance(attention_mask, torch.Tensor) and not bool(attention_mask.all()):
             raise ValueError(
@@ -442,9 +460,16 @@ class Qwen3_5ForCausalLM(upstream.Qwen3_5ForCausalLM):
         `return_entropy=True` add per-token `log_probs` and `entropy` (`[1, T]`) to the output;
         `return_logits=False` skips the logits.
         """
+        if verify.due(self, input_ids, position_ids, cache, use_cache, kwargs):
+            # First use (or a longer row than verified): run shared and packed, compare, keep the checked result.
+            return verify.run(self, dict(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs,
+            ))
         request = HeadRequest.pop(kwargs)
+        kwargs = resolve_packed(kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache)
         position_ids = shared_prefix.packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs)
-        plan = shared_prefix.plan_for(
+        plan = None if not verify.sharing_allowed(self) else shared_prefix.plan_for(
             self.config, ops.of(self), input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=use_cache, kwargs=kwargs
         )
         model_kwargs = kwargs if plan is None else {**kwargs, "shared_prefix": plan}
@@ -454,7 +479,7 @@ class Qwen3_5ForCausalLM(upstream.Qwen3_5ForCausalLM):
             position_ids=position_ids,
             cache=cache,
             inputs_embeds=inputs_embeds,
-            use_cache=use_cache if plan is None else False,
+            use_cache=cache_only_when_asked(use_cache, cache) if plan is None else False,
             **model_kwargs,
         )
 
@@ -503,9 +528,11 @@ class Qwen3_5ForConditionalGeneration(upstream.Qwen3_5ForConditionalGeneration):
         path runs); `return_log_probs`, `return_entropy` and `return_logits` as in ForCausalLM.
         """
         request = HeadRequest.pop(kwargs)
+        kwargs["use_cache"] = cache_only_when_asked(kwargs.get("use_cache"), cache)
         if pixel_values is None and pixel_values_videos is None:
+            kwargs = resolve_packed(kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache)
             position_ids = shared_prefix.packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs)
-        plan = shared_prefix.plan_for(
+        plan = None if not verify.sharing_allowed(self) else shared_prefix.plan_for(
             self.config,
             ops.of(self),
             input_ids=input_ids,

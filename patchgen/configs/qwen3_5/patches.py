@@ -19,15 +19,15 @@ def dense_config(device: str, op_defaults: dict[str, str]) -> PatchConfig:
     config.override_method("Qwen3_5MLP.forward", reason="SwiGLU MLP through ops.swiglu_mlp")
     config.override_method(
         "Qwen3_5GatedDeltaNet.forward",
-        reason="varlen conv and delta rule through ops (no leak across packed sequences); shared-prefix rounds",
+        reason="varlen conv and delta rule through ops (no leak across packed sequences, prefill too); shared-prefix rounds",
     )
-    config.add_method("Qwen3_5GatedDeltaNet._cached_mix", reason="upstream's cached conv and delta rule, for generation")
+    config.add_method("Qwen3_5GatedDeltaNet._cached_mix", reason="upstream's cached conv and delta rule, for decode steps")
     config.override_method(
         "Qwen3_5Attention.forward", reason="rotary through ops.rotary; varlen ops.attention when packed or shared-prefix"
     )
     config.override_method("Qwen3_5DecoderLayer.forward", reason="thread packed metadata / shared-prefix plan to both mixers")
     config.override_method(
-        "Qwen3_5TextModel.forward", reason="compact row under a shared-prefix plan; no [T, T] mask for varlen rows"
+        "Qwen3_5TextModel.forward", reason="compact row under a shared-prefix plan; packed rows checked or read from position_ids; no [T, T] mask"
     )
     config.override_method(
         "Qwen3_5Model.__init__", reason="build this module's patched text model (AutoModel would build upstream's)"

@@ -23,7 +23,9 @@ from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import (
 )
 
 from patchgen.kernels import ops
-from patchgen.kernels.modeling import shared_prefix
+from patchgen.kernels.modeling import shared_prefix, verify
+from patchgen.kernels.modeling.boundaries import resolve_packed
+from patchgen.kernels.modeling.generation import cache_only_when_asked
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
 
 # Stand-in for the constant the generator writes into each generated module (as in Qwen3.5's bodies).
@@ -93,12 +95,19 @@ class Qwen3_5MoeForCausalLM(upstream.Qwen3_5MoeForCausalLM):
         auxiliary loss over the packed tokens). `return_log_probs=True` and `return_entropy=True` add
         per-token `log_probs` and `entropy` (`[1, T]`); `return_logits=False` skips the logits.
         """
+        if verify.due(self, input_ids, position_ids, cache, use_cache, kwargs):
+            # First use (or a longer row than verified): run shared and packed, compare, keep the checked result.
+            return verify.run(self, dict(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache, output_router_logits=output_router_logits, logits_to_keep=logits_to_keep, **kwargs,
+            ))
         request = HeadRequest.pop(kwargs)
         output_router_logits = (
             output_router_logits if output_router_logits is not None else self.config.output_router_logits
         )
+        kwargs = resolve_packed(kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache)
         position_ids = shared_prefix.packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs)
-        plan = shared_prefix.plan_for(
+        plan = None if not verify.sharing_allowed(self) else shared_prefix.plan_for(
             self.config, ops.of(self), input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=use_cache, kwargs=kwargs
         )
         model_kwargs = kwargs if plan is None else {**kwargs, "shared_prefix": plan}
@@ -108,7 +117,7 @@ class Qwen3_5MoeForCausalLM(upstream.Qwen3_5MoeForCausalLM):
             position_ids=position_ids,
             cache=cache,
             inputs_embeds=inputs_embeds,
-            use_cache=use_cache if plan is None else False,
+            use_cache=cache_only_when_asked(use_cache, cache) if plan is None else False,
             output_router_logits=output_router_logits,
             **model_kwargs,
         )
@@ -177,9 +186,11 @@ class Qwen3_5MoeForConditionalGeneration(upstream.Qwen3_5MoeForConditionalGenera
         output_router_logits = (
             output_router_logits if output_router_logits is not None else self.config.text_config.output_router_logits
         )
+        kwargs["use_cache"] = cache_only_when_asked(kwargs.get("use_cache"), cache)
         if pixel_values is None and pixel_values_videos is None:
+            kwargs = resolve_packed(kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache)
             position_ids = shared_prefix.packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs)
-        plan = shared_prefix.plan_for(
+        plan = None if not verify.sharing_allowed(self) else shared_prefix.plan_for(
             self.config,
             ops.of(self),
             input_ids=input_ids,

@@ -1,0 +1,125 @@
+"""Sequence boundaries of a packed row: checked when given, derived from restarting positions when not.
+
+A packed row reaches the model in one of two ways: with ``cu_seq_lens_q`` (flash-attention style
+kwargs, ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)``), or with ``position_ids``
+alone that restart at 0 at every sequence start (the collator's default, TRL's ``padding_free``,
+verl's remove-padding path). Both become one checked ``cu_seq_lens_q`` here, once per forward at
+the top model, with one host copy; metadata that does not describe the row is refused, because a
+wrong boundary gives wrong logits without any error.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .packing import PACKED_ROW, packed_row
+
+
+class PackedMetadataError(ValueError):
+    """Packed-row metadata (``cu_seq_lens_*``, ``position_ids``) that does not describe the row."""
+
+
+def text_positions(position_ids: torch.Tensor | None) -> torch.Tensor | None:
+    """The text positions ``[B, T]`` of 2-D ids, of the 4-row (text + M-RoPE) layout, or row 0 of M-RoPE's 3."""
+    if position_ids is None or position_ids.ndim == 2:
+        return position_ids
+    if position_ids.ndim == 3:
+        return position_ids[0]
+    raise PackedMetadataError(
+        f"position_ids must be [B, T], [3, B, T] or [4, B, T]; got shape {tuple(position_ids.shape)}"
+    )
+
+
+def resolve_packed(kwargs: dict, position_ids, tokens: torch.Tensor, cache=None) -> dict:
+    """``kwargs`` with checked boundaries of the packed row, derived from ``position_ids`` when absent.
+
+    ``tokens`` is ``input_ids`` or ``inputs_embeds`` (its first two dims are ``[B, T]``). Returns the
+    kwargs unchanged for an unpacked batch; else with ``cu_seq_lens_q/k`` and a ``PackedRow`` (whose
+    host copy of the boundaries the mixers reuse). Raises ``PackedMetadataError`` for boundaries that
+    do not fit the row, ``cu_seq_lens_k`` different from ``cu_seq_lens_q``, and positions that do not
+    restart at 0 at every sequence start and count up by one within it.
+    """
+    if kwargs.get(PACKED_ROW) is not None:
+        return kwargs  # checked by the top model already
+    batch, length = tokens.shape[:2]
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if cu_q is None and cu_k is not None:
+        raise PackedMetadataError("cu_seq_lens_k was given without cu_seq_lens_q: pass the same boundaries as both")
+    positions = text_positions(position_ids)
+    if cu_q is None:
+        if cache is not None or positions is None or batch != 1 or length < 2:
+            return kwargs
+        cu_q = _restarts(positions, length)
+        if cu_q is None:
+            return kwargs
+        kwargs = {**kwargs, "cu_seq_lens_q": cu_q, "cu_seq_lens_k": cu_q}
+        host = cu_q.cpu()
+        if position_ids.ndim == 2 or position_ids.shape[0] == 4:
+            _check_positions(positions, cu_q, "position_ids (restarting at 0, no cu_seq_lens_q)")
+    else:
+        host = check_cu_seqlens(cu_q, "cu_seq_lens_q", batch, length)
+        if cu_k is not None and cu_k is not cu_q:
+            check_cu_seqlens(cu_k, "cu_seq_lens_k", batch, length)
+            if not torch.equal(cu_k.detach().cpu().long(), host.long()):
+                raise PackedMetadataError(
+                    f"cu_seq_lens_k {cu_k.tolist()} differs from cu_seq_lens_q {host.tolist()}: a packed row attends "
+                    "within each of its own sequences, so both must be the same boundaries (pass cu_seq_lens_q as both)"
+                )
+        if cache is not None:
+            raise PackedMetadataError(
+                "a packed row (cu_seq_lens_q) with a cache: the cached (generation) path runs one sequence per batch "
+                "row; pass no cache to score or train a packed row, or unpack the sequences into batch rows to generate"
+            )
+        if positions is not None and (position_ids.ndim == 2 or position_ids.shape[0] == 4):
+            _check_positions(positions, cu_q, "position_ids")
+    row = packed_row({**kwargs, PACKED_ROW: None}, batch, length, tokens.device, host=host)
+    return {**kwargs, PACKED_ROW: row}
+
+
+def check_cu_seqlens(cu, name: str, batch: int, length: int) -> torch.Tensor:
+    """Check that ``cu`` is ``[N + 1]`` integer boundaries from 0 to ``length``, non-decreasing; its host copy."""
+    if not torch.is_tensor(cu):
+        raise PackedMetadataError(f"{name} must be a tensor of int32 boundaries [N + 1], got {type(cu).__name__}")
+    if cu.ndim != 1:
+        raise PackedMetadataError(
+            f"{name} must be 1-D [N + 1] (the boundaries of one packed row), got shape {tuple(cu.shape)}; "
+            "pack a batch into one row [1, T] and pass its boundaries"
+        )
+    if cu.dtype.is_floating_point or cu.dtype.is_complex or cu.dtype == torch.bool:
+        raise PackedMetadataError(f"{name} must hold integers (int32), got {cu.dtype}")
+    if cu.numel() < 2:
+        raise PackedMetadataError(f"{name} must hold at least [0, T], got {cu.tolist()}")
+    if batch != 1:
+        raise PackedMetadataError(
+            f"{name} describes one packed row (batch 1), got input of batch {batch}: pack the rows into [1, T]"
+        )
+    host = cu.detach().cpu()
+    if int(host[0]) != 0 or int(host[-1]) != length or bool((host[1:] < host[:-1]).any()):
+        raise PackedMetadataError(
+            f"{name} {host.tolist()} does not describe a packed row of {length} tokens: boundaries must start at 0, "
+            f"never decrease and end at {length}"
+        )
+    return host
+
+
+def _restarts(positions: torch.Tensor, length: int) -> torch.Tensor | None:
+    """``cu_seqlens`` (int32) where the positions of one row restart at 0, or None for a single sequence."""
+    row = positions[0]
+    starts = (row == 0).nonzero().flatten()
+    if starts.numel() < 2 or int(starts[0]) != 0:
+        return None  # one sequence (or positions offset by a cache-less continuation): nothing to split
+    end = torch.tensor([length], device=starts.device, dtype=starts.dtype)
+    return torch.cat([starts, end]).to(torch.int32)
+
+
+def _check_positions(positions: torch.Tensor, cu: torch.Tensor, what: str) -> None:
+    from ..shared_prefix import positions_from_cu_seqlens
+
+    expected = positions_from_cu_seqlens(cu.to(positions.device), positions.shape[-1])
+    if not torch.equal(positions.to(expected.dtype), expected):
+        bad = int((positions.to(expected.dtype) != expected).flatten().nonzero()[0])
+        raise PackedMetadataError(
+            f"{what} disagree with the packed row's boundaries {cu.tolist()}: token {bad} has position "
+            f"{int(positions.flatten()[bad])}, expected {int(expected.flatten()[bad])}. Every sequence of a packed "
+            "row starts at position 0 and counts up by one; pass position_ids that restart at each boundary, or none"
+        )

@@ -1,0 +1,211 @@
+"""TRL's ``GRPOTrainer`` with every scoring pass on one packed row per micro-batch.
+
+Stock TRL scores padded ``[B, L]`` rows through the backbone and its own fused LM head, so a
+patchgen model's shared-prefix plan never runs there. ``SharedPrefixGRPOTrainer`` packs the real
+tokens of each micro-batch into one row, calls the model with ``return_log_probs`` /
+``return_entropy`` and TRL's temperature, and puts the per-token values back in TRL's layout. With
+``shared_prefix_training`` on, each prompt of a group of rollouts runs once; the loss, rewards and
+gradients are those of stock ``GRPOTrainer``. The policy, old-policy and reference passes all go
+through it, and a prompt's rollouts stay in one micro-batch when TRL splits a generation batch.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import warnings
+
+import torch
+from trl import GRPOTrainer
+from trl.trainer.utils import (
+    add_fused_lm_head,
+    split_pixel_values_by_grid,
+    split_tensor_dict,
+    unsplit_pixel_values_by_grid,
+)
+
+from patchgen.kernels import ops
+from patchgen.kernels.modeling.shared_prefix import observe_plans
+
+from .packed_rows import pack_rows
+
+logger = logging.getLogger(__name__)
+
+MEDIA_KEYS = (
+    "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+    "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
+)
+
+
+def is_patchgen_model(model) -> bool:
+    """True for a model built from a patchgen generated module (its op table is bound)."""
+    return getattr(model, ops.ATTRIBUTE, None) is not None and hasattr(model, "lm_head")
+
+
+class SharedPrefixGRPOTrainer(GRPOTrainer):
+    """``trl.GRPOTrainer`` that scores each micro-batch as one packed row of a patchgen model.
+
+    Use it as ``GRPOTrainer``, with a patchgen model instance (``shared_prefix_training=True`` on its
+    text config to share prompts). Batches it cannot pack (media, a mask with holes, a non-patchgen
+    or PEFT-wrapped model, ``cast_lm_head_to_fp32``) are scored by TRL's own path, with one warning.
+    ``packed_tokens`` counts the tokens of every packed row scored, per pass (``policy``, ``old``, ``ref``);
+    ``shared_prefix_tokens`` the packed (T) and compact (C) tokens of the rows that shared a prefix,
+    also logged as ``shared_prefix/packed_over_compact``.
+    """
+
+    def __init__(self, model, *args, **kwargs):
+        if isinstance(model, str):
+            raise TypeError(
+                "SharedPrefixGRPOTrainer needs a patchgen model instance, got the path "
+                f"{model!r}: load it with a generated class, e.g. "
+                "patchgen.generated.qwen3_5.patched_modeling_qwen3_5_gpu.Qwen3_5ForCausalLM.from_pretrained(path)"
+            )
+        super().__init__(model, *args, **kwargs)
+        self.packed_tokens = {"policy": 0, "old": 0, "ref": 0}
+        self.shared_prefix_tokens = {"packed": 0, "compact": 0}
+        self._fallback_warned = False
+        self._share_reference_model()
+
+    # ---- scoring -------------------------------------------------------------------------------
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        **media,
+    ):
+        reason = self._cannot_pack(model, media)
+        if reason is not None:
+            self._warn_fallback(reason)
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **media,
+            )
+        batch_size = batch_size or input_ids.size(0)
+        chunks = []
+        for start in range(0, input_ids.size(0), batch_size):
+            end = min(start + batch_size, input_ids.size(0))
+            packed = pack_rows(input_ids[start:end], attention_mask[start:end], logits_to_keep)
+            if packed is None or packed.tokens == 0:
+                self._warn_fallback("a row whose attention_mask is not one contiguous run of tokens")
+                return super()._get_per_token_logps_and_entropies(
+                    model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                    compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **media,
+                )
+            extra = {"output_router_logits": True} if compute_aux_loss else {}
+            with self.accelerator.autocast(), observe_plans(self._count_plan):
+                out = model(
+                    **packed.model_kwargs(), return_log_probs=True, return_entropy=compute_entropy,
+                    return_logits=False, temperature=self.temperature, use_cache=False, **extra,
+                )
+            self.packed_tokens[self._pass_name(model)] += packed.tokens
+            entropy = packed.scatter(out.entropy) if compute_entropy else None
+            chunks.append((packed.scatter(out.log_probs), entropy, out.get("aux_loss") if compute_aux_loss else None))
+        logps = torch.cat([c[0] for c in chunks])
+        entropies = torch.cat([c[1] for c in chunks]) if compute_entropy else None
+        aux_loss = torch.stack([c[2] for c in chunks]).mean() if compute_aux_loss else None
+        return logps, entropies, aux_loss
+
+    def _count_plan(self, plan, tokens: int) -> None:
+        compact = tokens if plan is None else plan.compact_length
+        self.shared_prefix_tokens["packed"] += tokens
+        self.shared_prefix_tokens["compact"] += compact
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["shared_prefix/packed_over_compact"].append(tokens / max(compact, 1))
+
+    def _pass_name(self, model) -> str:
+        if self.ref_model is not None and model is self.ref_model:
+            return "ref"
+        return "policy" if torch.is_grad_enabled() else "old"
+
+    def _cannot_pack(self, model, media) -> str | None:
+        if any(value is not None for value in media.values()):
+            return "images or other media in the batch"
+        if self.args.cast_lm_head_to_fp32:
+            return "cast_lm_head_to_fp32=True"
+        if not is_patchgen_model(self.accelerator.unwrap_model(model)):
+            return f"a model that is not a patchgen model ({type(self.accelerator.unwrap_model(model)).__name__})"
+        return None
+
+    def _warn_fallback(self, reason: str) -> None:
+        if not self._fallback_warned:
+            warnings.warn(
+                f"SharedPrefixGRPOTrainer: scoring with TRL's padded path (no packed row, no shared prefix) because of "
+                f"{reason}", stacklevel=3,
+            )
+            self._fallback_warned = True
+
+    # ---- a prompt's rollouts in one micro-batch ------------------------------------------------
+    def _prepare_inputs(self, generation_batch):
+        if not self.model.training:
+            return super()._prepare_inputs(generation_batch)
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        if self._step % generate_every == 0 or self._buffered_inputs is None:
+            batch = self._generate_and_score_completions(generation_batch)
+            batch = split_pixel_values_by_grid(batch)
+            batch = shuffle_keeping_groups(batch)
+            batches = split_tensor_dict(batch, self.args.steps_per_generation)
+            self._buffered_inputs = [unsplit_pixel_values_by_grid(b) for b in batches]
+        return self._buffered_inputs[self._step % self.args.steps_per_generation]
+
+    # ---- reference model -----------------------------------------------------------------------
+    def _share_reference_model(self) -> None:
+        """Score the reference pass with a patchgen copy of the initial policy, not TRL's upstream-class load.
+
+        TRL loads the reference from the policy's path with the Auto classes, which build
+        transformers' own Qwen3.5, so its pass would neither pack nor share. The initial policy is the
+        reference, so a copy of it (made before any update) replaces that load.
+        """
+        if self.ref_model is None or is_patchgen_model(self.accelerator.unwrap_model(self.ref_model)):
+            return
+        policy = self.accelerator.unwrap_model(self.model)
+        if not is_patchgen_model(policy) or self.is_deepspeed_enabled or self.is_fsdp_enabled:
+            return  # TRL's reference stays; its pass takes TRL's padded path (warned on first use)
+        reference = copy.deepcopy(policy)
+        reference.__dict__.pop("forward", None)  # the copied fused head would call the policy's forward
+        reference.requires_grad_(False).eval()
+        add_fused_lm_head(reference, temperature=self.temperature)
+        self.ref_model = self.accelerator.prepare_model(reference, evaluation_mode=True)
+        for callback in self.callback_handler.callbacks:
+            if hasattr(callback, "ref_model"):
+                callback.ref_model = self.ref_model
+        logger.info("SharedPrefixGRPOTrainer: reference model is a patchgen copy of the initial policy")
+
+
+def shuffle_keeping_groups(batch: dict) -> dict:
+    """TRL's shuffle of a generation batch, keeping the rollouts of one prompt next to each other.
+
+    Draws the same ``torch.randperm`` as TRL (so the random stream, and every later sample, is
+    unchanged) and orders whole groups by where their first member lands in it. A prompt's rollouts
+    then share a micro-batch whenever the micro-batch size is a multiple of the group size.
+    """
+    size = len(next(v for v in batch.values() if v is not None))
+    permutation = torch.randperm(size).tolist()
+    keys = _group_keys(batch, size)
+    members: dict = {}
+    for index in permutation:
+        members.setdefault(keys[index], []).append(index)
+    order = [index for group in members.values() for index in group]
+    index_tensor = torch.tensor(order)
+
+    def permute(value):
+        if value is None or (isinstance(value, torch.Tensor) and value.ndim == 0):
+            return value
+        if isinstance(value, torch.Tensor):
+            return value[index_tensor.to(value.device)]
+        return [value[i] for i in order]
+
+    return {key: permute(value) for key, value in batch.items()}
+
+
+def _group_keys(batch: dict, size: int) -> list:
+    """One hashable key per row: its prompt's real tokens (rows of one prompt share it)."""
+    prompt_ids, prompt_mask = batch.get("prompt_ids"), batch.get("prompt_mask")
+    if prompt_ids is None:
+        return list(range(size))
+    ids, mask = prompt_ids.detach().cpu(), None if prompt_mask is None else prompt_mask.detach().cpu().bool()
+    return [tuple(ids[i][mask[i]].tolist() if mask is not None else ids[i].tolist()) for i in range(size)]

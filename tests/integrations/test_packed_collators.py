@@ -1,0 +1,110 @@
+"""Packed rows from the real collators: transformers' DataCollatorWithFlattening and TRL's SFT padding_free.
+
+Both give rows whose sequences are marked by restarting position_ids (the flattening collator gives
+nothing else unless asked); a run on them must equal the same run on padded batches.
+"""
+
+import pytest
+import torch
+
+from tests.integrations import tiny_trl
+from tests.models import tiny
+
+
+def _sequences(count=8, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(5, 30, (count,), generator=gen).tolist()
+    return [torch.randint(2, tiny.VOCAB, (n,), generator=gen).tolist() for n in lengths]
+
+
+@pytest.mark.parametrize("flash_kwargs", [False, True])
+def test_flattening_collator_row_equals_each_sequence_alone(flash_kwargs):
+    from transformers import DataCollatorWithFlattening
+
+    net = tiny_trl.model(False)
+    seqs = _sequences(4)
+    batch = DataCollatorWithFlattening(return_flash_attn_kwargs=flash_kwargs, return_tensors="pt")(
+        [{"input_ids": s} for s in seqs]
+    )
+    assert ("cu_seq_lens_q" in batch) == flash_kwargs
+    out = net(**batch)
+    nll, count = 0.0, 0
+    for s in seqs:
+        ids = torch.tensor([s])
+        alone = net(input_ids=ids).logits
+        nll = nll + torch.nn.functional.cross_entropy(alone[0, :-1], ids[0, 1:], reduction="sum")
+        count += len(s) - 1
+    assert torch.allclose(out.loss, nll / count, atol=1e-12, rtol=0)
+
+
+def _padded(features):
+    longest = max(len(f["input_ids"]) for f in features)
+    ids = torch.full((len(features), longest), tiny_trl.PAD)
+    labels = torch.full((len(features), longest), -100)
+    mask = torch.zeros(len(features), longest, dtype=torch.long)
+    for i, f in enumerate(features):
+        n = len(f["input_ids"])
+        ids[i, :n] = torch.tensor(f["input_ids"])
+        labels[i, :n] = torch.tensor(f["input_ids"])
+        mask[i, :n] = 1
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+def _hf_run(collator, tmp_path):
+    from datasets import Dataset
+    from transformers import Trainer, TrainingArguments
+
+    net = tiny_trl.model(False)
+    args = TrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=2, learning_rate=0.1, optim="sgd",
+        logging_steps=1, report_to="none", use_cpu=True, seed=0, save_strategy="no", disable_tqdm=True,
+        remove_unused_columns=False,
+    )
+    data = Dataset.from_dict({"input_ids": _sequences(8)})
+    trainer = Trainer(model=net, args=args, train_dataset=data, data_collator=collator)
+    trainer.train()
+    return [e for e in trainer.state.log_history if "loss" in e], net
+
+
+def test_hf_trainer_with_the_flattening_collator_equals_padded_batches(tmp_path):
+    from transformers import DataCollatorWithFlattening
+
+    flat, net_flat = _hf_run(DataCollatorWithFlattening(return_tensors="pt"), tmp_path / "flat")
+    padded, net_padded = _hf_run(_padded, tmp_path / "padded")
+    for a, b in zip(flat, padded):
+        # Trainer accumulates the logged loss in a float32 tensor.
+        assert a["loss"] == pytest.approx(b["loss"], rel=4 * torch.finfo(torch.float32).eps)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-9)
+    padded_weights = dict(net_padded.named_parameters())
+    for name, p in net_flat.named_parameters():
+        assert torch.allclose(p, padded_weights[name], atol=1e-10, rtol=0), name
+
+
+def _sft_run(padding_free, tmp_path):
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    net = tiny_trl.model(False)
+    text = [" ".join(f"w{t}" for t in s) for s in _sequences(8)]
+    args = SFTConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=2, learning_rate=0.1, optim="sgd",
+        logging_steps=1, report_to="none", use_cpu=True, seed=0, save_strategy="no", disable_tqdm=True,
+        padding_free=padding_free, bf16=False, max_length=None,
+    )
+    trainer = SFTTrainer(model=net, args=args, train_dataset=Dataset.from_dict({"text": text}),
+                         processing_class=tiny_trl.tokenizer())
+    trainer.train()
+    return [e for e in trainer.state.log_history if "loss" in e], net
+
+
+def test_trl_sft_padding_free_equals_padded_sft(tmp_path):
+    free, net_free = _sft_run(True, tmp_path / "free")
+    padded, net_padded = _sft_run(False, tmp_path / "padded")
+    assert len(free) == len(padded) == 2
+    for a, b in zip(free, padded):
+        # TRL's fused LM head accumulates its log-sum-exp in float32, whatever the model's dtype.
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-6)
+    padded_weights = dict(net_padded.named_parameters())
+    for name, p in net_free.named_parameters():
+        assert torch.allclose(p, padded_weights[name], atol=1e-7, rtol=0), name

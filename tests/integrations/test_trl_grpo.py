@@ -1,0 +1,162 @@
+"""SharedPrefixGRPOTrainer against stock trl.GRPOTrainer: same losses, rewards, gradient norms, weights."""
+
+import pytest
+import torch
+
+from tests.integrations import tiny_trl
+
+trl = pytest.importorskip("trl")
+
+
+def _config(tmp_path, **extra):
+    from trl import GRPOConfig
+
+    base = dict(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, gradient_accumulation_steps=2,
+        max_completion_length=8, max_steps=2, learning_rate=0.1, optim="sgd", logging_steps=1, report_to="none", use_cpu=True,
+        seed=0, save_strategy="no", disable_tqdm=True, bf16=False, dataloader_num_workers=0,
+    )
+    base.update(extra)
+    return GRPOConfig(**base)
+
+
+def _train(trainer_class, flag, tmp_path, **extra):
+    net = tiny_trl.model(flag)
+    trainer = trainer_class(
+        model=net, reward_funcs=tiny_trl.even_word_reward, args=_config(tmp_path, **extra),
+        train_dataset=tiny_trl.prompts(8, 12), processing_class=tiny_trl.tokenizer(),
+    )
+    from patchgen.kernels.modeling.shared_prefix import observe_plans
+
+    plans = []
+    with observe_plans(lambda plan, tokens: plans.append(plan)):
+        trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    return trainer, logs, [p for p in plans if p is not None]
+
+
+def _assert_same_run(stock, ours):
+    (_, logs_a, _), (trainer_b, logs_b, _) = stock, ours
+    assert len(logs_a) == len(logs_b) == 2
+    for a, b in zip(logs_a, logs_b):
+        for key in ("reward", "completions/mean_length"):
+            assert a.get(key) == b.get(key), key
+        # Stock TRL's fused LM head keeps its log-sum-exp in float32 even for a float64 model, and
+        # Trainer sums micro-batch losses in a float32 tensor; ours is float64 throughout. So the two
+        # runs agree to float32 rounding (the float64 scoring itself is checked exactly below).
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-6), "grad_norm"
+        assert a["loss"] == pytest.approx(b["loss"], abs=4 * torch.finfo(torch.float32).eps), "loss"
+    # Plain SGD: Adam's first step is sign(grad), which turns rounding-level gradients into whole steps.
+    weights_a = dict(stock[0].model.named_parameters())
+    for name, p in trainer_b.model.named_parameters():
+        assert torch.allclose(p, weights_a[name], atol=1e-8, rtol=0), (name, (p - weights_a[name]).abs().max().item())
+
+
+def test_losses_rewards_grad_norms_and_weights_equal_stock_grpo(tmp_path):
+    """Sampling temperature 0.7 (TRL scores logits / temperature; checked exactly per token below)."""
+    from trl import GRPOTrainer
+
+    from patchgen.integrations.trl import SharedPrefixGRPOTrainer
+
+    stock = _train(GRPOTrainer, False, tmp_path / "stock", temperature=0.7)
+    ours = _train(SharedPrefixGRPOTrainer, True, tmp_path / "ours", temperature=0.7)
+    _assert_same_run(stock, ours)
+    assert not stock[2]  # stock TRL never reaches the model's plan
+    assert ours[2] and all(p.compact_length < p.packed_length for p in ours[2])
+    assert ours[0].packed_tokens["policy"] > 0
+
+
+def test_old_log_prob_pass_is_packed_and_shared(tmp_path):
+    """num_iterations=2: TRL scores the old policy once per generation batch and reuses the batch."""
+    from trl import GRPOTrainer
+
+    from patchgen.integrations.trl import SharedPrefixGRPOTrainer
+
+    extra = dict(num_iterations=2)
+    stock = _train(GRPOTrainer, False, tmp_path / "stock", **extra)
+    ours = _train(SharedPrefixGRPOTrainer, True, tmp_path / "ours", **extra)
+    _assert_same_run(stock, ours)
+    assert ours[0].packed_tokens["old"] > 0
+
+
+def test_reference_pass_is_a_patchgen_copy_and_shared(tmp_path):
+    from patchgen.integrations.trl import SharedPrefixGRPOTrainer, is_patchgen_model
+
+    net = tiny_trl.model(True)
+    path = tmp_path / "ckpt"
+    net.save_pretrained(path)
+    net.config._name_or_path = str(path)
+    trainer = SharedPrefixGRPOTrainer(
+        model=net, reward_funcs=tiny_trl.even_word_reward, args=_config(tmp_path / "out", beta=0.1, max_steps=1),
+        train_dataset=tiny_trl.prompts(8, 12), processing_class=tiny_trl.tokenizer(),
+    )
+    assert is_patchgen_model(trainer.ref_model) and trainer.ref_model is not net
+    trainer.train()
+    assert trainer.packed_tokens["ref"] > 0
+    kl = [entry["kl"] for entry in trainer.state.log_history if "kl" in entry]
+    assert kl and kl[0] == pytest.approx(0.0, abs=1e-12)  # first step: policy == reference
+
+
+def test_rollouts_of_a_prompt_stay_in_one_micro_batch_when_trl_shuffles():
+    from patchgen.integrations.trl import shuffle_keeping_groups
+
+    prompts = torch.tensor([[5, 6], [5, 6], [7, 8], [7, 8], [0, 9], [0, 9]])
+    batch = {"prompt_ids": prompts, "prompt_mask": torch.tensor([[1, 1]] * 4 + [[0, 1]] * 2),
+             "advantages": torch.arange(6.0), "num_items_in_batch": torch.tensor(12), "names": list("abcdef")}
+    torch.manual_seed(3)
+    expected_permutation = torch.randperm(6)
+    after_trl = torch.rand(3)
+    torch.manual_seed(3)
+    out = shuffle_keeping_groups(batch)
+    assert torch.equal(torch.rand(3), after_trl)  # the random stream advanced exactly as TRL's shuffle does
+    rows = out["prompt_ids"].tolist()
+    assert all(rows[i] == rows[i + 1] for i in (0, 2, 4))
+    assert out["names"] == [chr(ord("a") + int(i)) for i in out["advantages"]]
+    assert out["num_items_in_batch"] == 12
+    first = int(expected_permutation[0])
+    assert out["advantages"][0] == first  # the group of TRL's first pick leads
+
+
+def test_a_path_instead_of_a_model_names_the_fix():
+    from patchgen.integrations.trl import SharedPrefixGRPOTrainer
+
+    with pytest.raises(TypeError, match="patchgen model instance"):
+        SharedPrefixGRPOTrainer(model="Qwen/Qwen3.5-0.8B", reward_funcs=tiny_trl.even_word_reward)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_packed_scoring_equals_each_padded_row_scored_alone_in_float64(tmp_path, temperature):
+    """Log-probs and entropies put back in TRL's [B, K] layout, against a float64 reference per row."""
+    from patchgen.integrations.trl import SharedPrefixGRPOTrainer
+
+    net = tiny_trl.model(True)
+    trainer = SharedPrefixGRPOTrainer(
+        model=net, reward_funcs=tiny_trl.even_word_reward, args=_config(tmp_path, temperature=temperature),
+        train_dataset=tiny_trl.prompts(8, 12), processing_class=tiny_trl.tokenizer(),
+    )
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(2, 100, (10,), generator=gen)
+    rows, masks = [], []
+    for pad_left, length in [(0, 6), (0, 3), (2, 6), (0, 1)]:  # left-padded prompts, right-padded completions
+        completion = torch.randint(2, 100, (6,), generator=gen)
+        ids = torch.cat([torch.zeros(pad_left, dtype=torch.long), prompt[pad_left:], completion])
+        mask = torch.cat([torch.zeros(pad_left), torch.ones(10 - pad_left), torch.ones(length), torch.zeros(6 - length)])
+        rows.append(ids)
+        masks.append(mask.long())
+    input_ids, attention_mask = torch.stack(rows), torch.stack(masks)
+    logps, entropies, _ = trainer._get_per_token_logps_and_entropies(
+        trainer.model, input_ids, attention_mask, 6, compute_entropy=True
+    )
+    for b in range(4):
+        real = attention_mask[b].bool()
+        first = int(real.nonzero()[0])
+        logits = net(input_ids=input_ids[b : b + 1, real]).logits[0] / temperature
+        logp_all = logits.log_softmax(-1)
+        for k in range(6):
+            col = 10 + k
+            if not attention_mask[b, col]:
+                assert logps[b, k] == 0 and entropies[b, k] == 0
+                continue
+            pos = col - 1 - first  # the position that predicts column `col`
+            assert torch.allclose(logps[b, k], logp_all[pos, input_ids[b, col]], atol=1e-12, rtol=0)
+            assert torch.allclose(entropies[b, k], -(logp_all[pos].exp() * logp_all[pos]).sum(), atol=1e-12, rtol=0)

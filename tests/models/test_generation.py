@@ -1,0 +1,86 @@
+"""One model trains and generates: the flag changes packed training rows only; a cache only when asked."""
+
+import pytest
+import torch
+
+from tests.models import tiny
+
+
+def _spy_gdn(net, module):
+    calls = []
+    table = module.ops.of(net)
+    real = table.gated_delta_rule
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    table.__dict__["gated_delta_rule"] = spy
+    return calls
+
+
+@pytest.mark.parametrize("model", ["qwen3_5", "qwen3_5_moe"])
+def test_generate_with_the_flag_on_equals_scoring_the_generated_row(model):
+    extra = {"output_router_logits": False} if model == "qwen3_5_moe" else {}
+    net = tiny.build(model, "gpu", shared_prefix_training=True, use_cache=True, **extra).eval()
+    prompt = torch.randint(0, tiny.VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
+    out = net.generate(prompt, max_new_tokens=6, do_sample=False, output_logits=True, return_dict_in_generate=True,
+                       pad_token_id=0)
+    full = net(input_ids=out.sequences).logits  # one uncached forward over prompt + generated tokens
+    stepped = torch.stack(out.logits, 1).to(full.dtype)
+    # Upstream's decode step (torch_recurrent_gated_delta_rule) computes in float32 even in a float64 model.
+    assert torch.allclose(stepped, full[:, 11:-1], atol=1e-5, rtol=0)
+    assert torch.equal(out.sequences[:, 12:], full[:, 11:-1].argmax(-1))
+
+
+def test_prefill_runs_the_op_slots_and_stores_the_final_states():
+    from transformers import DynamicCache
+
+    net = tiny.build("qwen3_5", "gpu", use_cache=True)
+    calls = _spy_gdn(net, tiny.module("qwen3_5", "gpu"))
+    attention_calls = []
+    table = tiny.module("qwen3_5", "gpu").ops.of(net)
+    real_attention = table.attention
+    table.__dict__["attention"] = lambda *a, **k: attention_calls.append(k) or real_attention(*a, **k)
+    ids = torch.randint(0, tiny.VOCAB, (2, 16), generator=torch.Generator().manual_seed(2))
+    cache = DynamicCache(config=net.config)
+    prefill = net(input_ids=ids, cache=cache, use_cache=True).logits
+    linear = [i for i, t in enumerate(net.config.layer_types) if t == "linear_attention"]
+    assert len(calls) == len(linear) and all(c["output_final_state"] for c in calls)
+    assert all(cache.get_recurrent_state(i) is not None for i in linear)
+    assert len(attention_calls) == net.config.layer_types.count("full_attention")
+    assert all(c["cu_seqlens_q"].tolist() == [0, 16, 32] for c in attention_calls)
+    assert cache.get_seq_length() == 16
+    assert torch.allclose(prefill, net(input_ids=ids).logits, atol=1e-12, rtol=0)
+
+
+def test_a_training_forward_with_a_use_cache_config_builds_no_cache_and_runs_the_op_slots():
+    net = tiny.build("qwen3_5", "gpu", use_cache=True).train()
+    calls = _spy_gdn(net, tiny.module("qwen3_5", "gpu"))
+    ids = torch.randint(0, tiny.VOCAB, (2, 16), generator=torch.Generator().manual_seed(3))
+    out = net(input_ids=ids, labels=ids)
+    assert out.cache is None
+    assert len(calls) == net.config.layer_types.count("linear_attention")
+    assert not any(c.get("output_final_state") for c in calls)
+
+
+def test_use_cache_true_without_a_cache_still_returns_one():
+    net = tiny.build("qwen3_5", "gpu")
+    ids = torch.randint(0, tiny.VOCAB, (1, 8), generator=torch.Generator().manual_seed(4))
+    out = net(input_ids=ids, use_cache=True)
+    assert out.cache is not None and out.cache.get_seq_length() == 8
+
+
+def test_left_padded_batch_generation_equals_each_prompt_alone():
+    net = tiny.build("qwen3_5", "gpu", shared_prefix_training=True, use_cache=True).eval()
+    gen = torch.Generator().manual_seed(5)
+    long, short = torch.randint(2, tiny.VOCAB, (12,), generator=gen), torch.randint(2, tiny.VOCAB, (7,), generator=gen)
+    ids = torch.stack([long, torch.cat([torch.zeros(5, dtype=torch.long), short])])
+    mask = torch.stack([torch.ones(12, dtype=torch.long), torch.cat([torch.zeros(5), torch.ones(7)]).long()])
+    kw = dict(max_new_tokens=5, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    batch = net.generate(ids, attention_mask=mask, **kw)
+    for row, prompt in enumerate([long, short]):
+        alone = net.generate(prompt.unsqueeze(0), **kw)
+        assert torch.equal(batch.sequences[row, 12:], alone.sequences[0, len(prompt):])
+        stepped = torch.stack(batch.logits, 1)[row]
+        assert torch.allclose(stepped, torch.stack(alone.logits, 1)[0], atol=1e-5, rtol=0)

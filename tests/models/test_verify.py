@@ -1,0 +1,87 @@
+"""shared_prefix_verify: the first shared step (and each longer one) is checked against the packed path."""
+
+import logging
+
+import pytest
+import torch
+from patchgen.kernels.modeling import shared_prefix, verify
+
+from tests.models import tiny
+
+
+def _net(**extra):
+    return tiny.build("qwen3_5", "gpu", shared_prefix_training=True, shared_prefix_verify=True, **extra)
+
+
+def _plans(monkeypatch):
+    built = []
+    real = shared_prefix.build_plan
+
+    def spy(*args, **kwargs):
+        plan = real(*args, **kwargs)
+        built.append(plan)
+        return plan
+
+    monkeypatch.setattr(shared_prefix, "build_plan", spy)
+    return built
+
+
+def _batch(prompt=70):
+    return tiny.grpo_batch([(prompt, [5, 9, 3])], [20], seed=11)
+
+
+def test_first_shared_step_is_verified_logged_and_returns_the_shared_result(monkeypatch, caplog):
+    net = _net()
+    built = _plans(monkeypatch)
+    ids, cu, _ = _batch()
+    with caplog.at_level(logging.INFO, logger="patchgen.kernels.modeling.verify"):
+        out = net(input_ids=ids, labels=ids, **tiny.packed_kwargs(cu))
+    assert "matches the packed path" in caplog.text
+    assert len(built) == 1  # the shared run planned; the packed reference did not
+    plain = tiny.build("qwen3_5", "gpu", shared_prefix_training=True)(input_ids=ids, labels=ids, **tiny.packed_kwargs(cu))
+    assert torch.equal(out.loss, plain.loss)
+    out.loss.backward()  # the returned result trains
+    assert verify.state(net).largest_verified == ids.shape[1]
+
+
+def test_only_a_longer_row_than_verified_is_verified_again(monkeypatch):
+    net = _net()
+    ids, cu, _ = _batch()
+    net(input_ids=ids, labels=ids, **tiny.packed_kwargs(cu))
+    net(input_ids=ids, labels=ids, **tiny.packed_kwargs(cu))
+    assert verify.state(net).checks == 1
+    longer, cu_longer, _ = _batch(prompt=90)
+    net(input_ids=longer, labels=longer, **tiny.packed_kwargs(cu_longer))
+    assert verify.state(net).checks == 2
+
+
+def test_a_mismatch_warns_returns_the_packed_result_and_stays_packed(monkeypatch):
+    net = _net()
+    mod = tiny.module("qwen3_5", "gpu")
+    real = mod.shared_prefix_gated_delta_rule
+
+    def wrong(*args, **kwargs):
+        return real(*args, **kwargs) + 0.5  # a broken compact row
+
+    monkeypatch.setattr(mod, "shared_prefix_gated_delta_rule", wrong)
+    ids, cu, _ = _batch()
+    with pytest.warns(verify.SharedPrefixMismatch, match="does not match the packed path"):
+        out = net(input_ids=ids, labels=ids, **tiny.packed_kwargs(cu))
+    packed = tiny.build("qwen3_5", "gpu")(input_ids=ids, labels=ids, **tiny.packed_kwargs(cu))
+    assert torch.allclose(out.loss, packed.loss, atol=1e-12, rtol=0)
+    built = _plans(monkeypatch)
+    again = net(input_ids=ids, labels=ids, **tiny.packed_kwargs(cu))
+    assert not built and torch.allclose(again.loss, packed.loss, atol=1e-12, rtol=0)
+
+
+def test_verification_is_off_by_default(monkeypatch):
+    net = tiny.build("qwen3_5", "gpu", shared_prefix_training=True)
+    ids, cu, _ = _batch()
+    net(input_ids=ids, labels=ids, **tiny.packed_kwargs(cu))
+    assert getattr(net, verify.ATTRIBUTE, None) is None
+
+
+@pytest.mark.parametrize("dtype,bound", [(torch.float64, 1e-8), (torch.bfloat16, 0.125)])
+def test_the_bound_follows_the_dtype_and_the_scale(dtype, bound):
+    assert verify.bound(dtype, 0.5) == bound
+    assert verify.bound(dtype, 10.0) == bound * 10
