@@ -29,7 +29,9 @@ PLUGIN = "patchgen.integrations.upstream_tests"
 def test_file(tests: Path, model: str) -> Path:
     path = tests / "models" / model / f"test_modeling_{model}.py"
     if not path.is_file():
-        raise SystemExit(f"--tests {tests}: no {path.relative_to(tests)} there; pass the tests/ folder of a transformers checkout")
+        raise SystemExit(
+            f"--tests {tests}: no {path.relative_to(tests)} there; pass the tests/ folder of a transformers checkout"
+        )
     return path
 
 
@@ -57,21 +59,43 @@ def failure_messages(junit_xml: Path) -> dict[str, str]:
     return messages
 
 
-def run_pytest(path: Path, swap_device: str | None, extra: list[str], workdir: Path) -> tuple[dict, dict, int]:
+def run_pytest(
+    path: Path,
+    swap_device: str | None,
+    extra: list[str],
+    workdir: Path,
+    ours_env: dict[str, str] | None = None,
+) -> tuple[dict, dict, int]:
     label = swap_device or "upstream"
     report = workdir / f"{path.stem}-{label}.xml"
-    command = [sys.executable, "-m", "pytest", str(path), "-q", "-p", "no:cacheprovider", f"--junitxml={report}", "-o", "junit_family=xunit1"]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(path),
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={report}",
+        "-o",
+        "junit_family=xunit1",
+    ]
     env = dict(os.environ)
     env.pop("PATCHGEN_SWAP_DEVICE", None)
     if swap_device:
         command += ["-p", PLUGIN]
         env["PATCHGEN_SWAP_DEVICE"] = swap_device
+        env.update(ours_env or {})
     # The checkout's root holds `tests/` as a package: run from there so its relative imports resolve.
-    proc = subprocess.run(command + extra, cwd=path.parents[3], env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        command + extra, check=False, cwd=path.parents[3], env=env, capture_output=True, text=True
+    )
     log = workdir / f"{path.stem}-{label}.log"
     log.write_text(proc.stdout + proc.stderr)
     if not report.exists():
-        raise SystemExit(f"pytest wrote no report for {path} ({label}), exit {proc.returncode}; see {log}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+        raise SystemExit(
+            f"pytest wrote no report for {path} ({label}), exit {proc.returncode}; see {log}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+        )
     return outcomes(report), failure_messages(report), proc.returncode
 
 
@@ -84,20 +108,49 @@ def compare(model: str, device: str, upstream: dict, ours: dict, messages: dict)
     for test_id in sorted(set(upstream) | set(ours)):
         before, after = upstream.get(test_id, "absent"), ours.get(test_id, "absent")
         if before != after:
-            differing.append({"model": model, "device": device, "test": test_id, "upstream": before, "ours": after, "message": messages.get(test_id, "")})
+            differing.append(
+                {
+                    "model": model,
+                    "device": device,
+                    "test": test_id,
+                    "upstream": before,
+                    "ours": after,
+                    "message": messages.get(test_id, ""),
+                }
+            )
     return differing
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tests", type=Path, required=True, help="the tests/ folder of a transformers checkout")
-    parser.add_argument("--device", choices=("gpu", "npu"), action="append", help="generated target(s) to swap in (default: both)")
+    parser.add_argument(
+        "--tests", type=Path, required=True, help="the tests/ folder of a transformers checkout"
+    )
+    parser.add_argument(
+        "--device",
+        choices=("gpu", "npu"),
+        action="append",
+        help="generated target(s) to swap in (default: both)",
+    )
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--json", type=Path, help="write counts and differing tests here")
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set for the runs with ours only, e.g. PATCHGEN_OPS_GATED_DELTA_RULE=triton (with TRITON_INTERPRET=1 on CPU)",
+    )
     parser.add_argument("--workdir", type=Path, help="keep junit reports and logs here (default: a temp dir)")
-    parser.add_argument("pytest_args", nargs="*", help="passed to pytest after `--`, e.g. -- -k TextModelTest")
+    parser.add_argument(
+        "pytest_args", nargs="*", help="passed to pytest after `--`, e.g. -- -k TextModelTest"
+    )
     args = parser.parse_args(argv)
     devices = args.device or ["gpu", "npu"]
+    bad = [item for item in args.env if "=" not in item]
+    if bad:
+        parser.error(f"--env takes KEY=VALUE, got {bad}")
+    ours_env = dict(item.split("=", 1) for item in args.env)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="upstream-tests-"))
     workdir.mkdir(parents=True, exist_ok=True)
 
@@ -108,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["runs"].append({"model": model, "modules": "upstream", **counts(upstream)})
         print(f"{model:12s} upstream     {counts(upstream)}")
         for device in devices:
-            ours, messages, _ = run_pytest(path, device, args.pytest_args, workdir)
+            ours, messages, _ = run_pytest(path, device, args.pytest_args, workdir, ours_env)
             summary["runs"].append({"model": model, "modules": f"ours-{device}", **counts(ours)})
             print(f"{model:12s} ours-{device:7s} {counts(ours)}")
             summary["differing"].extend(compare(model, device, upstream, ours, messages))
@@ -116,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     regressions = [d for d in summary["differing"] if d["upstream"] == "passed" and d["ours"] != "passed"]
     for d in summary["differing"]:
         mark = "REGRESSION" if d in regressions else "differs"
-        print(f"{mark}: [{d['device']}] {d['test']}: upstream {d['upstream']}, ours {d['ours']}  {d['message']}")
+        print(
+            f"{mark}: [{d['device']}] {d['test']}: upstream {d['upstream']}, ours {d['ours']}  {d['message']}"
+        )
     print(f"reports and logs: {workdir}")
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2))

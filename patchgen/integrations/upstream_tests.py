@@ -90,4 +90,6 @@ def pytest_collection_finish(session):
                     f"expected the generated {cls.__module__}.{class_name}"
                 )
     if session.items and not checked:
-        raise SwapNotInEffect("no collected test module imports a Qwen3.5 class; nothing would test the generated modules")
+        raise SwapNotInEffect(
+            "no collected test module imports a Qwen3.5 class; nothing would test the generated modules"
+        )
