@@ -102,7 +102,7 @@ def int_field(text_config: Any, name: str) -> int:
     value = getattr(text_config, name, default)
     if isinstance(value, bool) or not isinstance(value, int) or value < smallest:
         raise SettingError(
-            f"config field {name} ({meaning}) must be a whole number >= {smallest}, got {value!r}: "
+            f"config field {name} must be a whole number >= {smallest} ({meaning}), got {value!r}: "
             f"set e.g. config.{name} = {default}"
         )
     return value
