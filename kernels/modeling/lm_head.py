@@ -104,7 +104,10 @@ def _targets(labels, shift_labels, input_ids, cu_seqlens, logits_to_keep, want_v
         return _slice_positions(shift_labels, logits_to_keep) if form == "full" and kept != length else shift_labels
     if labels is not None:
         form = _checked("labels", labels, batch, length, kept)
-        shifted = torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
+        # On a packed row the last token of each sequence has no next token: its shifted label would
+        # be the next sequence's first token, so it is ignored (as at the row's end).
+        boundaries = cu_seqlens if form == "full" else None
+        shifted = next_token_labels(labels, boundaries, IGNORE_INDEX)
         return _slice_positions(shifted, logits_to_keep) if form == "full" and kept != length else shifted
     if want_values and input_ids is not None:
         return _slice_positions(next_token_labels(input_ids, cu_seqlens, IGNORE_INDEX), logits_to_keep)

@@ -110,7 +110,7 @@ def without_packed(kwargs: dict) -> dict:
 
 
 def next_token_labels(input_ids: torch.Tensor, cu_seqlens: torch.Tensor | None, ignore_index: int = -100) -> torch.Tensor:
-    """``input_ids`` shifted left by one, ``ignore_index`` at the last token of every sequence."""
+    """``input_ids`` (or labels) shifted left by one, ``ignore_index`` at the last token of every sequence."""
     labels = torch.nn.functional.pad(input_ids[..., 1:], (0, 1), value=ignore_index)
     if cu_seqlens is not None and cu_seqlens.numel() > 2:
         # Last token of each sequence: cu - 1. A zero-length first sequence gives -1, so fill one slot

@@ -89,3 +89,26 @@ def test_temperature_scores_logits_divided_by_it(flag):
 def test_a_non_positive_temperature_is_refused():
     with pytest.raises(ValueError, match="temperature must be > 0"):
         _net()(input_ids=_ids(), return_log_probs=True, temperature=0.0)
+
+
+@pytest.mark.parametrize("flag", [False, True])
+@pytest.mark.parametrize("metadata", ["cu_seq_lens", "position_ids"])
+def test_packed_labels_never_score_the_next_sequences_first_token(flag, metadata):
+    # labels = input ids on a packed row: each sequence's last token has no next token, so the loss is
+    # each sequence's own next-token loss, token-weighted, exactly as with collator-style labels (-100
+    # at every sequence start) and as each sequence scored alone.
+    lengths = [70, 75, 90]
+    ids, cu = tiny.packed_batch(lengths, shared=66, seed=3)
+    net = tiny.build("qwen3_5", "gpu", shared_prefix_training=flag).double()
+    if metadata == "cu_seq_lens":
+        packed = tiny.packed_kwargs(cu)
+    else:
+        packed = {"position_ids": torch.cat([torch.arange(n) for n in lengths])[None]}
+    loss = net(input_ids=ids, labels=ids, **packed).loss
+    separated = ids.clone()
+    separated[0, cu[:-1].long()] = -100
+    assert torch.allclose(loss, net(input_ids=ids, labels=separated, **packed).loss, rtol=0, atol=1e-12)
+    total = sum(
+        net(input_ids=seq[None], labels=seq[None]).loss * (len(seq) - 1) for seq in torch.split(ids[0], lengths)
+    )
+    assert torch.allclose(loss, total / (sum(lengths) - len(lengths)), rtol=0, atol=1e-10)
