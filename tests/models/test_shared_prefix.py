@@ -118,16 +118,15 @@ def test_e7_log_probs_and_entropy(model, device):
     tiny.assert_grads_close(g[True], g[False], atol=max(_atol(model), 1e-9))
 
 
-def test_moe_aux_loss_counts_packed_tokens():
+def test_moe_aux_loss_counts_packed_tokens(float64_router):
     ids, cu, _ = _batch()
     kwargs = dict(input_ids=ids, labels=ids, output_router_logits=True, **tiny.packed_kwargs(cu))
     (off, g_off), (on, g_on) = _both("qwen3_5_moe", "npu", **kwargs)
     # load_balancing_loss_func accumulates in float32, upstream's choice; same inputs, same value
     assert torch.allclose(on.aux_loss, off.aux_loss, rtol=1e-6, atol=0)
-    assert torch.allclose(on.loss, off.loss, rtol=1e-9, atol=0)
+    assert torch.allclose(on.loss, off.loss, atol=1e-12, rtol=0)
     assert len(on.router_logits) == 4 and on.router_logits[0].shape == off.router_logits[0].shape
-    for name in g_on:
-        assert torch.allclose(g_on[name], g_off[name], rtol=1e-5, atol=1e-8), name
+    tiny.assert_grads_close(g_on, g_off)
 
 
 def test_compact_row_is_shorter_and_calls_are_fixed():
@@ -143,8 +142,10 @@ def test_compact_row_is_shorter_and_calls_are_fixed():
     assert plan.compact_length == ids.shape[1] - saved
 
 
-def test_moe_exact_with_float64_router(monkeypatch):
-    mod = tiny.module("qwen3_5_moe", "gpu")
+@pytest.fixture
+def float64_router(monkeypatch):
+    """Upstream's router softmax runs in float32 even in a float64 model; this one stays float64, so
+    flag on vs off can be compared at float64 rounding (the float32 router alone differs by ~1e-7)."""
 
     def router(self, hidden_states):
         hidden_states = hidden_states.reshape(-1, self.hidden_dim)
@@ -152,7 +153,11 @@ def test_moe_exact_with_float64_router(monkeypatch):
         top, index = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)
         return logits, top / top.sum(-1, keepdim=True), index
 
-    monkeypatch.setattr(mod.Qwen3_5MoeTopKRouter, "forward", router)
+    for device in ("gpu", "npu"):
+        monkeypatch.setattr(tiny.module("qwen3_5_moe", device).Qwen3_5MoeTopKRouter, "forward", router)
+
+
+def test_moe_exact_with_float64_router(float64_router):
     ids, cu, _ = _batch()
     (off, g_off), (on, g_on) = _both("qwen3_5_moe", "gpu", input_ids=ids, labels=ids, **tiny.packed_kwargs(cu))
     assert torch.allclose(on.loss, off.loss, atol=1e-12, rtol=0)
