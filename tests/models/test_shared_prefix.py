@@ -142,21 +142,6 @@ def test_compact_row_is_shorter_and_calls_are_fixed():
     assert plan.compact_length == ids.shape[1] - saved
 
 
-@pytest.fixture
-def float64_router(monkeypatch):
-    """Upstream's router softmax runs in float32 even in a float64 model; this one stays float64, so
-    flag on vs off can be compared at float64 rounding (the float32 router alone differs by ~1e-7)."""
-
-    def router(self, hidden_states):
-        hidden_states = hidden_states.reshape(-1, self.hidden_dim)
-        logits = torch.nn.functional.linear(hidden_states, self.weight)
-        top, index = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)
-        return logits, top / top.sum(-1, keepdim=True), index
-
-    for device in ("gpu", "npu"):
-        monkeypatch.setattr(tiny.module("qwen3_5_moe", device).Qwen3_5MoeTopKRouter, "forward", router)
-
-
 def test_moe_exact_with_float64_router(float64_router):
     ids, cu, _ = _batch()
     (off, g_off), (on, g_on) = _both("qwen3_5_moe", "gpu", input_ids=ids, labels=ids, **tiny.packed_kwargs(cu))

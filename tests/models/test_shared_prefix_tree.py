@@ -44,20 +44,6 @@ NPU_TREES = prefix_trees(
 TREE_CONFIG = {"shared_prefix_max_depth": 4, "shared_prefix_level_cost": 0}
 
 
-@pytest.fixture
-def float64_router(monkeypatch):
-    """Upstream's MoE router rounds its softmax to float32; a float64 one makes flag on / off exact to 1e-10."""
-
-    def router(self, hidden_states):
-        hidden_states = hidden_states.reshape(-1, self.hidden_dim)
-        logits = torch.nn.functional.linear(hidden_states, self.weight)
-        top, index = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)
-        return logits, top / top.sum(-1, keepdim=True), index
-
-    for device in ("gpu", "npu"):
-        monkeypatch.setattr(tiny.module("qwen3_5_moe", device).Qwen3_5MoeTopKRouter, "forward", router)
-
-
 def _run(model, device, flag, kwargs):
     net = tiny.build(model, device, seed=3, shared_prefix_training=flag, **TREE_CONFIG)
     out = net(**kwargs)

@@ -22,8 +22,15 @@ def clone(tmp_path):
 
 
 def planned(folder: Path, *goals: str) -> str:
-    """What `make` would run (dry run: nothing is executed)."""
-    return subprocess.run(["make", "-n", *goals], cwd=folder, check=True, capture_output=True, text=True).stdout
+    """What `make` would run (dry run: nothing is executed).
+
+    Run as a top-level make even when the suite itself runs under `make test` (CI): an inherited
+    MAKELEVEL / MAKEFLAGS would make it print "Entering directory" lines around the plan.
+    """
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")}
+    return subprocess.run(
+        ["make", "-n", *goals], cwd=folder, env=env, check=True, capture_output=True, text=True
+    ).stdout
 
 
 @pytest.mark.parametrize("goal", ["test", "demo", "check", "generate"])
