@@ -154,21 +154,25 @@ def main(argv=None) -> int:
         print("needs a CUDA device", file=sys.stderr)
         return 2
     rows = [row for slot in args.slots for row in bench_slot(slot, args)]
+    title = f"{torch.cuda.get_device_name()}, torch {torch.__version__}, T={args.tokens} in {args.sequences} sequences"
+    report(rows, title, args.csv)
+    return 0
+
+
+def report(rows: list[dict], title: str, path: Path) -> None:
+    """Print the rows as a table (the last column, `note`, unpadded) and write them as CSV."""
     columns = list(rows[0])
     widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns[:-1]}
-    print(
-        f"{torch.cuda.get_device_name()}, torch {torch.__version__}, T={args.tokens} in {args.sequences} sequences"
-    )
+    print(title)
     print("  ".join(c.ljust(widths[c]) for c in columns[:-1]) + "  note")
     for r in rows:
         print("  ".join(str(r[c]).ljust(widths[c]) for c in columns[:-1]) + "  " + r["note"])
-    args.csv.parent.mkdir(parents=True, exist_ok=True)
-    with args.csv.open("w", newline="") as f:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
-    print(f"wrote {args.csv}")
-    return 0
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

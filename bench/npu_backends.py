@@ -11,7 +11,6 @@ dim 64, MLP 512 per expert with 256 experts, top-8. ``--tiny`` shrinks everythin
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from kernel_backends import report  # bench/ is on sys.path when a script of it runs
 from patchgen.kernels import registry
 
 PAIRS = {  # slot: (torch_npu backend, the backend it replaces, the float32 reference)
@@ -145,18 +145,7 @@ def main(argv=None) -> int:
         return 2
     dtype = torch.bfloat16 if device.type == "npu" else torch.float32
     rows = [row for slot in args.slots for row in bench_slot(slot, args, device, dtype)]
-    columns = list(rows[0])
-    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns[:-1]}
-    print(f"{device}, {dtype}, torch {torch.__version__}, T={args.tokens} in {args.sequences} sequences")
-    print("  ".join(c.ljust(widths[c]) for c in columns[:-1]) + "  note")
-    for r in rows:
-        print("  ".join(str(r[c]).ljust(widths[c]) for c in columns[:-1]) + "  " + r["note"])
-    args.csv.parent.mkdir(parents=True, exist_ok=True)
-    with args.csv.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"wrote {args.csv}")
+    report(rows, f"{device}, {dtype}, torch {torch.__version__}, T={args.tokens} in {args.sequences} sequences", args.csv)
     return 0
 
 

@@ -1,10 +1,11 @@
+import shutil
 from pathlib import Path
 
 import pytest
 
 from patchgen.source import UpstreamSource
 from patchgen.spec import PatchConfig
-from patchgen.targets import Target
+from patchgen.targets import Target, generated_dir
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TOY_MODULE = "toy_pkg.models.toy.modeling_toy"
@@ -31,3 +32,12 @@ def toy_generate(toy_upstream):
         return generate(Target(config.model, config.device), config=config, upstream=toy_upstream)
 
     return run
+
+
+@pytest.fixture
+def out_copy(tmp_path, monkeypatch):
+    """A copy of generated/ that the CLI reads and writes instead of the checked-in one."""
+    copy = tmp_path / "generated"
+    shutil.copytree(generated_dir(), copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setenv("PATCHGEN_OUTPUT_DIR", str(copy))
+    return copy

@@ -1,7 +1,6 @@
 """The CLI on the real targets: drift gate, exit codes, determinism, atomic and minimal writes."""
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -9,19 +8,10 @@ from pathlib import Path
 import pytest
 
 from patchgen import cli
-from patchgen.targets import all_targets, generated_dir
+from patchgen.targets import all_targets
 
 REPO = Path(__file__).resolve().parents[2]
 PATCHGEN = [sys.executable, "-m", "patchgen.cli"]
-
-
-@pytest.fixture
-def out_copy(tmp_path, monkeypatch):
-    """A copy of generated/ that the CLI reads and writes instead of the checked-in one."""
-    copy = tmp_path / "generated"
-    shutil.copytree(generated_dir(), copy, ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setenv("PATCHGEN_OUTPUT_DIR", str(copy))
-    return copy
 
 
 def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:

@@ -3,7 +3,6 @@ naming the file and the fix, never "internal error"), Ctrl-C (exit 130, saying w
 stray temp files, file modes, and the drift gate's own blind spots."""
 
 import os
-import shutil
 import stat
 import zipfile
 from pathlib import Path
@@ -12,18 +11,8 @@ import pytest
 
 from patchgen import cli, write
 from patchgen.source import load_upstream
-from patchgen.targets import generated_dir
 
 MODULE = "transformers.models.qwen3_5.modeling_qwen3_5"
-
-
-@pytest.fixture
-def out_copy(tmp_path, monkeypatch):
-    """A copy of generated/ that the CLI reads and writes instead of the checked-in one."""
-    copy = tmp_path / "generated"
-    shutil.copytree(generated_dir(), copy, ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setenv("PATCHGEN_OUTPUT_DIR", str(copy))
-    return copy
 
 
 def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
