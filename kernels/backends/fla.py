@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from fla.modules.causal_conv1d import causal_conv1d as _fla_causal_conv1d
 from fla.modules.norm.fused_norm_gate import rms_norm_gated as _fla_rms_norm_gated
+from fla.modules.norm.l2norm import l2norm_bwd as _fla_l2norm_bwd
+from fla.modules.norm.l2norm import l2norm_fwd as _fla_l2norm_fwd
 from fla.ops.gated_delta_rule import chunk_gated_delta_rule as _fla_chunk_gated_delta_rule
+from fla.ops.gated_delta_rule.chunk import chunk_gated_delta_rule_bwd as _fla_gdn_bwd
+from fla.ops.gated_delta_rule.chunk import chunk_gated_delta_rule_fwd as _fla_gdn_fwd
 
 
 def gated_delta_rule(
@@ -49,3 +53,32 @@ def causal_conv1d(x, weight, bias=None, *, activation="silu", cu_seqlens=None):
 def rms_norm_gated(x, gate, weight, eps):
     """fla's fused ``weight * norm(x) * silu(gate)``; ``eps`` is passed through (fla's module default is 1e-5)."""
     return _fla_rms_norm_gated(x, gate, weight, None, activation="swish", eps=eps)
+
+
+class _Rounds:
+    """fla's forward and backward stages for `shared_prefix.gdn_rounds` (the functions its autograd
+    Function calls, with the plan's chunk indices and no per-call validation)."""
+
+    def l2norm_fwd(self, x):
+        return _fla_l2norm_fwd(x)
+
+    def l2norm_bwd(self, y, rstd, dy, dtype):
+        return _fla_l2norm_bwd(y, rstd, dy).to(dtype)
+
+    def forward(self, q, k, v, g, beta, scale, h0, rnd):
+        g_cum, o, A, final, _, _ = _fla_gdn_fwd(
+            q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=h0,
+            output_final_state=rnd.export_state, cu_seqlens=rnd.cu_seqlens, chunk_indices=rnd.chunk_indices,
+        )
+        return o.to(v.dtype), final, (g_cum, A)
+
+    def backward(self, q, k, v, g, beta, scale, h0, saved, do, dht, rnd):
+        g_cum, A = saved
+        dq, dk, dv, db, dg, dh0, _, _ = _fla_gdn_bwd(
+            q=q, k=k, v=v, g=g_cum, beta=beta, A=A, scale=scale, initial_state=h0, do=do, dht=dht,
+            cu_seqlens=rnd.cu_seqlens, chunk_indices=rnd.chunk_indices,
+        )
+        return dq, dk, dv.to(v.dtype), dg.to(g.dtype), db.to(beta.dtype), dh0
+
+
+gated_delta_rule.rounds = _Rounds()

@@ -11,9 +11,10 @@ kernel (exporting at `E` shifts the chunks and is not); a nested node is at leas
 so the replayed rows always lie in the parent. With one level this is the two-round split (A, B).
 Gradients reach every ancestor through the states: the backend must return `dh0` and accept `dht`.
 
-The rounds are plain data (`GDNIndex.rounds`): one autograd Function over all rounds of a layer
-can later run them forward in order and backward in reverse, handing `dh0` of round `l` to round
-`l - 1` as its `dht`.
+The rounds are plain data (`GDNIndex.rounds`). A backend that exposes its forward and backward
+stages runs every round of a layer in one autograd node (`gdn_rounds.py`: forward in order,
+backward in reverse, `dh0` of round `l` handed to round `l - 1` as its `dht`); any other backend
+takes the loop below, one public call per round.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .gdn_rounds import gated_delta_rule_rounds, round_kernels
 from .layout import Layout, boundaries, ranges
 
 CHUNK = 64  # chunk size of the chunked GDN kernels (fla, ours); the split aligns to it
@@ -36,7 +38,9 @@ class GDNRound:
     cu_seqlens: torch.Tensor  # [n + 1] int32, on the device
     cu_seqlens_cpu: torch.Tensor  # the same on the host, so a backend never copies it back
     chunk_indices: torch.Tensor  # [chunks, 2] int32: (sequence, chunk within it), fla's layout
+    chunk_offsets: torch.Tensor  # [n + 1] int32: first chunk of each sequence
     num_sequences: int
+    rows: int  # input rows of this round (its slice of `GDNIndex.src`)
     state_index: torch.Tensor | None = None  # [n] row of the previous round's states (+1 if zero_state)
     zero_state: bool = False  # some sequence starts from zeros (a root shorter than 64)
     export_state: bool = False  # the next round starts from this round's final states
@@ -46,6 +50,7 @@ class GDNRound:
 class GDNIndex:
     rounds: tuple[GDNRound | None, ...]  # round 0 is None when no root reaches 64 and there is no singleton
     out_index: torch.Tensor  # [C] row of cat(every round's outputs) for each compact row
+    src: torch.Tensor  # [rows] cat(every round's src): one gather per input serves every round
 
     @property
     def round_a(self) -> GDNRound | None:
@@ -144,12 +149,14 @@ def gdn_host_index(layout: Layout) -> dict:
             f"src{r}": ranges(starts, lengths),
             f"cu{r}": boundaries(seq_lengths).astype(np.int32),
             f"chunks{r}": chunk_indices(seq_lengths).astype(np.int32),
+            f"offsets{r}": boundaries(-(-np.asarray(seq_lengths, dtype=np.int64) // CHUNK)).astype(np.int32),
             f"export{r}": r + 1 < len(rounds),  # not an array: stays on the host
         }
         if state is not None:
             zero = any(s is None for s in state)
             host[f"zero{r}"] = zero
             host[f"state{r}"] = np.asarray([0 if s is None else s + zero for s in state], dtype=np.int64)
+    host["src"] = np.concatenate([host[f"src{r}"] for r in range(len(rounds)) if f"src{r}" in host])
     return host
 
 
@@ -166,13 +173,15 @@ def gdn_index(host: dict, dev: dict) -> GDNIndex:
                 cu_seqlens=dev[f"cu{r}"],
                 cu_seqlens_cpu=torch.from_numpy(host[f"cu{r}"]),
                 chunk_indices=dev[f"chunks{r}"],
+                chunk_offsets=dev[f"offsets{r}"],
                 num_sequences=len(host[f"cu{r}"]) - 1,
+                rows=int(host[f"cu{r}"][-1]),
                 state_index=dev.get(f"state{r}"),
                 zero_state=host.get(f"zero{r}", False),
                 export_state=host[f"export{r}"],
             )
         )
-    return GDNIndex(rounds=tuple(rounds), out_index=dev["out_index"])
+    return GDNIndex(rounds=tuple(rounds), out_index=dev["out_index"], src=dev["src"])
 
 
 def shared_prefix_gated_delta_rule(
@@ -183,6 +192,10 @@ def shared_prefix_gated_delta_rule(
     `q, k: [1, C, H, K]`, `v: [1, C, HV, V]`, `g, beta: [1, C, HV]`; returns `o: [1, C, HV, V]`.
     """
     idx: GDNIndex = plan.gdn
+    kernels = round_kernels(gdn_fn, q.dtype)
+    if kernels is not None:
+        scale = float(k.shape[-1] ** -0.5 if scale is None else scale)
+        return gated_delta_rule_rounds(kernels, idx, q, k, v, g, beta, scale, use_qk_l2norm_in_kernel)
     inputs = (q, k, v, g, beta)
     common = {"scale": scale, "use_qk_l2norm_in_kernel": use_qk_l2norm_in_kernel}
     outputs, states = [], None

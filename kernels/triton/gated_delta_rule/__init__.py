@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from .autograd import ChunkGatedDeltaRule
+from .rounds import Rounds
 from .varlen import CHUNK, Chunking, make_chunking
 
 __all__ = ["CHUNK", "Chunking", "gated_delta_rule", "make_chunking"]
@@ -49,3 +50,6 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output
         None if initial_state is None else initial_state.contiguous(), output_final_state,
         use_qk_l2norm_in_kernel, chunking, None)
     return o.view(B, T, HV, V), final
+
+
+gated_delta_rule.rounds = Rounds()  # every shared-prefix round of a layer in one autograd node

@@ -1,0 +1,179 @@
+"""Every GDN round of a layer in one autograd node, on a backend's own forward and backward stages.
+
+The per-round loop in `gdn.py` calls the backend's public function once per level: each call
+validates its inputs again, normalises q and k again, gathers five inputs again and becomes its own
+autograd node, whose backward scatters five gradients again. Here the whole layer is one node:
+
+  forward:  one gather per input for every round (`GDNIndex.src`), one l2norm of q and of k, the
+            backend's forward stage per round (states handed down by `state_index`), one gather of
+            the kept outputs;
+  backward: rounds in reverse, each round's `dh0` scattered onto the previous round's final states
+            as its `dht`, one l2norm backward each for q and k, one scatter-add per input.
+
+Every round runs the very kernels the public function runs on the very rows, and l2norm is a
+per-row operation, so the forward is bit-identical to the loop's; gradients differ from it only in
+the order in which a replayed tail row's contributions are summed.
+
+A backend offers this by giving its `gated_delta_rule` function a `rounds` attribute that follows
+`RoundKernels`; a backend without one takes the loop.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from .gdn import GDNIndex, GDNRound
+
+
+class RoundKernels(Protocol):
+    """A GDN backend's stages on `[1, rows, heads, dim]` tensors of one round (varlen by `rnd`)."""
+
+    def l2norm_fwd(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(y, rstd): x normalised over its last dimension."""
+
+    def l2norm_bwd(self, y: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """dx in `dtype`."""
+
+    def forward(self, q, k, v, g, beta, scale: float, h0, rnd: GDNRound) -> tuple:
+        """(o in v's dtype, final states or None, saved tensors for `backward`)."""
+
+    def backward(self, q, k, v, g, beta, scale: float, h0, saved: tuple, do, dht, rnd: GDNRound) -> tuple:
+        """(dq, dk, dv, dg, dbeta, dh0 or None): dq and dk before the l2norm backward, if any."""
+
+
+def round_kernels(gdn_fn, dtype: torch.dtype) -> RoundKernels | None:
+    """The stages behind an op table's `gated_delta_rule` for inputs of `dtype`, if its backend has them."""
+    by_dtype = getattr(gdn_fn, "by_dtype", None)  # a DtypeDispatch slot: the backend serving this dtype
+    fn = gdn_fn if by_dtype is None else by_dtype.get(dtype)
+    return getattr(fn, "rounds", None)
+
+
+def _initial_state(rnd: GDNRound, states, like: torch.Tensor, k_dim: int) -> torch.Tensor | None:
+    if states is None:
+        # no round 0 (every root shorter than one chunk): the level-1 sequences start from zeros
+        return None if rnd.state_index is None else like.new_zeros(
+            (rnd.num_sequences, like.shape[2], k_dim, like.shape[3]),
+            dtype=torch.promote_types(like.dtype, torch.float32),
+        )
+    if rnd.zero_state:
+        states = torch.cat([states.new_zeros((1, *states.shape[1:])), states])
+    return states.index_select(0, rnd.state_index)
+
+
+class GDNRounds(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, kernels: RoundKernels, idx: GDNIndex, scale: float, l2norm: bool, q, k, v, g, beta):
+        qs, ks, vs, gs, bs = (x.index_select(1, idx.src) for x in (q, k, v, g, beta))
+        q_rstd = k_rstd = None
+        if l2norm:
+            qs, q_rstd = kernels.l2norm_fwd(qs)
+            ks, k_rstd = kernels.l2norm_fwd(ks)
+        outputs, initial, saved = [], [], []
+        states, start = None, 0
+        for rnd in idx.rounds:
+            if rnd is None:
+                continue
+            h0 = _initial_state(rnd, states, vs, ks.shape[3])
+            rows = slice(start, start + rnd.rows)
+            o, states, kept = kernels.forward(
+                qs[:, rows], ks[:, rows], vs[:, rows], gs[:, rows], bs[:, rows], scale, h0, rnd
+            )
+            outputs.append(o)
+            initial.append(h0)
+            saved.append(kept)
+            start += rnd.rows
+        o = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+        # states travel through the saved tensors; None entries are kept as None by autograd
+        ctx.counts = [len(kept) for kept in saved]
+        ctx.save_for_backward(qs, ks, vs, gs, bs, q_rstd, k_rstd, *initial, *(t for kept in saved for t in kept))
+        ctx.kernels, ctx.idx, ctx.scale, ctx.l2norm = kernels, idx, scale, l2norm
+        ctx.dtypes = (q.dtype, k.dtype)
+        ctx.shapes = (q.shape, k.shape, v.shape, g.shape, beta.shape)
+        return o.index_select(1, idx.out_index)
+
+    @staticmethod
+    def backward(ctx, do):
+        kernels, idx, scale = ctx.kernels, ctx.idx, ctx.scale
+        qs, ks, vs, gs, bs, q_rstd, k_rstd, *rest = ctx.saved_tensors
+        rounds = [rnd for rnd in idx.rounds if rnd is not None]
+        initial, flat = rest[: len(rounds)], rest[len(rounds) :]
+        saved, at = [], 0
+        for n in ctx.counts:
+            saved.append(tuple(flat[at : at + n]))
+            at += n
+        # outputs of replayed tail rows were dropped: their gradient is zero
+        d_out = do.new_zeros((1, qs.shape[1], *do.shape[2:])).index_copy_(1, idx.out_index, do.contiguous())
+        grads = [None] * len(rounds)
+        dht, end = None, qs.shape[1]
+        for i in range(len(rounds) - 1, -1, -1):
+            rnd = rounds[i]
+            rows = slice(end - rnd.rows, end)
+            end -= rnd.rows
+            dq, dk, dv, dg, db, dh0 = kernels.backward(
+                qs[:, rows], ks[:, rows], vs[:, rows], gs[:, rows], bs[:, rows],
+                scale, initial[i], saved[i], d_out[:, rows], dht, rnd,
+            )
+            grads[i] = (dq, dk, dv, dg, db)
+            dht = None
+            if i > 0 and rnd.state_index is not None and dh0 is not None and initial[i] is not None:
+                prev = rounds[i - 1]
+                zero = 1 if rnd.zero_state else 0
+                dstates = dh0.new_zeros((prev.num_sequences + zero, *dh0.shape[1:]))
+                dstates.index_add_(0, rnd.state_index, dh0)
+                dht = dstates[zero:]
+        dq, dk, dv, dg, db = (torch.cat(parts, dim=1) if len(parts) > 1 else parts[0] for parts in zip(*grads))
+        if ctx.l2norm:
+            dq = kernels.l2norm_bwd(qs, q_rstd, dq, ctx.dtypes[0])
+            dk = kernels.l2norm_bwd(ks, k_rstd, dk, ctx.dtypes[1])
+        out = []
+        for grad, shape, like in zip((dq, dk, dv, dg, db), ctx.shapes, (qs, ks, vs, gs, bs)):
+            full = grad.new_zeros(shape, dtype=like.dtype)
+            out.append(full.index_add_(1, idx.src, grad.to(like.dtype)))
+        return (None, None, None, None, *out)
+
+
+def gated_delta_rule_rounds(
+    kernels: RoundKernels, idx: GDNIndex, q, k, v, g, beta, scale: float, l2norm: bool
+) -> torch.Tensor:
+    """Gated DeltaNet over the compact row, every round in one autograd node; returns `[1, C, HV, V]`."""
+    return GDNRounds.apply(kernels, idx, scale, l2norm, q, k, v, g, beta)
+
+
+class ReferenceRounds:
+    """`RoundKernels` from any public `gated_delta_rule` function (a float64 reference, say): the naive
+    counterpart of a backend's stages. Backward recomputes the round under autograd."""
+
+    def __init__(self, gdn_fn, eps: float = 1e-6):
+        self.fn, self.eps = gdn_fn, eps
+
+    def l2norm_fwd(self, x):
+        rstd = torch.rsqrt((x * x).sum(-1, keepdim=True) + self.eps)
+        return x * rstd, rstd
+
+    def l2norm_bwd(self, y, rstd, dy, dtype):
+        return (rstd * (dy - y * (dy * y).sum(-1, keepdim=True))).to(dtype)
+
+    def _run(self, q, k, v, g, beta, scale, h0, rnd):
+        return self.fn(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=rnd.export_state,
+                       cu_seqlens=rnd.cu_seqlens, cu_seqlens_cpu=rnd.cu_seqlens_cpu, chunk_indices=rnd.chunk_indices)
+
+    def forward(self, q, k, v, g, beta, scale, h0, rnd):
+        o, final = self._run(q, k, v, g, beta, scale, h0, rnd)
+        return o, final, ()
+
+    def backward(self, q, k, v, g, beta, scale, h0, saved, do, dht, rnd):
+        with torch.enable_grad():
+            leaves = [x.detach().requires_grad_() for x in (q, k, v, g, beta)]
+            state = None if h0 is None else h0.detach().requires_grad_()
+            o, final = self._run(*leaves, scale, state, rnd)
+            outputs, grads = [o], [do]
+            if dht is not None:
+                outputs.append(final)
+                grads.append(dht)
+            inputs = leaves + ([] if state is None else [state])
+            found = torch.autograd.grad(outputs, inputs, grads, allow_unused=True)
+        found = [torch.zeros_like(x) if d is None else d for x, d in zip(inputs, found)]
+        return (*found[:5], found[5] if state is not None else None)
