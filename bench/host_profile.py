@@ -13,8 +13,8 @@ and a cProfile of one step sorted by own time: what to cut to make the step GPU-
 from __future__ import annotations
 
 import argparse
-import ctypes
 import cProfile
+import ctypes
 import functools
 import importlib
 import io
@@ -47,7 +47,15 @@ def main(argv=None):
 
     blocking_sync()
     import torch
-    from shared_prefix_gpu import MODULE, WIDTHS, checkpointed, config_for, parse_shapes, shape_batch, train_step
+    from shared_prefix_gpu import (
+        MODULE,
+        WIDTHS,
+        checkpointed,
+        config_for,
+        parse_shapes,
+        shape_batch,
+        train_step,
+    )
     from torch.profiler import ProfilerActivity, profile
 
     out = Path(args.out)
