@@ -6,8 +6,9 @@ Same model and batches as `bench/shared_prefix_gpu.py`. The CUDA context is made
 synchronisation (`CU_CTX_SCHED_BLOCKING_SYNC`), so a host waiting for the GPU sleeps instead of
 spinning and the process's CPU time is the host's own work. Per shape, depth and arm: the step's
 wall time (median of 5), its CPU time (process time, every thread: autograd runs backward on a
-thread of its own), the GPU's busy time (sum of kernel times, torch.profiler), kernels per step,
-and a cProfile of one step sorted by own time: what to cut to make the step GPU-bound.
+thread of its own), the GPU's busy time (sum of kernel times, torch.profiler), kernels per step, the profiler's
+host ops by self CPU time, and a cProfile of one step sorted by own time (backward on the calling
+thread for that step): what to cut to make the step GPU-bound.
 """
 
 from __future__ import annotations
@@ -88,16 +89,18 @@ def main(argv=None):
                     torch.cuda.synchronize()
                     walls.append((time.perf_counter() - w0) * 1e3)
                     cpus.append((time.process_time() - c0) * 1e3)
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                     step()
                     torch.cuda.synchronize()
-                kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+                events = prof.key_averages()
+                kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
                 busy = sum(e.self_device_time_total for e in kernels) / 1e3
                 launches = sum(e.count for e in kernels)
                 say(
                     f"=== {shape[0]} layers={layers} {arm}: wall {statistics.median(walls):.1f} ms, "
                     f"host CPU {statistics.median(cpus):.1f} ms, GPU busy {busy:.1f} ms, {launches} kernels"
                 )
+                say(events.table(sort_by="self_cpu_time_total", row_limit=args.top, max_name_column_width=70))
                 profiler = cProfile.Profile()
                 # cProfile sees one thread: run backward on this one for the profiled step
                 with torch.autograd.set_multithreading_enabled(False):
