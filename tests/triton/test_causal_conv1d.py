@@ -67,7 +67,7 @@ def test_backward_on_small_tiles_spanning_sequences_and_channel_blocks(device, s
     w = torch.randn(40, 4, dtype=torch.float64, device=device, requires_grad=True)
     b = torch.randn(40, dtype=torch.float64, device=device, requires_grad=True)
     dy = torch.randn(1, 100, 40, dtype=torch.float64, device=device)
-    tiny = ConvTuning(bwd_bt=8, bwd_bd=16, bwd_programs_per_sm=1, bwd_shift=shift, recompute_bt=8, recompute_bd=16)
+    tiny = ConvTuning(bwd_bt=8, bwd_bd=16, bwd_programs_per_sm=1, bwd_kernel=shift, recompute_bt=8, recompute_bd=16)
     dx, dw, db = conv_bwd(x[0].detach(), w.detach(), b.detach(), dy[0], cu, True, tiny)
     y_ref = causal_conv1d_reference(x, w, b, cu_seqlens=cu.cpu())
     for a, r in zip((dx, dw, db), grads([y_ref], [x, w, b], [dy])):
@@ -80,5 +80,5 @@ def test_unknown_backward_shift_is_refused(device):
     x = torch.randn(8, 16, dtype=torch.float64, device=device)
     w = torch.randn(16, 4, dtype=torch.float64, device=device)
     cu = torch.tensor([0, 8], dtype=torch.int32, device=device)
-    with pytest.raises(ValueError, match="bwd_shift must be 'scratch' or 'recompute', got 'roll'"):
-        conv_bwd(x, w, None, torch.randn_like(x), cu, True, ConvTuning(bwd_shift="roll"))
+    with pytest.raises(ValueError, match="bwd_kernel must be 'window', 'scratch' or 'recompute', got 'roll'"):
+        conv_bwd(x, w, None, torch.randn_like(x), cu, True, ConvTuning(bwd_kernel="roll"))
