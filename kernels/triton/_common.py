@@ -160,12 +160,15 @@ def sum_partials_kernel(part, n_part, out_a, out_b, M_A: tl.constexpr, M: tl.con
         tl.store(out_b + (o_m - M_A), total.to(out_b.dtype.element_ty), mask=m_m & (o_m >= M_A))
 
 
+@functools.lru_cache(maxsize=256)
+def _sum_partials_launch(n_part: int, M: int, M_A: int, wide: bool):
+    # a norm's weight (small M, thousands of partial rows): tall narrow tiles; a conv's: wide short ones
+    BP, BM = (256, 32) if M <= 4096 else (32, 128)
+    return (triton.cdiv(M, BM),), dict(M_A=M_A, M=M, BP=BP, BM=BM, ACC=tl.float64 if wide else tl.float32)
+
+
 def sum_partials(part: torch.Tensor, out_a: torch.Tensor, out_b: torch.Tensor | None = None) -> None:
     """Sum the rows of part ([n_part, M], fp32) into out_a (the first out_a.numel() columns) and out_b."""
     n_part, M = part.shape
-    M_A = out_a.numel()
-    # a norm's weight (small M, thousands of partial rows): tall narrow tiles; a conv's: wide short ones
-    BP, BM = (256, 32) if M <= 4096 else (32, 128)
-    acc = tl.float64 if part.dtype == torch.float64 else tl.float32
-    sum_partials_kernel[(triton.cdiv(M, BM),)](part, n_part, out_a, out_a if out_b is None else out_b, M_A=M_A, M=M,
-                                               BP=BP, BM=BM, ACC=acc)
+    grid, meta = _sum_partials_launch(n_part, M, out_a.numel(), part.dtype == torch.float64)
+    sum_partials_kernel[grid](part, n_part, out_a, out_a if out_b is None else out_b, **meta)
