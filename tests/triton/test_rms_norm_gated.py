@@ -75,7 +75,8 @@ def test_partial_sums_over_many_rows_and_wide_rows_in_the_outputs_dtypes(device)
     sum_partials(tall, out)
     want = tall.double().sum(0)
     assert out.dtype == torch.bfloat16
-    assert max_err(out, want) < 2 ** -8 * want.abs().max().item()  # one bf16 rounding of an fp32 sum
+    # one bf16 rounding of an fp32 sum: half an ulp compiled, up to one ulp under the interpreter (it truncates)
+    assert max_err(out, want) < 2 ** -7 * want.abs().max().item()
     wide = torch.randn(3, 4100 + 20, dtype=torch.float64, device=device)
     weight_grad = torch.empty(1025, 4, dtype=torch.float64, device=device)
     bias_grad = torch.empty(20, dtype=torch.float64, device=device)
