@@ -39,29 +39,31 @@ def sweep(args, bandwidth):
     conv, norm, chunk_state = tuning_modules()
     only = args.only.split(",")
     rows, best = [], {}
-    if "conv" in only:
-        name = triton_presets.sweep_conv(args, bandwidth, rows)
-        if name:
-            best["conv"] = asdict(conv.PRESETS[name])
-            print(f"conv: fastest forward + backward: {name}")
-    if "norm" in only:
-        name = triton_presets.sweep_norm(args, bandwidth, rows)
-        if name:
-            best["norm"] = asdict(norm.PRESETS[name])
-            print(f"norm: fastest forward + backward: {name}")
+
+    def save():  # after each kernel, so that what ran is kept if a time limit stops the run later
+        if args.csv:
+            triton_presets.write_csv(rows, args.csv)
+        if args.tuning:
+            with open(args.tuning, "w") as fh:
+                json.dump(best, fh)
+
+    for kernel, mod, run in (("conv", conv, triton_presets.sweep_conv), ("norm", norm, triton_presets.sweep_norm)):
+        if kernel in only:
+            name = run(args, bandwidth, rows)
+            if name:
+                best[kernel] = asdict(mod.PRESETS[name])
+                print(f"{kernel}: fastest forward + backward (event time): {name}")
+            save()
     if "host" in only or "conv" in only:
         triton_presets.launch_costs(rows)
-    if args.csv:
-        triton_presets.write_csv(rows, args.csv)
+        save()
     if "gdn" in only:
         torch.cuda.empty_cache()
         from dataclasses import replace
 
         best["state"] = asdict(_sweep_gdn(args, replace, chunk_state))
+        save()
     print("best:", best)
-    if args.tuning:
-        with open(args.tuning, "w") as fh:
-            json.dump(best, fh)
 
 
 def tuning_modules():

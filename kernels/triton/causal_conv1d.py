@@ -222,7 +222,6 @@ PRESETS = {
     "window-nopipe": _window(fwd_stages=None, bwd_stages=None),
     "tile-window": _window(fwd_kernel="tile", fwd_bt=32, fwd_bd=128, fwd_warps=4),
     "window-scratch": _window(bwd_kernel=None, bwd_bd=64, bwd_warps=4, bwd_stages=None),
-    "tile-recompute": ConvTuning(bwd_kernel="recompute"),
 }
 TUNING = config_from_env("PATCHGEN_TRITON_CONV", PRESETS, PRESETS["tile-scratch"], "causal_conv1d launch")
 _SM_COUNT: dict[int, int] = {}
@@ -248,10 +247,11 @@ def _stages(num_stages: int | None) -> dict:
 
 
 def _window_shape(rows: int, chunk: int, T: int, W: int) -> tuple[int, int, int]:
-    """(R, L, HP): rows a step, rows a program (a multiple of R, no longer than T needs), carried rows."""
+    """(R, L, HP): rows a step, rows a program, carried rows. L is a multiple of R, cut to the power of
+    two that covers T for short rows (L is a compile-time constant: a few values, not one per length)."""
     if rows < 1 or rows & (rows - 1) or chunk < rows:
         raise ValueError(f"window rows must be a power of two no larger than the chunk, got rows={rows}, chunk={chunk}")
-    chunk = min(chunk, triton.cdiv(T, rows) * rows) // rows * rows
+    chunk = min(chunk // rows * rows, max(rows, next_pow2(T)))
     return rows, chunk, max(1, next_pow2(W - 1))
 
 
