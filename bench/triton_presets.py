@@ -75,14 +75,14 @@ def conv_errors(mod, tuning) -> dict:
     torch.manual_seed(1)
     n = sum(LENGTHS)
     cu = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
-    x, w, b, dy = (torch.randn(*s, device=DEVICE).to(DT) for s in ((n, CONV_D), (CONV_D, CONV_W), (CONV_D,),
-                                                                  (n, CONV_D)))
-    ref = [t.double().requires_grad_() for t in (x, w, b)]
-    y_ref = causal_conv1d_reference(ref[0][None], ref[1], ref[2], cu_seqlens=cu.cpu())[0]
+    # no bias, as in Qwen3.5 and the timed runs (one compile per preset; the CPU tests cover the bias)
+    x, w, dy = (torch.randn(*s, device=DEVICE).to(DT) for s in ((n, CONV_D), (CONV_D, CONV_W), (n, CONV_D)))
+    ref = [t.double().requires_grad_() for t in (x, w)]
+    y_ref = causal_conv1d_reference(ref[0][None], ref[1], cu_seqlens=cu.cpu())[0]
     want = torch.autograd.grad(y_ref, ref, dy.double())
-    y = mod.conv_fwd(x, w, b, cu, True, tuning)
-    got = mod.conv_bwd(x, w, b, dy, cu, True, tuning)
-    return {name: rel_err(a, r) for name, a, r in zip(("y", "dx", "dw", "db"), (y, *got), (y_ref, *want))}
+    y = mod.conv_fwd(x, w, None, cu, True, tuning)
+    got = mod.conv_bwd(x, w, None, dy, cu, True, tuning)[:2]
+    return {name: rel_err(a, r) for name, a, r in zip(("y", "dx", "dw"), (y, *got), (y_ref, *want))}
 
 
 def norm_errors(mod, tuning) -> dict:

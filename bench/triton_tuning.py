@@ -47,7 +47,8 @@ def sweep(args, bandwidth):
             with open(args.tuning, "w") as fh:
                 json.dump(best, fh)
 
-    for kernel, mod, run in (("conv", conv, triton_presets.sweep_conv), ("norm", norm, triton_presets.sweep_norm)):
+    # the norm first: it compiles in seconds, and a time limit then cuts the conv's last presets only
+    for kernel, mod, run in (("norm", norm, triton_presets.sweep_norm), ("conv", conv, triton_presets.sweep_conv)):
         if kernel in only:
             name = run(args, bandwidth, rows)
             if name:

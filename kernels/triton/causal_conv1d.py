@@ -212,16 +212,14 @@ def _window(**kw) -> ConvTuning:
 PRESETS = {
     "tile-scratch": ConvTuning(),  # measured best of the tile designs (2026-12-01, H200)
     "window": _window(),
-    "window-r8": _window(fwd_rows=8, bwd_rows=8),
     "window-r2": _window(fwd_rows=2, bwd_rows=2),
     "window-c256": _window(fwd_chunk=256, bwd_chunk=256),
-    "window-c1024": _window(fwd_chunk=1024, bwd_chunk=1024),
-    "window-bd512-w2": _window(fwd_bd=512, fwd_warps=2, bwd_bd=512, bwd_warps=2),
-    "window-bd128": _window(fwd_bd=128, bwd_bd=128),
     "window-s2": _window(fwd_stages=2, bwd_stages=2),
     "window-nopipe": _window(fwd_stages=None, bwd_stages=None),
-    "tile-window": _window(fwd_kernel="tile", fwd_bt=32, fwd_bd=128, fwd_warps=4),
+    "window-bd512-w2": _window(fwd_bd=512, fwd_warps=2, bwd_bd=512, bwd_warps=2),
+    "tile-window": _window(fwd_kernel="tile", fwd_bt=32, fwd_bd=128, fwd_warps=4, fwd_stages=None),
     "window-scratch": _window(bwd_kernel=None, bwd_bd=64, bwd_warps=4, bwd_stages=None),
+    "window-r8": _window(fwd_rows=8, bwd_rows=8),  # last: the largest unrolled code, the longest compile
 }
 TUNING = config_from_env("PATCHGEN_TRITON_CONV", PRESETS, PRESETS["tile-scratch"], "causal_conv1d launch")
 _SM_COUNT: dict[int, int] = {}
