@@ -363,6 +363,8 @@ def _batch_cu_seqlens(B: int, T: int, device: torch.device) -> torch.Tensor:
     key = (B, T, device)
     cu = _BATCH_CU_SEQLENS.get(key)
     if cu is None:
+        if len(_BATCH_CU_SEQLENS) >= 256:  # many shapes (generation prefills): keep the cache small
+            _BATCH_CU_SEQLENS.clear()
         cu = _BATCH_CU_SEQLENS[key] = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=device)
     return cu
 
@@ -378,6 +380,9 @@ def causal_conv1d(x, weight, bias=None, *, activation="silu", cu_seqlens=None):
         cu_seqlens = _batch_cu_seqlens(B, T, x.device)
     elif B != 1:
         raise ValueError(f"with cu_seqlens the batch must be 1 (one packed row), got {B}")
+    elif cu_seqlens.device != x.device:
+        raise ValueError(f"cu_seqlens must be on x's device ({x.device}), got {cu_seqlens.device}: move it there "
+                         f"once (the shared-prefix plan and packed_row keep a device copy)")
     elif cu_seqlens.dtype != torch.int32 or not cu_seqlens.is_contiguous():
         cu_seqlens = cu_seqlens.to(torch.int32).contiguous()
     y = CausalConv1d.apply(x.reshape(B * T, D).contiguous(), weight.contiguous(),

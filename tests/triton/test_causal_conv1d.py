@@ -168,3 +168,10 @@ def test_unknown_launch_preset_or_field_is_refused(monkeypatch):
     monkeypatch.setenv("PATCHGEN_TRITON_CONV", "window,rows=8")
     with pytest.raises(SettingError, match=r"'rows=8' is not field=value with a field of ConvTuning"):
         config_from_env("PATCHGEN_TRITON_CONV", PRESETS, None, "conv")
+
+
+def test_cu_seqlens_on_another_device_is_refused():
+    x = torch.randn(1, 8, 16)
+    w = torch.randn(16, 4)
+    with pytest.raises(ValueError, match=r"cu_seqlens must be on x's device \(cpu\), got meta"):
+        causal_conv1d(x, w, cu_seqlens=torch.tensor([0, 8], dtype=torch.int32, device="meta"))
