@@ -179,7 +179,8 @@ class ConvTuning:
     "recompute", or None (scratch on CUDA and under the interpreter, recompute elsewhere).
     Window fields: rows (R) per step, chunk (L, a multiple of R) rows per program, bd channels per
     program (at least 32 lanes x the vector width per warp keeps a step's rows inside one thread),
-    stages: pipelining depth of the step loop (None or 1: not pipelined).
+    stages: pipelining depth of the step loop (None or 1: not pipelined); fast: a step whose rows all
+    have their W taps and W shifts inside their sequence skips the per-row masks (a branch per step).
     """
 
     fwd_kernel: str = "tile"
@@ -189,6 +190,7 @@ class ConvTuning:
     fwd_rows: int = 4
     fwd_chunk: int = 512
     fwd_stages: int | None = None
+    fwd_fast: bool = False
     bwd_kernel: str | None = None
     bwd_bt: int = 64
     bwd_bd: int = 64
@@ -197,6 +199,7 @@ class ConvTuning:
     bwd_stages: int | None = None  # software pipelining of the persistent / step loop; None: Triton's default
     bwd_rows: int = 4
     bwd_chunk: int = 512
+    bwd_fast: bool = False
     recompute_bt: int = 32
     recompute_bd: int = 64
 
@@ -212,6 +215,7 @@ def _window(**kw) -> ConvTuning:
 PRESETS = {
     "tile-scratch": ConvTuning(),  # measured best of the tile designs (2026-12-01, H200)
     "window": _window(),
+    "window-fast": _window(fwd_fast=True, bwd_fast=True),
     "window-r2": _window(fwd_rows=2, bwd_rows=2),
     "window-c256": _window(fwd_chunk=256, bwd_chunk=256),
     "window-s2": _window(fwd_stages=2, bwd_stages=2),
@@ -219,6 +223,7 @@ PRESETS = {
     "window-bd512-w2": _window(fwd_bd=512, fwd_warps=2, bwd_bd=512, bwd_warps=2),
     "tile-window": _window(fwd_kernel="tile", fwd_bt=32, fwd_bd=128, fwd_warps=4, fwd_stages=None),
     "window-scratch": _window(bwd_kernel=None, bwd_bd=64, bwd_warps=4, bwd_stages=None),
+    "window-c256-fast": _window(fwd_chunk=256, bwd_chunk=256, fwd_fast=True, bwd_fast=True),
     "window-r8": _window(fwd_rows=8, bwd_rows=8),  # last: the largest unrolled code, the longest compile
 }
 TUNING = config_from_env("PATCHGEN_TRITON_CONV", PRESETS, PRESETS["tile-scratch"], "causal_conv1d launch")
@@ -270,6 +275,7 @@ def _fwd_launch(T, D, W, N, dtype, device, has_bias, silu, tuning):
         BD = min(tuning.fwd_bd, next_pow2(D))
         return (causal_conv1d_fwd_window_kernel, (triton.cdiv(T, L), triton.cdiv(D, BD)),
                 dict(common, WP=next_pow2(W), HP=HP, R=R, L=L, BD=BD, STAGES=tuning.fwd_stages or 1,
+                     FAST=bool(tuning.fwd_fast),
                      num_warps=tuning.fwd_warps), search_steps(N))
     if tuning.fwd_kernel != "tile":
         raise ValueError(f"fwd_kernel must be 'tile' or 'window', got {tuning.fwd_kernel!r}")
@@ -301,7 +307,7 @@ def _bwd_launch(T, D, W, N, dtype, device, has_bias, silu, tuning):
         n_chunks = triton.cdiv(T, L)
         return (design, causal_conv1d_bwd_window_kernel, (n_chunks, triton.cdiv(D, BD)),
                 dict(common, WP=next_pow2(W), HP=HP, R=R, L=L, BD=BD, NH=triton.cdiv(W - 1, R),
-                     STAGES=tuning.bwd_stages or 1,
+                     STAGES=tuning.bwd_stages or 1, FAST=bool(tuning.bwd_fast),
                      num_warps=tuning.bwd_warps), n_chunks, search_steps(N), None)
     if design == "recompute":
         BT, BD = tuning.recompute_bt, min(tuning.recompute_bd, next_pow2(D))

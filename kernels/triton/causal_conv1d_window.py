@@ -66,14 +66,53 @@ def _load_rows(p, rows, T, o_d, m_d, D: tl.constexpr, ACC: tl.constexpr, extra_m
 
 @triton.jit
 def _pre_activation(xn, xc, pos, wt, bias_row, W: tl.constexpr, WP: tl.constexpr, HP: tl.constexpr,
-                    R: tl.constexpr, BD: tl.constexpr):
+                    R: tl.constexpr, BD: tl.constexpr, MASKED: tl.constexpr):
     """bias + sum_k weight[W-1-k] * x[u-k] over k <= pos(u), for the R rows u = g + i; xn holds x at
-    rows g-(W-1) .. g+R-W, xc at g+R-(W-1) .. g+R-1."""
+    rows g-(W-1) .. g+R-W, xc at g+R-(W-1) .. g+R-1. MASKED=False: every row has all W taps."""
     pre = tl.zeros([R, BD], dtype=xn.dtype) + bias_row[None, :]
     for k in tl.static_range(W):
-        xs = _take(xn, xc, W - 1 - k, R, R, W - 1, HP, R, R, BD)
-        pre += tl.where((pos >= k)[:, None], xs, 0.0) * _row(wt, WP, W - 1 - k)[None, :]
+        pre += _tap(xn, xc, pos, k, W, HP, R, BD, MASKED) * _row(wt, WP, W - 1 - k)[None, :]
     return pre
+
+
+@triton.jit
+def _tap(xn, xc, pos, k: tl.constexpr, W: tl.constexpr, HP: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
+         MASKED: tl.constexpr):
+    """x[u-k] for the R rows u of a step, zero where u-k is before u's sequence (k = 0 never is)."""
+    xs = _take(xn, xc, W - 1 - k, R, R, W - 1, HP, R, R, BD)
+    if MASKED and k > 0:
+        xs = tl.where((pos >= k)[:, None], xs, 0.0)
+    return xs
+
+
+@triton.jit
+def _bwd_step(xn, xc, dp, da, pos, rem, own, wt, b, dw_acc, db_acc, W: tl.constexpr, WP: tl.constexpr,
+              HP: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, SILU: tl.constexpr, MASKED: tl.constexpr):
+    """One step of the backward: (dpre of the step's rows, dweight and dbias sums, dx of its rows).
+    dp comes in as dy; MASKED=False when no tap or shift of the step crosses a sequence boundary."""
+    if SILU:
+        pre = _pre_activation(xn, xc, pos, wt, b, W, WP, HP, R, BD, MASKED)
+        sig = tl.sigmoid(pre)
+        dp = dp * sig * (1.0 + pre * (1.0 - sig))
+    dp_own = tl.where(own, dp, 0.0)
+    db_acc += tl.sum(dp_own, axis=0)
+    o_w = tl.arange(0, WP)
+    for k in tl.static_range(W):
+        part = tl.sum(dp_own * _tap(xn, xc, pos, k, W, HP, R, BD, MASKED), axis=0)
+        dw_acc += tl.where(o_w[:, None] == W - 1 - k, part[None, :], 0.0)
+    dxv = tl.zeros([R, BD], dtype=dp.dtype)
+    for s in tl.static_range(W):
+        dps = _take(dp, da, s, R, R, W - 1, HP, R, R, BD)  # dpre at rows u + s
+        if MASKED and s > 0:  # rem >= 1 on every stored row
+            dps = tl.where((rem > s)[:, None], dps, 0.0)
+        dxv += dps * _row(wt, WP, W - 1 - s)[None, :]
+    return dp, dw_acc, db_acc, dxv
+
+
+@triton.jit
+def _interior(pos, rem, W: tl.constexpr):
+    """No row of the step has a tap before its sequence or a shift past its end."""
+    return (tl.min(pos, axis=0) >= W - 1) & (tl.min(rem, axis=0) >= W)
 
 
 @triton.jit
@@ -92,7 +131,8 @@ def _weights(weight, bias, o_d, m_d, W: tl.constexpr, WP: tl.constexpr, BD: tl.c
 def causal_conv1d_fwd_window_kernel(x, weight, bias, y, cu_seqlens, n_iter, N, T, D: tl.constexpr, W: tl.constexpr,
                                     WP: tl.constexpr, HP: tl.constexpr, R: tl.constexpr, L: tl.constexpr,
                                     BD: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, ACC: tl.constexpr,
-                                    STAGES: tl.constexpr):
+                                    STAGES: tl.constexpr, FAST: tl.constexpr):
+    """FAST: steps inside one sequence skip the per-row masks (a branch per step)."""
     c0 = tl.program_id(0) * L
     o_r = tl.arange(0, R)
     o_h = tl.arange(0, HP)
@@ -104,8 +144,14 @@ def causal_conv1d_fwd_window_kernel(x, weight, bias, y, cu_seqlens, n_iter, N, T
     for j in tl.range(0, L // R, num_stages=STAGES):
         g = c0 + L - R - j * R
         xn = _load_rows(x, g - (W - 1) + o_r, T, o_d, m_d, D, ACC, o_r >= 0)
-        rows, m, pos, _ = _step_rows(cu_seqlens, g, o_r, n_iter, N, T)
-        out = _pre_activation(xn, xc, pos, wt, b, W, WP, HP, R, BD)
+        rows, m, pos, rem = _step_rows(cu_seqlens, g, o_r, n_iter, N, T)
+        if FAST:
+            if tl.min(pos, axis=0) >= W - 1:
+                out = _pre_activation(xn, xc, pos, wt, b, W, WP, HP, R, BD, False)
+            else:
+                out = _pre_activation(xn, xc, pos, wt, b, W, WP, HP, R, BD, True)
+        else:
+            out = _pre_activation(xn, xc, pos, wt, b, W, WP, HP, R, BD, True)
         if SILU:
             out = out * tl.sigmoid(out)
         tl.store(y + rows.to(tl.int64)[:, None] * D + o_d[None, :], out.to(y.dtype.element_ty),
@@ -117,11 +163,12 @@ def causal_conv1d_fwd_window_kernel(x, weight, bias, y, cu_seqlens, n_iter, N, T
 def causal_conv1d_bwd_window_kernel(x, weight, bias, dy, dx, part, cu_seqlens, n_iter, N, T, D: tl.constexpr,
                                     W: tl.constexpr, WP: tl.constexpr, HP: tl.constexpr, R: tl.constexpr,
                                     L: tl.constexpr, BD: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
-                                    ACC: tl.constexpr, PS: tl.constexpr, NH: tl.constexpr, STAGES: tl.constexpr):
+                                    ACC: tl.constexpr, PS: tl.constexpr, NH: tl.constexpr, STAGES: tl.constexpr,
+                                    FAST: tl.constexpr):
     """Program (c, j): rows c*L .. c*L+L-1 of channel block j. The first NH = ceil((W-1)/R) steps
     are the rows after the chunk (a halo: their pre-activation gradient feeds dx of the chunk's last
     W-1 rows; they write and sum nothing). part[c] (PS values a row) gets this chunk's dweight
-    ([D, W] flattened), then dbias."""
+    ([D, W] flattened), then dbias. FAST: steps inside one sequence skip the per-row masks."""
     i_c = tl.program_id(0)
     c0 = i_c * L
     o_r = tl.arange(0, R)
@@ -140,20 +187,17 @@ def causal_conv1d_bwd_window_kernel(x, weight, bias, dy, dx, part, cu_seqlens, n
         xn = _load_rows(x, g - (W - 1) + o_r, T, o_d, m_d, D, ACC, o_r >= 0)
         rows, m, pos, rem = _step_rows(cu_seqlens, g, o_r, n_iter, N, T)
         dp = _load_rows(dy, rows, T, o_d, m_d, D, ACC, o_r >= 0)
-        if SILU:
-            pre = _pre_activation(xn, xc, pos, wt, b, W, WP, HP, R, BD)
-            sig = tl.sigmoid(pre)
-            dp = dp * sig * (1.0 + pre * (1.0 - sig))
         own = j >= NH
-        dp_own = tl.where(own, dp, 0.0)
-        db_acc += tl.sum(dp_own, axis=0)
-        for k in tl.static_range(W):
-            xs = tl.where((pos >= k)[:, None], _take(xn, xc, W - 1 - k, R, R, W - 1, HP, R, R, BD), 0.0)
-            dw_acc += tl.where(o_w[:, None] == W - 1 - k, tl.sum(dp_own * xs, axis=0)[None, :], 0.0)
-        dxv = tl.zeros([R, BD], dtype=ACC)
-        for s in tl.static_range(W):
-            dps = _take(dp, da, s, R, R, W - 1, HP, R, R, BD)  # dpre at rows u + s
-            dxv += tl.where((rem > s)[:, None], dps, 0.0) * _row(wt, WP, W - 1 - s)[None, :]
+        if FAST:
+            if _interior(pos, rem, W):
+                dp, dw_acc, db_acc, dxv = _bwd_step(xn, xc, dp, da, pos, rem, own, wt, b, dw_acc, db_acc, W, WP, HP,
+                                                    R, BD, SILU, False)
+            else:
+                dp, dw_acc, db_acc, dxv = _bwd_step(xn, xc, dp, da, pos, rem, own, wt, b, dw_acc, db_acc, W, WP, HP,
+                                                    R, BD, SILU, True)
+        else:
+            dp, dw_acc, db_acc, dxv = _bwd_step(xn, xc, dp, da, pos, rem, own, wt, b, dw_acc, db_acc, W, WP, HP, R,
+                                                BD, SILU, True)
         tl.store(dx + rows.to(tl.int64)[:, None] * D + o_d[None, :], dxv.to(dx.dtype.element_ty),
                  mask=(m & own)[:, None] & m_d[None, :])
         xc = _take(xn, xc, 0, R, R, W - 1, HP, W - 1, HP, BD)

@@ -175,3 +175,25 @@ def test_cu_seqlens_on_another_device_is_refused():
     w = torch.randn(16, 4)
     with pytest.raises(ValueError, match=r"cu_seqlens must be on x's device \(cpu\), got meta"):
         causal_conv1d(x, w, cu_seqlens=torch.tensor([0, 8], dtype=torch.int32, device="meta"))
+
+
+@pytest.mark.parametrize("silu", [True, False])
+def test_window_fast_path_skips_masks_only_inside_sequences(device, silu):
+    """Steps deep inside a 17-row sequence take the unmasked path, the others (sequence starts and
+    ends, the halo, rows past the end) the masked one: both against the float64 reference."""
+    from dataclasses import replace
+
+    from patchgen.kernels.triton.causal_conv1d import conv_bwd, conv_fwd
+
+    tuning = replace(_window(4), fwd_fast=True, bwd_fast=True)
+    cu = torch.tensor([0, 1, 3, 20, 22], dtype=torch.int32, device=device)
+    x = torch.randn(1, 22, 16, dtype=torch.float64, device=device, requires_grad=True)
+    w = torch.randn(16, 4, dtype=torch.float64, device=device, requires_grad=True)
+    b = torch.randn(16, dtype=torch.float64, device=device, requires_grad=True)
+    dy = torch.randn(1, 22, 16, dtype=torch.float64, device=device)
+    activation = "silu" if silu else None
+    y_ref = causal_conv1d_reference(x, w, b, activation=activation, cu_seqlens=cu.cpu())
+    assert max_err(conv_fwd(x[0].detach(), w.detach(), b.detach(), cu, silu, tuning), y_ref[0]) < TOL
+    got = conv_bwd(x[0].detach(), w.detach(), b.detach(), dy[0], cu, silu, tuning)
+    for a, r in zip(got, grads([y_ref], [x, w, b], [dy])):
+        assert max_err(a.reshape(r.shape), r) < TOL
