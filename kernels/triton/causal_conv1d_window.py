@@ -144,7 +144,7 @@ def causal_conv1d_fwd_window_kernel(x, weight, bias, y, cu_seqlens, n_iter, N, T
     for j in tl.range(0, L // R, num_stages=STAGES):
         g = c0 + L - R - j * R
         xn = _load_rows(x, g - (W - 1) + o_r, T, o_d, m_d, D, ACC, o_r >= 0)
-        rows, m, pos, rem = _step_rows(cu_seqlens, g, o_r, n_iter, N, T)
+        rows, m, pos, _ = _step_rows(cu_seqlens, g, o_r, n_iter, N, T)
         if FAST:
             if tl.min(pos, axis=0) >= W - 1:
                 out = _pre_activation(xn, xc, pos, wt, b, W, WP, HP, R, BD, False)
