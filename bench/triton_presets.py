@@ -112,6 +112,43 @@ def _checked(kernel, name, errors_of) -> bool:
     return ok
 
 
+def _compile_one(kind: str, name: str) -> str:
+    """Run one preset's float64 check in this (worker) process: compiles its kernels into Triton's
+    on-disk cache, where the sweep's own process then finds them."""
+    import importlib
+
+    mod = importlib.import_module(f"patchgen.kernels.triton.{'causal_conv1d' if kind == 'conv' else 'rms_norm_gated'}")
+    try:
+        (conv_errors if kind == "conv" else norm_errors)(mod, mod.PRESETS[name])
+        return f"{kind} {name}"
+    except Exception as exc:  # noqa: BLE001 - the sweep reports it again in order
+        return f"{kind} {name}: {type(exc).__name__}"
+
+
+def precompile(args) -> None:
+    """Compile every preset's kernels in args.jobs processes at once (compiling is CPU-bound and
+    takes most of a cold sweep's time; the timing itself stays in one process)."""
+    import concurrent.futures
+    import importlib
+    import multiprocessing
+
+    if args.jobs < 2:
+        return
+    wanted = []
+    for kind, module in (("norm", "rms_norm_gated"), ("conv", "causal_conv1d")):
+        if kind in args.only.split(","):
+            presets = importlib.import_module(f"patchgen.kernels.triton.{module}").PRESETS
+            wanted += [(kind, n) for n in presets if not args.presets or n in args.presets.split(",")]
+    t0 = time.perf_counter()
+    try:
+        with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            done = list(pool.map(_compile_one, *zip(*wanted)))
+        print(f"compiled {len(done)} presets in {args.jobs} processes in {time.perf_counter() - t0:.0f} s: "
+              + "; ".join(d for d in done if ":" in d), flush=True)
+    except Exception as exc:  # noqa: BLE001 - then the sweep compiles as it goes
+        print(f"parallel compile skipped: {exc!r}", flush=True)
+
+
 def sweep_conv(args, bandwidth, rows) -> str | None:
     """Time every conv preset (args.presets filters by name); returns the fastest forward + backward's name."""
     import importlib

@@ -47,6 +47,7 @@ def sweep(args, bandwidth):
             with open(args.tuning, "w") as fh:
                 json.dump(best, fh)
 
+    triton_presets.precompile(args)
     # the norm first: it compiles in seconds, and a time limit then cuts the conv's last presets only
     for kernel, mod, run in (("norm", norm, triton_presets.sweep_norm), ("conv", conv, triton_presets.sweep_conv)):
         if kernel in only:
@@ -187,6 +188,7 @@ def main() -> None:
     parser.add_argument("--only", default="conv,norm,gdn", help="--sweep: which of conv, norm, gdn, host")
     parser.add_argument("--presets", help="--sweep: only these preset names (comma-separated)")
     parser.add_argument("--csv", help="--sweep: where to write the preset rows (CSV)")
+    parser.add_argument("--jobs", type=int, default=8, help="--sweep: processes compiling the presets first (1: none)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench/triton_tuning.py needs a CUDA device")
