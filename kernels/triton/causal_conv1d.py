@@ -196,7 +196,7 @@ class ConvTuning:
     bwd_bd: int = 64
     bwd_warps: int = 4
     bwd_programs_per_sm: int = 8
-    bwd_stages: int | None = None  # software pipelining of the persistent / step loop; None: Triton's default
+    bwd_stages: int | None = None  # window: as fwd_stages; scratch: Triton's launch option (None: its default)
     bwd_rows: int = 4
     bwd_chunk: int = 512
     bwd_fast: bool = False

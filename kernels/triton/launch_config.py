@@ -12,7 +12,8 @@ from ..errors import SettingError
 def parse_config(text: str, presets: dict, what: str, env: str | None = None):
     """`preset` or `preset,field=value,...` (or `field=value,...` over the first preset) -> a config.
 
-    Values are read as int, None, or else kept as text; fields are checked against the dataclass."""
+    Values are read as int, None, True, False, or else kept as text; fields are checked against the
+    dataclass."""
     where = f"{env}={text!r}" if env else repr(text)
     parts = [p.strip() for p in text.split(",") if p.strip()]
     name = parts[0] if parts and "=" not in parts[0] else None
@@ -29,7 +30,8 @@ def parse_config(text: str, presets: dict, what: str, env: str | None = None):
             raise SettingError(f"{where}: {part!r} is not field=value with a field of {type(base).__name__} "
                                     f"({', '.join(sorted(fields))})")
         value = value.strip()
-        changes[key] = None if value == "None" else int(value) if value.lstrip("-").isdigit() else value
+        changes[key] = {"None": None, "True": True, "False": False}.get(value, int(value) if value.lstrip("-").isdigit()
+                                                                         else value)
     return dataclasses.replace(base, **changes)
 
 

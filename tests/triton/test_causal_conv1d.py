@@ -152,8 +152,9 @@ def test_launch_presets_by_name_with_overrides():
     from patchgen.kernels.triton.causal_conv1d import PRESETS
     from patchgen.kernels.triton.launch_config import parse_config
 
-    got = parse_config("window,bwd_rows=8,bwd_stages=None", PRESETS, "conv")
+    got = parse_config("window,bwd_rows=8,bwd_stages=None,bwd_fast=True,fwd_fast=False", PRESETS, "conv")
     assert got.bwd_kernel == "window" and got.bwd_rows == 8 and got.bwd_stages is None and got.fwd_rows == 4
+    assert got.bwd_fast is True and got.fwd_fast is False
 
 
 def test_unknown_launch_preset_or_field_is_refused(monkeypatch):
