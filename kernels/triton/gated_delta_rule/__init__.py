@@ -14,6 +14,22 @@ from .varlen import CHUNK, Chunking, make_chunking
 __all__ = ["CHUNK", "Chunking", "gated_delta_rule", "make_chunking"]
 
 
+_BATCH_CHUNKING: dict = {}
+
+
+def _batch_chunking(B: int, T: int, device: torch.device) -> Chunking:
+    """The chunk tables of B rows of T tokens, made once per (B, T, device): nothing of the caller's
+    goes into them, and the kernels only read them."""
+    key = (B, T, device)
+    chunking = _BATCH_CHUNKING.get(key)
+    if chunking is None:
+        if len(_BATCH_CHUNKING) >= 256:  # many shapes (generation prefills): keep the cache small
+            _BATCH_CHUNKING.clear()
+        host = torch.arange(0, (B + 1) * T, T, dtype=torch.int32)
+        chunking = _BATCH_CHUNKING[key] = make_chunking(host.to(device), cu_seqlens_cpu=host)
+    return chunking
+
+
 def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
                      use_qk_l2norm_in_kernel=False, cu_seqlens=None, cu_seqlens_cpu=None, chunk_indices=None):
     """Gated delta rule over one packed row (or a batch of equal-length rows when cu_seqlens is None).
@@ -33,9 +49,7 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output
             raise ValueError(f"with cu_seqlens the batch must be 1 (one packed row), got {B}")
         chunking = make_chunking(cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, chunk_indices=chunk_indices)
     else:
-        cu = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=q.device)
-        chunking = make_chunking(cu, cu_seqlens_cpu=cu.cpu() if q.device.type == "cpu" else
-                                 torch.arange(0, (B + 1) * T, T, dtype=torch.int32))
+        chunking = _batch_chunking(B, T, q.device)
     if initial_state is not None and initial_state.shape != (chunking.num_seqs, HV, K, V):
         raise ValueError(f"initial_state must be [{chunking.num_seqs}, {HV}, {K}, {V}], "
                          f"got {tuple(initial_state.shape)}")
