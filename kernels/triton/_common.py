@@ -100,6 +100,25 @@ def bwd_tuning(dtype: torch.dtype) -> dict:
     return {"block_v": 64, "num_stages": 3}
 
 
+def shape_cache_get(cache: dict, key, build):
+    """cache[key], built once by build() for tensors that depend on nothing but the key (shapes).
+
+    A CUDA build is waited for once, so another stream may read it at once; nothing is cached while a
+    CUDA graph is being captured (the graph, not the eager run, would fill the tensor)."""
+    got = cache.get(key)
+    if got is not None:
+        return got
+    device = key[-1]
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return build()
+    if len(cache) >= 256:  # many shapes (generation prefills): keep the cache small
+        cache.clear()
+    got = cache[key] = build()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return got
+
+
 def next_pow2(n: int) -> int:
     return triton.next_power_of_2(int(n))
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._common import next_pow2, precision_for, search_steps, sequence_of, sum_partials
+from ._common import next_pow2, precision_for, search_steps, sequence_of, shape_cache_get, sum_partials
 from .causal_conv1d_window import causal_conv1d_bwd_window_kernel, causal_conv1d_fwd_window_kernel
 from .launch_config import config_from_env
 
@@ -366,13 +366,8 @@ _BATCH_CU_SEQLENS: dict = {}
 
 def _batch_cu_seqlens(B: int, T: int, device: torch.device) -> torch.Tensor:
     """cu_seqlens of B rows of T tokens, made once per (B, T, device); the kernels only read it."""
-    key = (B, T, device)
-    cu = _BATCH_CU_SEQLENS.get(key)
-    if cu is None:
-        if len(_BATCH_CU_SEQLENS) >= 256:  # many shapes (generation prefills): keep the cache small
-            _BATCH_CU_SEQLENS.clear()
-        cu = _BATCH_CU_SEQLENS[key] = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=device)
-    return cu
+    return shape_cache_get(_BATCH_CU_SEQLENS, (B, T, device),
+                           lambda: torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=device))
 
 
 def causal_conv1d(x, weight, bias=None, *, activation="silu", cu_seqlens=None):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from .._common import shape_cache_get
 from .autograd import ChunkGatedDeltaRule
 from .varlen import CHUNK, Chunking, make_chunking
 
@@ -20,14 +21,10 @@ _BATCH_CHUNKING: dict = {}
 def _batch_chunking(B: int, T: int, device: torch.device) -> Chunking:
     """The chunk tables of B rows of T tokens, made once per (B, T, device): nothing of the caller's
     goes into them, and the kernels only read them."""
-    key = (B, T, device)
-    chunking = _BATCH_CHUNKING.get(key)
-    if chunking is None:
-        if len(_BATCH_CHUNKING) >= 256:  # many shapes (generation prefills): keep the cache small
-            _BATCH_CHUNKING.clear()
+    def build():
         host = torch.arange(0, (B + 1) * T, T, dtype=torch.int32)
-        chunking = _BATCH_CHUNKING[key] = make_chunking(host.to(device), cu_seqlens_cpu=host)
-    return chunking
+        return make_chunking(host.to(device), cu_seqlens_cpu=host)
+    return shape_cache_get(_BATCH_CHUNKING, (B, T, device), build)
 
 
 def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
