@@ -198,3 +198,12 @@ def test_window_fast_path_skips_masks_only_inside_sequences(device, silu):
     got = conv_bwd(x[0].detach(), w.detach(), b.detach(), dy[0], cu, silu, tuning)
     for a, r in zip(got, grads([y_ref], [x, w, b], [dy])):
         assert max_err(a.reshape(r.shape), r) < TOL
+
+
+def test_unpacked_batch_boundaries_are_made_once_per_shape():
+    from patchgen.kernels.triton.causal_conv1d import _batch_cu_seqlens
+
+    first = _batch_cu_seqlens(3, 5, torch.device("cpu"))
+    assert first.tolist() == [0, 5, 10, 15] and first.dtype == torch.int32
+    assert _batch_cu_seqlens(3, 5, torch.device("cpu")) is first
+    assert _batch_cu_seqlens(3, 6, torch.device("cpu")).tolist() == [0, 6, 12, 18]
