@@ -2,8 +2,10 @@
 
 Same cases as bench/triton_kernels.py (T = 16384 in 4 sequences, bf16, Qwen3.5-4B/9B widths).
 
-    python bench/triton_tuning.py --sweep [--tuning t.json]   # conv, norm and GDN-state launch shapes;
-                                                              # the best go to t.json for triton_kernels.py
+    python bench/triton_tuning.py --sweep [--only conv,norm] [--presets a,b] [--csv s.csv] [--tuning t.json]
+        # every launch preset of the conv and gated norm (bench/triton_presets.py: checked against float64,
+        # then GPU ms, CUDA-graph ms, host us per call and x floor per pass), the GDN-state launch shapes;
+        # the fastest forward + backward of each go to t.json for triton_kernels.py --tuning
     python bench/triton_tuning.py --profile                   # GDN forward + backward kernel times, ours vs fla
     python bench/triton_tuning.py --stages                    # pipelining depth of the persistent backwards
     ncu --clock-control none --section SpeedOfLight --section LaunchStats --section Occupancy \\
@@ -17,7 +19,6 @@ import sys
 
 import torch
 from triton_kernels import (
-    BYTES,
     conv_inputs,
     gdn_arms,
     gdn_inputs,
@@ -29,22 +30,42 @@ from triton_kernels import (
 
 
 def sweep(args, bandwidth):
-    """GPU time of each kernel pass alone over launch configurations."""
+    """Every launch preset of the conv and norm, and the GDN-state shapes; the best to args.tuning."""
     import json
-    from dataclasses import asdict, replace
+    from dataclasses import asdict
+
+    import triton_presets
 
     conv, norm, chunk_state = tuning_modules()
-    best = {}
-    best["conv"] = _sweep_conv(args, bandwidth, replace, conv)
-    torch.cuda.empty_cache()
-    best["norm"] = _sweep_norm(args, bandwidth, replace, norm)
-    torch.cuda.empty_cache()
-    best["state"] = _sweep_gdn(args, replace, chunk_state)
-    best = {name: asdict(t) for name, t in best.items()}
+    only = args.only.split(",")
+    rows, best = [], {}
+
+    def save():  # after each kernel, so that what ran is kept if a time limit stops the run later
+        if args.csv:
+            triton_presets.write_csv(rows, args.csv)
+        if args.tuning:
+            with open(args.tuning, "w") as fh:
+                json.dump(best, fh)
+
+    triton_presets.precompile(args)
+    # the norm first: it compiles in seconds, and a time limit then cuts the conv's last presets only
+    for kernel, mod, run in (("norm", norm, triton_presets.sweep_norm), ("conv", conv, triton_presets.sweep_conv)):
+        if kernel in only:
+            name = run(args, bandwidth, rows)
+            if name:
+                best[kernel] = asdict(mod.PRESETS[name])
+                print(f"{kernel}: fastest forward + backward (event time): {name}")
+            save()
+    if "host" in only or "conv" in only:
+        triton_presets.launch_costs(rows)
+        save()
+    if "gdn" in only:
+        torch.cuda.empty_cache()
+        from dataclasses import replace
+
+        best["state"] = asdict(_sweep_gdn(args, replace, chunk_state))
+        save()
     print("best:", best)
-    if args.tuning:
-        with open(args.tuning, "w") as fh:
-            json.dump(best, fh)
 
 
 def tuning_modules():
@@ -62,62 +83,10 @@ def apply_tuning(path):
     with open(path) as fh:
         best = json.load(fh)
     for mod, name in zip(tuning_modules(), ("conv", "norm", "state")):
+        if name not in best:
+            continue
         mod.TUNING = replace(mod.TUNING, **best[name])
         print(f"tuning {name}: {mod.TUNING}")
-
-
-def _sweep_conv(args, bandwidth, replace, conv):
-    (x, w), (cu,) = conv_inputs(False)
-    x = x[0]
-    dy = torch.randn_like(x)
-    floor = {"fwd": 2 * x.numel() * BYTES / bandwidth * 1e3, "bwd": 3 * x.numel() * BYTES / bandwidth * 1e3}
-    print(f"\nconv floors: fwd {floor['fwd']:.3f} ms, bwd {floor['bwd']:.3f} ms")
-    best, best_ms = conv.TUNING, float("inf")
-    for bt, bd, nw in [(64, 64, 4), (32, 128, 4), (64, 128, 4), (64, 128, 8), (128, 64, 8), (32, 256, 4),
-                       (64, 256, 8), (16, 256, 4), (128, 128, 8)]:
-        t = replace(best, fwd_bt=bt, fwd_bd=bd, fwd_warps=nw)
-        ms = timed(lambda t=t: conv.conv_fwd(x, w, None, cu, True, t), args.repeats)
-        print(f"conv fwd BT={bt:<4} BD={bd:<4} warps={nw}: {ms:.3f} ms = {ms / floor['fwd']:.2f}x floor")
-        if ms < best_ms:
-            best_ms, fwd = ms, t
-    best, best_ms = fwd, float("inf")
-    for bt, bd, nw, per_sm in [(32, 64, 4, 4), (64, 64, 4, 4), (64, 64, 8, 4), (32, 128, 4, 4), (64, 128, 8, 2),
-                               (64, 128, 8, 4), (128, 64, 8, 2), (32, 256, 8, 2), (64, 64, 4, 8), (32, 64, 4, 8)]:
-        t = replace(fwd, bwd_bt=bt, bwd_bd=bd, bwd_warps=nw, bwd_programs_per_sm=per_sm)
-        try:
-            ms = timed(lambda t=t: conv.conv_bwd(x, w, None, dy, cu, True, t), args.repeats)
-            print(f"conv bwd BT={bt:<4} BD={bd:<4} warps={nw} per_sm={per_sm}: {ms:.3f} ms = "
-                  f"{ms / floor['bwd']:.2f}x floor")
-        except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory or registers
-            print(f"conv bwd BT={bt} BD={bd} warps={nw} per_sm={per_sm}: failed {exc!r}")
-            continue
-        if ms < best_ms:
-            best_ms, best = ms, t
-    return best
-
-
-def _sweep_norm(args, bandwidth, replace, norm):
-    (x, gate, w), _ = norm_inputs(False)
-    dy = torch.randn_like(x)
-    floor = {"fwd": 3 * x.numel() * BYTES / bandwidth * 1e3, "bwd": 5 * x.numel() * BYTES / bandwidth * 1e3}
-    print(f"\nnorm floors: fwd {floor['fwd']:.3f} ms, bwd {floor['bwd']:.3f} ms")
-    best_ms = float("inf")
-    for el, nw in [(2048, 4), (4096, 4), (4096, 8), (8192, 8), (8192, 16)]:
-        t = replace(norm.TUNING, fwd_elements=el, fwd_warps=nw)
-        ms = timed(lambda t=t: norm.norm_fwd(x, gate, w, 1e-6, t), args.repeats)
-        print(f"norm fwd elements={el:<5} warps={nw}: {ms:.3f} ms = {ms / floor['fwd']:.2f}x floor")
-        if ms < best_ms:
-            best_ms, fwd = ms, t
-    best, best_ms = fwd, float("inf")
-    _, rstd = norm.norm_fwd(x, gate, w, 1e-6)
-    for el, nw, per_sm in [(2048, 4, 8), (4096, 4, 4), (4096, 8, 4), (8192, 8, 2), (2048, 4, 16), (4096, 8, 8),
-                           (1024, 2, 16)]:
-        t = replace(fwd, bwd_elements=el, bwd_warps=nw, bwd_programs_per_sm=per_sm)
-        ms = timed(lambda t=t: norm.norm_bwd(x, gate, w, rstd, dy, t), args.repeats)
-        print(f"norm bwd elements={el:<5} warps={nw} per_sm={per_sm:<3}: {ms:.3f} ms = {ms / floor['bwd']:.2f}x floor")
-        if ms < best_ms:
-            best_ms, best = ms, t
-    return best
 
 
 def _sweep_gdn(args, replace, chunk_state):
@@ -216,6 +185,10 @@ def main() -> None:
     mode.add_argument("--ncu", action="store_true", help="run each conv and norm kernel twice, for ncu")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--tuning", help="where --sweep writes the best launch configurations (JSON)")
+    parser.add_argument("--only", default="conv,norm,gdn", help="--sweep: which of conv, norm, gdn, host")
+    parser.add_argument("--presets", help="--sweep: only these preset names (comma-separated)")
+    parser.add_argument("--csv", help="--sweep: where to write the preset rows (CSV)")
+    parser.add_argument("--jobs", type=int, default=8, help="--sweep: processes compiling the presets first (1: none)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench/triton_tuning.py needs a CUDA device")

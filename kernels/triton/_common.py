@@ -100,6 +100,25 @@ def bwd_tuning(dtype: torch.dtype) -> dict:
     return {"block_v": 64, "num_stages": 3}
 
 
+def shape_cache_get(cache: dict, key, build):
+    """cache[key], built once by build() for tensors that depend on nothing but the key (shapes).
+
+    A CUDA build is waited for once, so another stream may read it at once; nothing is cached while a
+    CUDA graph is being captured (the graph, not the eager run, would fill the tensor)."""
+    got = cache.get(key)
+    if got is not None:
+        return got
+    device = key[-1]
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return build()
+    if len(cache) >= 256:  # many shapes (generation prefills): keep the cache small
+        cache.clear()
+    got = cache[key] = build()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return got
+
+
 def next_pow2(n: int) -> int:
     return triton.next_power_of_2(int(n))
 
@@ -121,3 +140,54 @@ def head_block(n: int, dtype: torch.dtype, cap: int | None = None) -> int:
 def mm(a, b, DOT: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr):
     """a @ b with operands cast to DOT and the result accumulated in ACC."""
     return tl.dot(a.to(DOT), b.to(DOT), input_precision=PREC, out_dtype=ACC)
+
+
+@triton.jit
+def sequence_of(cu_seqlens, rows, m_rows, n_iter, N):
+    """Index of the sequence holding each of `rows`: the largest j < N with cu_seqlens[j] <= row
+    (a binary search of n_iter = ceil(log2 N) steps, so a call needs no per-row table from the host)."""
+    lo = tl.zeros_like(rows)
+    hi = tl.zeros_like(rows) + (N - 1)
+    for _ in range(n_iter):
+        mid = (lo + hi + 1) // 2
+        take = tl.load(cu_seqlens + mid, mask=m_rows, other=0) <= rows
+        lo = tl.where(take, mid, lo)
+        hi = tl.where(take, hi, mid - 1)
+    return lo
+
+
+def search_steps(num_seqs: int) -> int:
+    """n_iter of `sequence_of` for num_seqs sequences."""
+    return max(1, (num_seqs - 1).bit_length())
+
+
+@triton.jit
+def sum_partials_kernel(part, n_part, out_a, out_b, M_A: tl.constexpr, M: tl.constexpr, BP: tl.constexpr,
+                        BM: tl.constexpr, ACC: tl.constexpr):
+    """out[m] = sum_p part[p, m] over a [n_part, M] fp32 buffer, written in the outputs' dtypes:
+    m < M_A to out_a[m], the rest to out_b[m - M_A] (a weight and a bias gradient in one launch)."""
+    o_m = tl.program_id(0) * BM + tl.arange(0, BM)
+    m_m = o_m < M
+    acc = tl.zeros([BP, BM], dtype=ACC)
+    for p0 in tl.range(0, n_part, BP, num_stages=3):
+        o_p = p0 + tl.arange(0, BP)
+        acc += tl.load(part + o_p.to(tl.int64)[:, None] * M + o_m[None, :], mask=(o_p < n_part)[:, None] & m_m[None, :],
+                       other=0.0)
+    total = tl.sum(acc, axis=0)
+    tl.store(out_a + o_m, total.to(out_a.dtype.element_ty), mask=o_m < M_A)
+    if M > M_A:
+        tl.store(out_b + (o_m - M_A), total.to(out_b.dtype.element_ty), mask=m_m & (o_m >= M_A))
+
+
+@functools.lru_cache(maxsize=256)
+def _sum_partials_launch(n_part: int, M: int, M_A: int, wide: bool):
+    # a norm's weight (small M, thousands of partial rows): tall narrow tiles; a conv's: wide short ones
+    BP, BM = (256, 32) if M <= 4096 else (32, 128)
+    return (triton.cdiv(M, BM),), dict(M_A=M_A, M=M, BP=BP, BM=BM, ACC=tl.float64 if wide else tl.float32)
+
+
+def sum_partials(part: torch.Tensor, out_a: torch.Tensor, out_b: torch.Tensor | None = None) -> None:
+    """Sum the rows of part ([n_part, M], fp32) into out_a (the first out_a.numel() columns) and out_b."""
+    n_part, M = part.shape
+    grid, meta = _sum_partials_launch(n_part, M, out_a.numel(), part.dtype == torch.float64)
+    sum_partials_kernel[grid](part, n_part, out_a, out_a if out_b is None else out_b, **meta)

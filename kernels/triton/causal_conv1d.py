@@ -4,13 +4,21 @@ y[t, d] = act(bias[d] + sum_w weight[d, w] * x[t - (W-1) + w, d]), where rows be
 of t's sequence read as zero (every sequence starts from a zero state). W is a kernel parameter.
 
 Each row finds its sequence by a binary search over cu_seqlens inside the kernel, so a call costs
-one launch per pass and no tensor work on the host. The backward computes the pre-activation
-gradient once per row and shifts it through a small per-program scratch buffer that stays in L2
-(a persistent grid reuses it), instead of recomputing the activation W times.
+its launches and no tensor work on the host. Three designs, picked by `ConvTuning`:
+- "window" (causal_conv1d_window.py, forward and backward): a program walks a chunk of rows, R at
+  a time, carrying the rows it shares with the previous step in registers; every element crosses
+  L1 once and the activation is evaluated once per element.
+- "tile" forward: [BT, BD] tiles, x read at W shifted rows (L1 hits for all but one).
+- "scratch" backward (CUDA): the pre-activation gradient computed once per row on tiles overlapping
+  by W-1 rows and shifted through a per-program scratch tile in L2; "recompute" backward (portable):
+  the pre-activation recomputed at the W shifted rows.
+Weight and bias gradients are fp32 partial sums, one row per program (row), summed by one small
+launch that writes the parameters' dtypes (`sum_partials`).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -18,22 +26,11 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._common import next_pow2, precision_for
+from ._common import next_pow2, precision_for, search_steps, sequence_of, shape_cache_get, sum_partials
+from .causal_conv1d_window import causal_conv1d_bwd_window_kernel, causal_conv1d_fwd_window_kernel
+from .launch_config import config_from_env
 
 _ACTIVATIONS = {None: False, "identity": False, "silu": True, "swish": True}
-
-
-@triton.jit
-def _sequence_of(cu_seqlens, o_t, m_t, n_iter, N):
-    """Index of the sequence holding each row of o_t: the largest j < N with cu_seqlens[j] <= t."""
-    lo = tl.zeros_like(o_t)
-    hi = tl.zeros_like(o_t) + (N - 1)
-    for _ in range(n_iter):
-        mid = (lo + hi + 1) // 2
-        take = tl.load(cu_seqlens + mid, mask=m_t, other=0) <= o_t
-        lo = tl.where(take, mid, lo)
-        hi = tl.where(take, hi, mid - 1)
-    return lo
 
 
 @triton.jit
@@ -44,7 +41,7 @@ def causal_conv1d_fwd_kernel(x, weight, bias, y, cu_seqlens, n_iter, N, T, D: tl
     o_d = tl.program_id(1) * BD + tl.arange(0, BD)
     m_t = o_t < T
     m_d = o_d < D
-    start = tl.load(cu_seqlens + _sequence_of(cu_seqlens, o_t, m_t, n_iter, N), mask=m_t, other=0)
+    start = tl.load(cu_seqlens + sequence_of(cu_seqlens, o_t, m_t, n_iter, N), mask=m_t, other=0)
     acc = tl.zeros([BT, BD], dtype=ACC)
     if HAS_BIAS:
         acc += tl.load(bias + o_d, mask=m_d, other=0.0).to(ACC)[None, :]
@@ -60,16 +57,17 @@ def causal_conv1d_fwd_kernel(x, weight, bias, y, cu_seqlens, n_iter, N, T, D: tl
 
 
 @triton.jit
-def causal_conv1d_bwd_kernel(x, weight, bias, dy, dx, dweight_part, dbias_part, scratch, cu_seqlens, n_iter, N, T,
+def causal_conv1d_bwd_kernel(x, weight, bias, dy, dx, partials, scratch, cu_seqlens, n_iter, N, T,
                              n_row_tiles, D: tl.constexpr, W: tl.constexpr, WP: tl.constexpr,
                              BT: tl.constexpr, BD: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
-                             ACC: tl.constexpr):
+                             ACC: tl.constexpr, PS: tl.constexpr):
     """Persistent over rows: program (p, c) takes the row tiles p, p + P, ... of channel block c.
     Tiles of BT rows overlap by W-1 rows; each computes dpre (the gradient before the activation,
     the pre-activation recomputed) on all BT rows and writes dx for the first BT-W+1:
     dx[t] = sum_s weight[W-1-s] * dpre[t+s] over rows of t's sequence; the same shifted dpre tiles
     times the unshifted x give the weight gradient (x is read W times per tile, not 2W). Weight and
-    bias gradients are summed in registers and written once per program."""
+    bias gradients are summed in registers and written once per program, into partials[program row]
+    (PS values: dweight [D, W] flattened, then dbias), which only this row's programs write."""
     i_p, i_d = tl.program_id(0), tl.program_id(1)
     OUT: tl.constexpr = BT - W + 1
     o_i = tl.arange(0, BT)
@@ -83,7 +81,7 @@ def causal_conv1d_bwd_kernel(x, weight, bias, dy, dx, dweight_part, dbias_part, 
     for tile in range(i_p, n_row_tiles, tl.num_programs(0)):
         o_t = tile * OUT + o_i
         m_t = o_t < T
-        seq = _sequence_of(cu_seqlens, o_t, m_t, n_iter, N)
+        seq = sequence_of(cu_seqlens, o_t, m_t, n_iter, N)
         start = tl.load(cu_seqlens + seq, mask=m_t, other=0)
         end = tl.load(cu_seqlens + seq + 1, mask=m_t, other=0)
         pre = tl.zeros([BT, BD], dtype=ACC)
@@ -115,19 +113,20 @@ def causal_conv1d_bwd_kernel(x, weight, bias, dy, dx, dweight_part, dbias_part, 
             dxv += shifted * tl.load(weight + o_d * W + (W - 1 - s), mask=m_d, other=0.0).to(ACC)[None, :]
             # dweight[:, W-1-s] = sum_u x[u] * dpre[u+s] over rows u+s of u's sequence; each u counted
             # by the tile that owns it
-            part = tl.sum(tl.where(own_rows[:, None], shifted * x_here, 0.0), axis=0)
-            dw_acc += tl.where(o_w[:, None] == W - 1 - s, part[None, :], 0.0)
+            dw_s = tl.sum(tl.where(own_rows[:, None], shifted * x_here, 0.0), axis=0)
+            dw_acc += tl.where(o_w[:, None] == W - 1 - s, dw_s[None, :], 0.0)
         tl.store(dx + o_t.to(tl.int64)[:, None] * D + o_d[None, :], dxv.to(dx.dtype.element_ty), mask=own)
-    base = (i_p * tl.num_programs(1) + i_d) * WP * BD
-    tl.store(dweight_part + base + o_w[:, None] * BD + tl.arange(0, BD)[None, :], dw_acc)
+    row = partials + i_p.to(tl.int64) * PS
+    tl.store(row + o_d[None, :] * W + o_w[:, None], dw_acc, mask=(o_w < W)[:, None] & m_d[None, :])
     if HAS_BIAS:
-        tl.store(dbias_part + (i_p * tl.num_programs(1) + i_d) * BD + tl.arange(0, BD), db_acc)
+        tl.store(row + D * W + o_d, db_acc, mask=m_d)
 
 
 @triton.jit
-def causal_conv1d_bwd_recompute_kernel(x, weight, bias, dy, dx, dweight_part, dbias_part, cu_seqlens, n_iter, N, T,
+def causal_conv1d_bwd_recompute_kernel(x, weight, bias, dy, dx, part, cu_seqlens, n_iter, N, T,
                                        D: tl.constexpr, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-                                       HAS_BIAS: tl.constexpr, SILU: tl.constexpr, ACC: tl.constexpr):
+                                       HAS_BIAS: tl.constexpr, SILU: tl.constexpr, ACC: tl.constexpr,
+                                       PS: tl.constexpr):
     """The portable backward (no scratch, no barrier): dpre is recomputed at each of the W shifted
     rows that dx[t] = sum_s weight[W-1-s] * dpre[t+s] reads. Weight and bias gradients are written
     per block of rows and summed by the caller."""
@@ -136,7 +135,7 @@ def causal_conv1d_bwd_recompute_kernel(x, weight, bias, dy, dx, dweight_part, db
     o_d = tl.program_id(1) * BD + tl.arange(0, BD)
     m_t = o_t < T
     m_d = o_d < D
-    seq = _sequence_of(cu_seqlens, o_t, m_t, n_iter, N)
+    seq = sequence_of(cu_seqlens, o_t, m_t, n_iter, N)
     start = tl.load(cu_seqlens + seq, mask=m_t, other=0)
     end = tl.load(cu_seqlens + seq + 1, mask=m_t, other=0)
     dxv = tl.zeros([BT, BD], dtype=ACC)
@@ -166,112 +165,184 @@ def causal_conv1d_bwd_recompute_kernel(x, weight, bias, dy, dx, dweight_part, db
         src = o_t - (W - 1) + w
         m = (m_t & (src >= start))[:, None] & m_d[None, :]
         xv = tl.load(x + src.to(tl.int64)[:, None] * D + o_d[None, :], mask=m, other=0.0).to(ACC)
-        tl.store(dweight_part + (i_t * W + w) * D + o_d, tl.sum(dpre_t * xv, axis=0), mask=m_d)
+        tl.store(part + i_t.to(tl.int64) * PS + o_d * W + w, tl.sum(dpre_t * xv, axis=0), mask=m_d)
     if HAS_BIAS:
-        tl.store(dbias_part + i_t * D + o_d, tl.sum(dpre_t, axis=0), mask=m_d)
+        tl.store(part + i_t.to(tl.int64) * PS + D * W + o_d, tl.sum(dpre_t, axis=0), mask=m_d)
 
 
 @dataclass(frozen=True)
 class ConvTuning:
-    """Tile shapes and launch options; see docs/triton_kernels.md for how they were chosen."""
+    """Kernel designs, tile shapes and launch options; docs/triton_kernels.md says how they were chosen.
 
+    fwd_kernel: "tile" or "window"; bwd_kernel: "window", "scratch" (CUDA only: it relies on a
+    barrier making a program's global stores visible to its own threads, which CUDA's bar.sync does),
+    "recompute", or None (scratch on CUDA and under the interpreter, recompute elsewhere).
+    Window fields: rows (R) per step, chunk (L, a multiple of R) rows per program, bd channels per
+    program (at least 32 lanes x the vector width per warp keeps a step's rows inside one thread),
+    stages: pipelining depth of the step loop (None or 1: not pipelined); fast: a step whose rows all
+    have their W taps and W shifts inside their sequence skips the per-row masks (a branch per step).
+    """
+
+    fwd_kernel: str = "tile"
     fwd_bt: int = 32
     fwd_bd: int = 128
     fwd_warps: int = 4
+    fwd_rows: int = 4
+    fwd_chunk: int = 512
+    fwd_stages: int | None = None
+    fwd_fast: bool = False
+    bwd_kernel: str | None = None
     bwd_bt: int = 64
     bwd_bd: int = 64
     bwd_warps: int = 4
     bwd_programs_per_sm: int = 8
-    bwd_stages: int | None = None  # software pipelining of the persistent loop; None: Triton's default
-    # "scratch": the persistent backward that shifts dpre through a per-program scratch tile, which
-    # relies on a barrier making a program's global stores visible to its own threads (CUDA's
-    # bar.sync does); "recompute": the portable one. None: scratch on CUDA, recompute elsewhere.
-    bwd_shift: str | None = None
+    bwd_stages: int | None = None  # window: as fwd_stages; scratch: Triton's launch option (None: its default)
+    bwd_rows: int = 4
+    bwd_chunk: int = 512
+    bwd_fast: bool = False
     recompute_bt: int = 32
     recompute_bd: int = 64
 
 
-TUNING = ConvTuning()
+def _window(**kw) -> ConvTuning:
+    base = dict(fwd_kernel="window", fwd_bd=256, fwd_warps=1, fwd_rows=4, fwd_chunk=512, fwd_stages=3,
+                bwd_kernel="window", bwd_bd=256, bwd_warps=1, bwd_rows=4, bwd_chunk=512, bwd_stages=3)
+    return ConvTuning(**{**base, **kw})
+
+
+# Candidates that bench/triton_tuning.py --sweep times; PATCHGEN_TRITON_CONV picks one for a process
+# (a name, optionally followed by field=value overrides: "window,bwd_rows=8").
+PRESETS = {
+    "tile-scratch": ConvTuning(),  # measured best of the tile designs (2026-12-01, H200)
+    "window": _window(),
+    "window-fast": _window(fwd_fast=True, bwd_fast=True),
+    "window-r2": _window(fwd_rows=2, bwd_rows=2),
+    "window-c256": _window(fwd_chunk=256, bwd_chunk=256),
+    "window-s2": _window(fwd_stages=2, bwd_stages=2),
+    "window-nopipe": _window(fwd_stages=None, bwd_stages=None),
+    "window-bd512-w2": _window(fwd_bd=512, fwd_warps=2, bwd_bd=512, bwd_warps=2),
+    "tile-window": _window(fwd_kernel="tile", fwd_bt=32, fwd_bd=128, fwd_warps=4, fwd_stages=None),
+    "window-scratch": _window(bwd_kernel=None, bwd_bd=64, bwd_warps=4, bwd_stages=None),
+    "window-c256-fast": _window(fwd_chunk=256, bwd_chunk=256, fwd_fast=True, bwd_fast=True),
+    "window-r8": _window(fwd_rows=8, bwd_rows=8),  # last: the largest unrolled code, the longest compile
+}
+TUNING = config_from_env("PATCHGEN_TRITON_CONV", PRESETS, PRESETS["tile-scratch"], "causal_conv1d launch")
 _SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
 
 
 def _row_programs(device: torch.device, per_sm: int, n_row_tiles: int, n_channel_blocks: int) -> int:
     """Programs per channel block of the persistent backward: about per_sm programs on every
-    multiprocessor in all (the count is read once per device). The interpreter gets two, so that
-    the tests run the loop over several tiles."""
+    multiprocessor in all. The interpreter gets two, so that the tests run the loop over several tiles."""
     if device.type != "cuda":
         return min(n_row_tiles, 2)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SM_COUNT:
-        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return max(1, min(n_row_tiles, per_sm * _SM_COUNT[index] // n_channel_blocks))
+    return max(1, min(n_row_tiles, per_sm * _sm_count(device) // n_channel_blocks))
 
 
 def _stages(num_stages: int | None) -> dict:
     return {} if num_stages is None else {"num_stages": num_stages}
 
 
-def _search_steps(num_seqs: int) -> int:
-    return max(1, (num_seqs - 1).bit_length())
+def _window_shape(rows: int, chunk: int, T: int, W: int) -> tuple[int, int, int]:
+    """(R, L, HP): rows a step, rows a program, carried rows. L is a multiple of R, cut to the power of
+    two that covers T for short rows (L is a compile-time constant: a few values, not one per length)."""
+    if rows < 1 or rows & (rows - 1) or chunk < rows:
+        raise ValueError(f"window rows must be a power of two no larger than the chunk, got rows={rows}, chunk={chunk}")
+    chunk = min(chunk // rows * rows, max(rows, next_pow2(T)))
+    return rows, chunk, max(1, next_pow2(W - 1))
 
 
-def conv_fwd(x, weight, bias, cu_seqlens, silu: bool, tuning: ConvTuning = TUNING):
-    T, D = x.shape
-    W = weight.shape[1]
-    prec = precision_for(x.dtype)
-    y = torch.empty_like(x)
-    N = cu_seqlens.numel() - 1
+def _bwd_design(tuning: ConvTuning, device: torch.device) -> str:
+    kernel = tuning.bwd_kernel or ("scratch" if device.type in ("cuda", "cpu") else "recompute")
+    if kernel not in ("window", "scratch", "recompute"):
+        raise ValueError(f"bwd_kernel must be 'window', 'scratch' or 'recompute', got {kernel!r}")
+    return kernel
+
+
+@functools.lru_cache(maxsize=256)
+def _fwd_launch(T, D, W, N, dtype, device, has_bias, silu, tuning):
+    """(kernel, grid, constexpr keywords) of one forward: worked out once per shape, not per call."""
+    prec = precision_for(dtype)
+    common = dict(D=D, W=W, HAS_BIAS=has_bias, SILU=silu, ACC=prec.acc)
+    if tuning.fwd_kernel == "window":
+        R, L, HP = _window_shape(tuning.fwd_rows, tuning.fwd_chunk, T, W)
+        BD = min(tuning.fwd_bd, next_pow2(D))
+        return (causal_conv1d_fwd_window_kernel, (triton.cdiv(T, L), triton.cdiv(D, BD)),
+                dict(common, WP=next_pow2(W), HP=HP, R=R, L=L, BD=BD, STAGES=tuning.fwd_stages or 1,
+                     FAST=bool(tuning.fwd_fast),
+                     num_warps=tuning.fwd_warps), search_steps(N))
+    if tuning.fwd_kernel != "tile":
+        raise ValueError(f"fwd_kernel must be 'tile' or 'window', got {tuning.fwd_kernel!r}")
     BT, BD = tuning.fwd_bt, min(tuning.fwd_bd, next_pow2(D))
-    causal_conv1d_fwd_kernel[(triton.cdiv(T, BT), triton.cdiv(D, BD))](
-        x, weight, bias, y, cu_seqlens, _search_steps(N), N, T, D=D, W=W, BT=BT, BD=BD,
-        HAS_BIAS=bias is not None, SILU=silu, ACC=prec.acc, num_warps=tuning.fwd_warps)
+    return (causal_conv1d_fwd_kernel, (triton.cdiv(T, BT), triton.cdiv(D, BD)),
+            dict(common, BT=BT, BD=BD, num_warps=tuning.fwd_warps), search_steps(N))
+
+
+def conv_fwd(x, weight, bias, cu_seqlens, silu: bool, tuning: ConvTuning | None = None):
+    T, D = x.shape
+    N = cu_seqlens.shape[0] - 1
+    kernel, grid, meta, n_iter = _fwd_launch(T, D, weight.shape[1], N, x.dtype, x.device, bias is not None, silu,
+                                             tuning or TUNING)
+    y = torch.empty_like(x)
+    kernel[grid](x, weight, bias, y, cu_seqlens, n_iter, N, T, **meta)
     return y
 
 
-def conv_bwd(x, weight, bias, dy, cu_seqlens, silu: bool, tuning: ConvTuning = TUNING):
-    """(dx, dweight, dbias or None)."""
-    shift = tuning.bwd_shift or ("scratch" if x.device.type in ("cuda", "cpu") else "recompute")
-    if shift == "recompute":
-        return _conv_bwd_recompute(x, weight, bias, dy, cu_seqlens, silu, tuning)
-    if shift != "scratch":
-        raise ValueError(f"bwd_shift must be 'scratch' or 'recompute', got {shift!r}")
-    T, D = x.shape
-    W = weight.shape[1]
-    prec = precision_for(x.dtype)
-    N = cu_seqlens.numel() - 1
+@functools.lru_cache(maxsize=256)
+def _bwd_launch(T, D, W, N, dtype, device, has_bias, silu, tuning):
+    """(kernel, grid, constexpr keywords, partial rows, partial row length, extra) of one backward."""
+    prec = precision_for(dtype)
+    design = _bwd_design(tuning, device)
+    PS = D * W + (D if has_bias else 0)
+    common = dict(D=D, W=W, HAS_BIAS=has_bias, SILU=silu, ACC=prec.acc, PS=PS)
+    if design == "window":
+        R, L, HP = _window_shape(tuning.bwd_rows, tuning.bwd_chunk, T, W)
+        BD = min(tuning.bwd_bd, next_pow2(D))
+        n_chunks = triton.cdiv(T, L)
+        return (design, causal_conv1d_bwd_window_kernel, (n_chunks, triton.cdiv(D, BD)),
+                dict(common, WP=next_pow2(W), HP=HP, R=R, L=L, BD=BD, NH=triton.cdiv(W - 1, R),
+                     STAGES=tuning.bwd_stages or 1, FAST=bool(tuning.bwd_fast),
+                     num_warps=tuning.bwd_warps), n_chunks, search_steps(N), None)
+    if design == "recompute":
+        BT, BD = tuning.recompute_bt, min(tuning.recompute_bd, next_pow2(D))
+        nt = triton.cdiv(T, BT)
+        return (design, causal_conv1d_bwd_recompute_kernel, (nt, triton.cdiv(D, BD)), dict(common, BT=BT, BD=BD),
+                nt, search_steps(N), None)
     BT, BD = max(tuning.bwd_bt, next_pow2(2 * W)), min(tuning.bwd_bd, next_pow2(D))
-    WP = next_pow2(W)
     n_row_tiles = triton.cdiv(T, BT - W + 1)
     n_d = triton.cdiv(D, BD)
-    P = _row_programs(x.device, tuning.bwd_programs_per_sm, n_row_tiles, n_d)
-    dx = torch.empty_like(x)
-    scratch = torch.empty(P * n_d, BT, BD, dtype=prec.acc_torch, device=x.device)
-    dw_part = torch.empty(P, n_d, WP, BD, dtype=prec.acc_torch, device=x.device)
-    db_part = torch.empty(P, n_d, BD, dtype=prec.acc_torch, device=x.device) if bias is not None else None
-    causal_conv1d_bwd_kernel[(P, n_d)](
-        x, weight, bias, dy, dx, dw_part, db_part, scratch, cu_seqlens, _search_steps(N), N, T, n_row_tiles,
-        D=D, W=W, WP=WP, BT=BT, BD=BD, HAS_BIAS=bias is not None, SILU=silu, ACC=prec.acc,
-        num_warps=tuning.bwd_warps, **_stages(tuning.bwd_stages))
-    dweight = dw_part.sum(0).transpose(1, 2).reshape(n_d * BD, WP)[:D, :W].to(weight.dtype)
-    dbias = None if bias is None else db_part.sum(0).reshape(n_d * BD)[:D].to(bias.dtype)
-    return dx, dweight, dbias
+    P = _row_programs(device, tuning.bwd_programs_per_sm, n_row_tiles, n_d)
+    return (design, causal_conv1d_bwd_kernel, (P, n_d),
+            dict(common, WP=next_pow2(W), BT=BT, BD=BD, num_warps=tuning.bwd_warps, **_stages(tuning.bwd_stages)),
+            P, search_steps(N), (n_row_tiles, (P * n_d, BT, BD)))
 
 
-def _conv_bwd_recompute(x, weight, bias, dy, cu_seqlens, silu: bool, tuning: ConvTuning):
+def conv_bwd(x, weight, bias, dy, cu_seqlens, silu: bool, tuning: ConvTuning | None = None):
+    """(dx, dweight, dbias or None)."""
     T, D = x.shape
     W = weight.shape[1]
-    prec = precision_for(x.dtype)
-    N = cu_seqlens.numel() - 1
-    BT, BD = tuning.recompute_bt, min(tuning.recompute_bd, next_pow2(D))
-    nt = triton.cdiv(T, BT)
+    N = cu_seqlens.shape[0] - 1
+    design, kernel, grid, meta, n_part, n_iter, extra = _bwd_launch(T, D, W, N, x.dtype, x.device, bias is not None,
+                                                                    silu, tuning or TUNING)
     dx = torch.empty_like(x)
-    dw_part = torch.empty(nt, W, D, dtype=prec.acc_torch, device=x.device)
-    db_part = torch.empty(nt, D, dtype=prec.acc_torch, device=x.device) if bias is not None else None
-    causal_conv1d_bwd_recompute_kernel[(nt, triton.cdiv(D, BD))](
-        x, weight, bias, dy, dx, dw_part, db_part, cu_seqlens, _search_steps(N), N, T, D=D, W=W, BT=BT, BD=BD,
-        HAS_BIAS=bias is not None, SILU=silu, ACC=prec.acc)
-    dweight = dw_part.sum(0).T.to(weight.dtype)
-    return dx, dweight, (db_part.sum(0).to(bias.dtype) if bias is not None else None)
+    part = torch.empty(n_part, meta["PS"], dtype=torch.float64 if x.dtype == torch.float64 else torch.float32,
+                       device=x.device)
+    if design == "scratch":
+        n_row_tiles, scratch_shape = extra
+        scratch = torch.empty(scratch_shape, dtype=part.dtype, device=x.device)
+        kernel[grid](x, weight, bias, dy, dx, part, scratch, cu_seqlens, n_iter, N, T, n_row_tiles, **meta)
+    else:
+        kernel[grid](x, weight, bias, dy, dx, part, cu_seqlens, n_iter, N, T, **meta)
+    dweight = torch.empty_like(weight)
+    dbias = None if bias is None else torch.empty_like(bias)
+    sum_partials(part, dweight, dbias)
+    return dx, dweight, dbias
 
 
 class CausalConv1d(torch.autograd.Function):
@@ -285,8 +356,18 @@ class CausalConv1d(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, weight, bias, cu_seqlens = ctx.saved_tensors
-        dx, dweight, dbias = conv_bwd(x, weight, bias, dy.contiguous(), cu_seqlens, ctx.silu)
+        dx, dweight, dbias = conv_bwd(x, weight, bias, dy if dy.is_contiguous() else dy.contiguous(), cu_seqlens,
+                                      ctx.silu)
         return dx, dweight, dbias, None, None
+
+
+_BATCH_CU_SEQLENS: dict = {}
+
+
+def _batch_cu_seqlens(B: int, T: int, device: torch.device) -> torch.Tensor:
+    """cu_seqlens of B rows of T tokens, made once per (B, T, device); the kernels only read it."""
+    return shape_cache_get(_BATCH_CU_SEQLENS, (B, T, device),
+                           lambda: torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=device))
 
 
 def causal_conv1d(x, weight, bias=None, *, activation="silu", cu_seqlens=None):
@@ -297,14 +378,16 @@ def causal_conv1d(x, weight, bias=None, *, activation="silu", cu_seqlens=None):
     if weight.shape[0] != D:
         raise ValueError(f"weight must be [{D}, W], got {tuple(weight.shape)}")
     if cu_seqlens is None:
-        cu_seqlens = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=x.device)
+        cu_seqlens = _batch_cu_seqlens(B, T, x.device)
     elif B != 1:
         raise ValueError(f"with cu_seqlens the batch must be 1 (one packed row), got {B}")
-    if cu_seqlens.dtype != torch.int32:
-        cu_seqlens = cu_seqlens.to(torch.int32)
+    elif cu_seqlens.device != x.device:
+        raise ValueError(f"cu_seqlens must be on x's device ({x.device}), got {cu_seqlens.device}: move it there "
+                         f"once (the shared-prefix plan and packed_row keep a device copy)")
+    elif cu_seqlens.dtype != torch.int32 or not cu_seqlens.is_contiguous():
+        cu_seqlens = cu_seqlens.to(torch.int32).contiguous()
     y = CausalConv1d.apply(x.reshape(B * T, D).contiguous(), weight.contiguous(),
-                           None if bias is None else bias.contiguous(), cu_seqlens.contiguous(),
-                           _ACTIVATIONS[activation])
+                           None if bias is None else bias.contiguous(), cu_seqlens, _ACTIVATIONS[activation])
     return y.view(B, T, D)
 
 

@@ -1,11 +1,15 @@
 """Gated RMSNorm: weight * x * rsqrt(mean(x^2) + eps) * silu(gate), statistics in fp32.
 
 One pass over the rows forward; the backward recomputes the normalised row from the stored rstd,
-on a persistent grid that sums the weight gradient in registers (one partial row per program).
+on a persistent grid that sums the weight gradient in registers (one fp32 partial row per program),
+and one small launch sums the partial rows into the weight's dtype. So a forward + backward moves
+the two kernels' bytes (x, gate, y; x, gate, dy, dx, dgate, plus rstd and the partials) and
+nothing else: no casts, copies or torch reductions. Launch shapes are worked out once per shape.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -13,7 +17,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._common import next_pow2, precision_for
+from ._common import next_pow2, precision_for, sum_partials
+from .launch_config import config_from_env
 
 
 @triton.jit
@@ -35,15 +40,17 @@ def rms_norm_gated_fwd_kernel(x, gate, weight, y, rstd, n_rows, eps, D: tl.const
 
 @triton.jit
 def rms_norm_gated_bwd_kernel(x, gate, weight, rstd, dy, dx, dgate, dweight_part, n_rows, n_blocks,
-                              D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, ACC: tl.constexpr):
+                              D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, ACC: tl.constexpr,
+                              STAGES: tl.constexpr):
     """Persistent: program p takes row blocks p, p + P, ...; the weight gradient is summed in
-    registers and written once per program."""
+    registers and written once per program. STAGES pipelines the loop's loads (Triton pipelines a
+    loop without matrix products only when the loop itself asks; a launch's num_stages does not)."""
     pid = tl.program_id(0)
     o_d = tl.arange(0, BD)
     m_d = o_d < D
     wv = tl.load(weight + o_d, mask=m_d, other=0.0).to(ACC)
     dw_acc = tl.zeros([BD], dtype=ACC)
-    for blk in range(pid, n_blocks, tl.num_programs(0)):
+    for blk in tl.range(pid, n_blocks, tl.num_programs(0), num_stages=STAGES):
         o_r = blk * BR + tl.arange(0, BR)
         m_r = o_r < n_rows
         m = m_r[:, None] & m_d[None, :]
@@ -73,10 +80,21 @@ class NormTuning:
     bwd_elements: int = 1024
     bwd_warps: int = 2
     bwd_programs_per_sm: int = 16
-    bwd_stages: int | None = None  # software pipelining of the persistent loop; None: Triton's default
+    bwd_stages: int | None = None  # pipelining depth of the persistent loop's loads; None or 1: not pipelined
 
 
-TUNING = NormTuning()
+# Candidates that bench/triton_tuning.py --sweep times; PATCHGEN_TRITON_NORM picks one for a process
+# (a name, optionally followed by field=value overrides: "default,bwd_warps=4").
+PRESETS = {
+    "default": NormTuning(),  # measured best (2026-12-01, H200)
+    "bwd-pipe2": NormTuning(bwd_stages=2),
+    "bwd-pipe3": NormTuning(bwd_stages=3),
+    "bwd-8sm": NormTuning(bwd_programs_per_sm=8),
+    "bwd-2048-4w": NormTuning(bwd_elements=2048, bwd_warps=4, bwd_programs_per_sm=8),
+    "fwd-4096": NormTuning(fwd_elements=4096),
+    "bwd-512-1w": NormTuning(bwd_elements=512, bwd_warps=1, bwd_programs_per_sm=32),
+}
+TUNING = config_from_env("PATCHGEN_TRITON_NORM", PRESETS, PRESETS["default"], "rms_norm_gated launch")
 _SM_COUNT: dict[int, int] = {}
 
 
@@ -98,34 +116,45 @@ def _programs(device: torch.device, per_sm: int, n_blocks: int) -> int:
     return max(1, min(n_blocks, per_sm * _SM_COUNT[index]))
 
 
-def norm_fwd(x, gate, weight, eps, tuning: NormTuning = TUNING):
+@functools.lru_cache(maxsize=256)
+def _fwd_launch(n_rows, D, dtype, tuning):
+    br = _rows_per_block(D, tuning.fwd_elements)
+    return (triton.cdiv(n_rows, br),), dict(D=D, BD=next_pow2(D), BR=br, ACC=precision_for(dtype).acc,
+                                            num_warps=tuning.fwd_warps)
+
+
+def norm_fwd(x, gate, weight, eps, tuning: NormTuning | None = None):
     D = x.shape[-1]
     n_rows = x.numel() // D
-    prec = precision_for(x.dtype)
+    grid, meta = _fwd_launch(n_rows, D, x.dtype, tuning or TUNING)
     y = torch.empty_like(x)
-    rstd = torch.empty(n_rows, dtype=prec.acc_torch, device=x.device)
-    br = _rows_per_block(D, tuning.fwd_elements)
-    rms_norm_gated_fwd_kernel[(triton.cdiv(n_rows, br),)](
-        x, gate, weight, y, rstd, n_rows, eps, D=D, BD=next_pow2(D), BR=br, ACC=prec.acc, num_warps=tuning.fwd_warps)
+    rstd = torch.empty(n_rows, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32, device=x.device)
+    rms_norm_gated_fwd_kernel[grid](x, gate, weight, y, rstd, n_rows, eps, **meta)
     return y, rstd
 
 
-def norm_bwd(x, gate, weight, rstd, dy, tuning: NormTuning = TUNING):
+@functools.lru_cache(maxsize=256)
+def _bwd_launch(n_rows, D, dtype, device, tuning):
+    br = _rows_per_block(D, tuning.bwd_elements)
+    n_blocks = triton.cdiv(n_rows, br)
+    P = _programs(device, tuning.bwd_programs_per_sm, n_blocks)
+    meta = dict(D=D, BD=next_pow2(D), BR=br, ACC=precision_for(dtype).acc, STAGES=tuning.bwd_stages or 1,
+                num_warps=tuning.bwd_warps)
+    return P, n_blocks, meta
+
+
+def norm_bwd(x, gate, weight, rstd, dy, tuning: NormTuning | None = None):
     """(dx, dgate, dweight)."""
     D = x.shape[-1]
     n_rows = x.numel() // D
-    prec = precision_for(x.dtype)
-    br = _rows_per_block(D, tuning.bwd_elements)
-    n_blocks = triton.cdiv(n_rows, br)
-    P = _programs(x.device, tuning.bwd_programs_per_sm, n_blocks)
+    P, n_blocks, meta = _bwd_launch(n_rows, D, x.dtype, x.device, tuning or TUNING)
     dx = torch.empty_like(x)
     dgate = torch.empty_like(gate)
-    dw_part = torch.empty(P, D, dtype=prec.acc_torch, device=x.device)
-    rms_norm_gated_bwd_kernel[(P,)](
-        x, gate, weight, rstd, dy, dx, dgate, dw_part, n_rows, n_blocks, D=D, BD=next_pow2(D), BR=br,
-        ACC=prec.acc, num_warps=tuning.bwd_warps,
-        **({} if tuning.bwd_stages is None else {"num_stages": tuning.bwd_stages}))
-    return dx, dgate, dw_part.sum(0).to(weight.dtype)
+    dw_part = torch.empty(P, D, dtype=rstd.dtype, device=x.device)
+    rms_norm_gated_bwd_kernel[(P,)](x, gate, weight, rstd, dy, dx, dgate, dw_part, n_rows, n_blocks, **meta)
+    dweight = torch.empty_like(weight)
+    sum_partials(dw_part, dweight)
+    return dx, dgate, dweight
 
 
 class RMSNormGated(torch.autograd.Function):
@@ -138,7 +167,7 @@ class RMSNormGated(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, gate, weight, rstd = ctx.saved_tensors
-        dx, dgate, dweight = norm_bwd(x, gate, weight, rstd, dy.contiguous())
+        dx, dgate, dweight = norm_bwd(x, gate, weight, rstd, dy if dy.is_contiguous() else dy.contiguous())
         return dx, dgate, dweight, None
 
 

@@ -132,3 +132,13 @@ def test_chunked_reference_equals_recurrent_reference():
                                      use_qk_l2norm=True, cu_seqlens=x["cu"])
     assert max_err(o_c, o_r) < TOL
     assert max_err(f_c, f_r) < TOL
+
+
+def test_chunk_offsets_over_more_sequences_than_one_block(device):
+    """The one-launch chunk offsets, past the kernel's block of 1024 sequences, against Python sums."""
+    lengths = [(7 * i) % 150 + 1 for i in range(1500)]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    want = [0]
+    for length in lengths:
+        want.append(want[-1] + -(-length // 64))
+    assert make_chunking(cu, cu_seqlens_cpu=cu.cpu()).chunk_offsets.tolist() == want

@@ -59,7 +59,12 @@ def test_gdn_varlen_with_initial_state_against_float64_reference(dtype, value_he
 
 
 @DTYPES
-def test_conv_varlen_forward_and_gradients_against_float64_reference(dtype):
+@pytest.mark.parametrize("preset", ["tile-scratch", "window", "window-r2"])
+def test_conv_varlen_forward_and_gradients_against_float64_reference(dtype, preset, monkeypatch):
+    import importlib
+
+    conv = importlib.import_module("patchgen.kernels.triton.causal_conv1d")
+    monkeypatch.setattr(conv, "TUNING", conv.PRESETS[preset])
     T = sum(LENGTHS)
     cu = torch.tensor([0, 300, 337, T], dtype=torch.int32, device="cuda")
     x = torch.randn(1, T, 8192, device="cuda").to(dtype).requires_grad_()
@@ -71,13 +76,18 @@ def test_conv_varlen_forward_and_gradients_against_float64_reference(dtype):
     errors = {"y": rel_err(y, y_ref)}
     errors.update({name: rel_err(a, b) for name, a, b in
                    zip(("dx", "dw"), grads([y], [x, w], [dy]), grads([y_ref], [x_ref, w_ref], [dy.double()]))})
-    print(dtype, {name: f"{err:.1e}" for name, err in errors.items()})
+    print(dtype, preset, {name: f"{err:.1e}" for name, err in errors.items()})
     assert all(err < ELEMENTWISE_BOUNDS[dtype] for err in errors.values()), errors
 
 
 @DTYPES
 @pytest.mark.parametrize("value_heads", [32, 48], ids=["4B_9B", "27B"])
-def test_gated_norm_forward_and_gradients_against_float64_reference(dtype, value_heads):
+@pytest.mark.parametrize("preset", ["default", "bwd-pipe3"])
+def test_gated_norm_forward_and_gradients_against_float64_reference(dtype, value_heads, preset, monkeypatch):
+    import importlib
+
+    norm = importlib.import_module("patchgen.kernels.triton.rms_norm_gated")
+    monkeypatch.setattr(norm, "TUNING", norm.PRESETS[preset])
     x = torch.randn(sum(LENGTHS) * value_heads, 128, device="cuda").to(dtype).requires_grad_()
     gate = torch.randn_like(x).requires_grad_()
     weight = torch.randn(128, device="cuda").to(dtype).requires_grad_()
@@ -89,5 +99,5 @@ def test_gated_norm_forward_and_gradients_against_float64_reference(dtype, value
     errors.update({name: rel_err(a, b) for name, a, b in
                    zip(("dx", "dgate", "dweight"), grads([y], [x, gate, weight], [dy]),
                        grads([y_ref], refs, [dy.double()]))})
-    print(dtype, value_heads, {name: f"{err:.1e}" for name, err in errors.items()})
+    print(dtype, value_heads, preset, {name: f"{err:.1e}" for name, err in errors.items()})
     assert all(err < ELEMENTWISE_BOUNDS[dtype] for err in errors.values()), errors

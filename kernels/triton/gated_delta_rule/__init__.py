@@ -8,11 +8,24 @@ from __future__ import annotations
 
 import torch
 
+from .._common import shape_cache_get
 from .autograd import ChunkGatedDeltaRule
 from .rounds import Rounds
 from .varlen import CHUNK, Chunking, make_chunking
 
 __all__ = ["CHUNK", "Chunking", "gated_delta_rule", "make_chunking"]
+
+
+_BATCH_CHUNKING: dict = {}
+
+
+def _batch_chunking(B: int, T: int, device: torch.device) -> Chunking:
+    """The chunk tables of B rows of T tokens, made once per (B, T, device): nothing of the caller's
+    goes into them, and the kernels only read them."""
+    def build():
+        host = torch.arange(0, (B + 1) * T, T, dtype=torch.int32)
+        return make_chunking(host.to(device), cu_seqlens_cpu=host)
+    return shape_cache_get(_BATCH_CHUNKING, (B, T, device), build)
 
 
 def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
@@ -34,9 +47,7 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output
             raise ValueError(f"with cu_seqlens the batch must be 1 (one packed row), got {B}")
         chunking = make_chunking(cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, chunk_indices=chunk_indices)
     else:
-        cu = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=q.device)
-        chunking = make_chunking(cu, cu_seqlens_cpu=cu.cpu() if q.device.type == "cpu" else
-                                 torch.arange(0, (B + 1) * T, T, dtype=torch.int32))
+        chunking = _batch_chunking(B, T, q.device)
     if initial_state is not None and initial_state.shape != (chunking.num_seqs, HV, K, V):
         raise ValueError(f"initial_state must be [{chunking.num_seqs}, {HV}, {K}, {V}], "
                          f"got {tuple(initial_state.shape)}")
