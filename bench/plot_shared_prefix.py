@@ -23,20 +23,31 @@ PLOTS = {
     "host_gpu": (
         "training step, ms",
         "Host vs GPU time of one training step (GPU-bound where host < GPU)",
-        (("packed_host_ms", "packed: host"), ("packed_gpu_ms", "packed: GPU"),
-         ("shared_host_ms", "shared: host"), ("shared_gpu_ms", "shared: GPU")),
+        (
+            ("packed_host_ms", "packed: host"),
+            ("packed_gpu_ms", "packed: GPU"),
+            ("shared_host_ms", "shared: host"),
+            ("shared_gpu_ms", "shared: GPU"),
+        ),
     ),
     "upstream": (
         "training step, ms",
         "Training step: ours vs transformers (+ liger) with the same weights",
-        (("upstream_liger_train_ms", "transformers + liger + fla"), ("upstream_train_ms", "transformers + fla"),
-         ("packed_train_ms", "ours packed"), ("shared_train_ms", "ours shared prefix")),
+        (
+            ("upstream_liger_train_ms", "transformers + liger + fla"),
+            ("upstream_train_ms", "transformers + fla"),
+            ("packed_train_ms", "ours packed"),
+            ("shared_train_ms", "ours shared prefix"),
+        ),
     ),
     "memory": (
         "peak memory, training step (GiB)",
         "Peak memory per arm",
-        (("packed_train_peak_gib", "ours packed"), ("shared_train_peak_gib", "ours shared prefix"),
-         ("upstream_liger_train_peak_gib", "transformers + liger + fla")),
+        (
+            ("packed_train_peak_gib", "ours packed"),
+            ("shared_train_peak_gib", "ours shared prefix"),
+            ("upstream_liger_train_peak_gib", "transformers + liger + fla"),
+        ),
     ),
 }
 TARGETS = {"efficiency": ((0.9, "target, P >= 2048"), (0.8, "target, P = 1024"))}
@@ -70,16 +81,24 @@ def draw(rows, name, out: Path, stem: str) -> Path | None:
     depths = by_depth(rows)
     width = 0.8 / len(series)
     longest = max(len(group) for group in depths.values())
-    fig, axes = plt.subplots(len(depths), 1, figsize=(min(18, max(7, 0.7 * longest)), 4.2 * len(depths)), squeeze=False)
+    fig, axes = plt.subplots(
+        len(depths), 1, figsize=(min(18, max(7, 0.7 * longest)), 4.2 * len(depths)), squeeze=False
+    )
     for ax, (layers, group) in zip(axes[:, 0], depths.items()):
         centre = (len(series) - 1) / 2
         for offset, (key, label) in enumerate(series):
-            ax.bar([i + (offset - centre) * width for i in range(len(group))],
-                   [value(r, key) for r in group], width, label=label)
+            ax.bar(
+                [i + (offset - centre) * width for i in range(len(group))],
+                [value(r, key) for r in group],
+                width,
+                label=label,
+            )
         for level, label in TARGETS.get(name, ()):
             ax.axhline(level, linestyle="--", linewidth=1, color="grey")
             ax.text(len(group) - 0.5, level, label, ha="right", va="bottom", fontsize=8, color="grey")
-        ax.set_xticks(list(range(len(group))), [r["shape"] for r in group], rotation=25, ha="right", fontsize=8)
+        ax.set_xticks(
+            list(range(len(group))), [r["shape"] for r in group], rotation=25, ha="right", fontsize=8
+        )
         ax.set_ylabel(ylabel)
         ax.set_title(f"{title} ({layers} layers)")
         ax.legend(fontsize=8)

@@ -54,7 +54,9 @@ def config_for(widths: dict, layers: int):
     from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
 
     if layers < 4 or layers % 4:
-        raise SystemExit(f"--layers: {layers} is not a multiple of 4 (the pattern is 3 linear + 1 full); give 4, 8, 32, ...")
+        raise SystemExit(
+            f"--layers: {layers} is not a multiple of 4 (the pattern is 3 linear + 1 full); give 4, 8, 32, ..."
+        )
     config = Qwen3_5TextConfig(
         num_hidden_layers=layers,
         layer_types=(["linear_attention"] * 3 + ["full_attention"]) * (layers // 4),
@@ -106,7 +108,9 @@ def train_step(model, ids, cu, max_len):
 def logprob_pass(model, ids, cu, max_len):
     """Per-token log-probs under `no_grad` (the old-policy / reference pass of RL)."""
     with torch.no_grad():
-        return model(input_ids=ids, return_log_probs=True, return_logits=False, **packed_kwargs(cu, max_len)).log_probs
+        return model(
+            input_ids=ids, return_log_probs=True, return_logits=False, **packed_kwargs(cu, max_len)
+        ).log_probs
 
 
 def upstream_train_step(model, ids, cu, max_len):
@@ -152,7 +156,11 @@ def baseline_model(arm: str, state: dict, widths: dict, layers: int, device, dty
     """
     upstream = _upstream_module()
     originals = {name: getattr(upstream, name) for name in ("Qwen3_5RMSNorm", "Qwen3_5MLP")}
-    foreign = [f"{n} from {c.__module__}" for n, c in originals.items() if not c.__module__.startswith("transformers.")]
+    foreign = [
+        f"{n} from {c.__module__}"
+        for n, c in originals.items()
+        if not c.__module__.startswith("transformers.")
+    ]
     if foreign:
         raise BaselineUnavailable(
             f"transformers' Qwen3.5 module holds patched classes ({', '.join(foreign)}): the {arm} arm would not be "
@@ -191,7 +199,11 @@ def liger_apply():
 
 def liger_modules(twin) -> dict[str, tuple[int, int]]:
     """(patched, total) per kind of module liger replaces: RMSNorms, MLPs, and the LM head's forward."""
-    norms = [m for name, m in twin.named_modules() if name.endswith(("layernorm", "q_norm", "k_norm", "model.norm"))]
+    norms = [
+        m
+        for name, m in twin.named_modules()
+        if name.endswith(("layernorm", "q_norm", "k_norm", "model.norm"))
+    ]
     mlps = [layer.mlp for layer in twin.model.layers]
     forward = getattr(twin.forward, "__func__", twin.forward)
     return {
@@ -203,7 +215,9 @@ def liger_modules(twin) -> dict[str, tuple[int, int]]:
 
 def check_liger_patched(twin):
     """Refuse an upstream_liger twin that liger left (partly) unpatched: it would be timed as liger while it is not."""
-    missing = {kind: f"{done}/{total}" for kind, (done, total) in liger_modules(twin).items() if done != total}
+    missing = {
+        kind: f"{done}/{total}" for kind, (done, total) in liger_modules(twin).items() if done != total
+    }
     if missing:
         raise BaselineUnavailable(
             f"apply_liger_kernel_to_qwen3_5 left modules unpatched ({missing}): check the liger-kernel version (0.8.5 expected)"
@@ -213,8 +227,12 @@ def check_liger_patched(twin):
 def describe_baseline(twin) -> str:
     fla = importlib.util.find_spec("fla") is not None
     conv = "causal-conv1d" if importlib.util.find_spec("causal_conv1d") else "transformers' PyTorch fallback"
-    text = f"attention {twin.config._attn_implementation}, GDN {'fla' if fla else 'torch (no fla)'}, conv {conv}"
+    text = (
+        f"attention {twin.config._attn_implementation}, GDN {'fla' if fla else 'torch (no fla)'}, conv {conv}"
+    )
     forward = getattr(twin.forward, "__func__", twin.forward)
     if forward.__module__.startswith("liger_kernel."):
-        text += ", liger " + ", ".join(f"{kind} {done}/{total}" for kind, (done, total) in liger_modules(twin).items())
+        text += ", liger " + ", ".join(
+            f"{kind} {done}/{total}" for kind, (done, total) in liger_modules(twin).items()
+        )
     return text

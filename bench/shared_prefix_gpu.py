@@ -22,6 +22,7 @@ as `shared_prefix_<device><tag>.md` under --out.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from pathlib import Path
 
@@ -33,10 +34,10 @@ from shared_prefix_arms import (  # noqa: F401 - re-exported for the other bench
     TINY,
     WIDTHS,
     baseline_model,
-    liger_apply,
     boundary_labels,
     checkpointed,
     config_for,
+    liger_apply,
     logprob_pass,
     our_model,
     packed_kwargs,
@@ -47,12 +48,12 @@ from shared_prefix_shapes import (  # noqa: F401 - re-exported for the other ben
     CONTROLS,
     GRID,
     TINY_SHAPES,
-    tiny_shapes,
     Shape,
     batch,
     correctness_shapes,
     parse_shapes,
     shape_batch,
+    tiny_shapes,
     tree_settings,
 )
 from shared_prefix_timing import (  # noqa: F401 - re-exported for the other bench scripts
@@ -67,6 +68,10 @@ from shared_prefix_timing import (  # noqa: F401 - re-exported for the other ben
 )
 
 OURS = ("packed", "shared")
+
+
+def _get(row, key):
+    return row.get(key, float("nan"))
 
 
 def set_tree(model, shape):
@@ -100,7 +105,7 @@ def run_arm(model, arm, row, inputs, args, device, timer, cost_us):
             for _ in range(args.warmup):
                 fn(model, *inputs)
             if kind == "train" and arm in args.host_split:
-                cut, _ = split_step(lambda: fn(model, *inputs), device, cost_us)
+                cut, _ = split_step(lambda step=fn: step(model, *inputs), device, cost_us)
                 for field in ("host_ms", "gpu_ms", "wait_ms", "profiler_ms", "kernels"):
                     row[f"{arm}_{field}"] = getattr(cut, field)
                 row[f"{arm}_profiled_wall_ms"] = cut.wall_ms
@@ -112,11 +117,15 @@ def run_arm(model, arm, row, inputs, args, device, timer, cost_us):
             model.zero_grad(set_to_none=True)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-            row[f"{key}_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}"
+            row[f"{key}_error"] = (
+                f"{type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}"
+            )
             print(f"  {arm} {kind} failed: {row[f'{key}_error']}", flush=True)
             m = None
         nan = float("nan")
-        row[f"{key}_ms"], row[f"{key}_min"], row[f"{key}_max"] = (m.median, m.low, m.high) if m else (nan,) * 3
+        row[f"{key}_ms"], row[f"{key}_min"], row[f"{key}_max"] = (
+            (m.median, m.low, m.high) if m else (nan,) * 3
+        )
         row[f"{key}_peak_gib"], row[f"{key}_step_gib"] = (m.peak_gib, m.step_gib) if m else (nan, nan)
         row[f"{key}_repeats"] = m.count if m else 0
     if flag is not None:
@@ -142,8 +151,12 @@ def shape_row(shape, layers, vocab, device):
     plan = build_plan(ids, cu, **tree_settings(shape))
     compact = plan.compact_length if plan is not None else ids.shape[1]
     row = {
-        "layers": layers, "shape": shape[0], "T": ids.shape[1], "C": compact,
-        "bound": ids.shape[1] / compact, "levels": plan.depth if plan is not None else 0,
+        "layers": layers,
+        "shape": shape[0],
+        "T": ids.shape[1],
+        "C": compact,
+        "bound": ids.shape[1] / compact,
+        "levels": plan.depth if plan is not None else 0,
     }
     return row, (ids, cu, max_len)
 
@@ -158,7 +171,7 @@ def speed(model, shapes, rows, args, device, timer, vocab, cost_us, save):
         row["plan_ms"] = plan_build_ms(inputs[0], inputs[1], device, **tree_settings(shape))
         ratios(row)
         save()
-        get = lambda key: row.get(key, float("nan"))  # noqa: E731
+        get = functools.partial(_get, row)
         print(
             f"[{row['layers']}L] {row['shape']}: T={row['T']} C={row['C']} bound={row['bound']:.2f} train "
             f"{get('packed_train_ms'):.0f} -> {get('shared_train_ms'):.0f} ms (eff {get('efficiency_train'):.2f}), "
@@ -178,7 +191,7 @@ def baseline_speed(twin, arm, shapes, rows, args, device, timer, vocab, cost_us,
         run_arm(twin, arm, row, inputs, args, device, timer, cost_us)
         ratios(row)
         save()
-        get = lambda key: row.get(key, float("nan"))  # noqa: E731
+        get = functools.partial(_get, row)
         print(
             f"[{row['layers']}L] {row['shape']}: {arm} train {get(f'{arm}_train_ms'):.0f} ms (ours packed "
             f"{get(f'packed_vs_{arm}_train'):.2f}x faster), peak "
@@ -272,7 +285,9 @@ def names(text: str, allowed, flag: str) -> list[str]:
     chosen = [item for item in text.split(",") if item]
     unknown = [item for item in chosen if item not in allowed]
     if unknown:
-        raise SystemExit(f"{flag}: unknown {', '.join(unknown)}; choose from {', '.join(allowed)} (comma-separated, '' for none)")
+        raise SystemExit(
+            f"{flag}: unknown {', '.join(unknown)}; choose from {', '.join(allowed)} (comma-separated, '' for none)"
+        )
     return chosen
 
 
@@ -294,30 +309,39 @@ def parse_args(argv):
         help="comma-separated n x P x R, 'split', 'system', 'system-tree', 'agentic', 'agentic-flat', "
         "'agentic-4', or 'grid' (all of them)",
     )
-    parser.add_argument("--layers", default="8,32", help="depths, comma-separated (one model each, one process)")
+    parser.add_argument(
+        "--layers", default="8,32", help="depths, comma-separated (one model each, one process)"
+    )
     parser.add_argument("--warmup", type=int, default=1, help="untimed calls per arm, kind and shape")
     parser.add_argument("--repeats", type=int, default=4, help="most timed calls of our arms")
     parser.add_argument("--min-repeats", type=int, default=2, help="fewest timed calls of our arms")
     parser.add_argument(
-        "--repeat-ms", type=float, default=1000.0,
+        "--repeat-ms",
+        type=float,
+        default=1000.0,
         help="stop timing a measurement once this many ms are timed and the fewest calls are made",
     )
     parser.add_argument("--upstream-repeats", type=int, default=1, help="most timed calls of a baseline")
     parser.add_argument(
-        "--baselines", default=None,
+        "--baselines",
+        default=None,
         help=f"comma-separated baselines of {', '.join(BASELINES)} ('' for none; default upstream_liger, none with "
         "--tiny: upstream's PyTorch GDN refuses packed rows and liger needs a GPU)",
     )
     parser.add_argument(
-        "--baseline-logprob", action="store_true",
+        "--baseline-logprob",
+        action="store_true",
         help="also time the baselines' log-prob pass (full logits, then log-softmax; off: the budget goes to the grid)",
     )
     parser.add_argument("--no-upstream", action="store_true", help="no baselines (same as --baselines '')")
     parser.add_argument(
-        "--upstream-only", action="store_true", help="only the baselines (another GPU runs ours; the CSVs merge by shape)"
+        "--upstream-only",
+        action="store_true",
+        help="only the baselines (another GPU runs ours; the CSVs merge by shape)",
     )
     parser.add_argument(
-        "--host-split", default="packed,shared",
+        "--host-split",
+        default="packed,shared",
         help="arms whose training step is split into host and GPU time (one profiled call per shape; '' for none)",
     )
     parser.add_argument(
@@ -326,8 +350,12 @@ def parse_args(argv):
         help="comma-separated n x P x R x unrelated length cases and control shapes (system-tree); '' skips",
     )
     parser.add_argument("--out", default="bench/results")
-    parser.add_argument("--tag", default="", help="suffix of the output names (runs split over GPUs or calls)")
-    parser.add_argument("--tiny", action="store_true", help="tiny widths and shapes on the CPU, float32 (script test)")
+    parser.add_argument(
+        "--tag", default="", help="suffix of the output names (runs split over GPUs or calls)"
+    )
+    parser.add_argument(
+        "--tiny", action="store_true", help="tiny widths and shapes on the CPU, float32 (script test)"
+    )
     args = parser.parse_args(argv)
     if args.baselines is None:
         args.baselines = "" if args.tiny else "upstream_liger"
@@ -335,7 +363,9 @@ def parse_args(argv):
     args.host_split = names(args.host_split, tuple(ARMS), "--host-split")
     args.layers = depths(args.layers)
     if args.upstream_only and not args.baselines:
-        raise SystemExit("--upstream-only with no baselines measures nothing; drop --no-upstream or give --baselines")
+        raise SystemExit(
+            "--upstream-only with no baselines measures nothing; drop --no-upstream or give --baselines"
+        )
     return args
 
 
@@ -349,7 +379,9 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     label = ("cpu-tiny" if args.tiny else torch.cuda.get_device_name().replace(" ", "_")) + args.tag
     path, checks_path, table_path = (
-        out / f"shared_prefix_{label}.csv", out / f"correctness_{label}.csv", out / f"shared_prefix_{label}.md"
+        out / f"shared_prefix_{label}.csv",
+        out / f"correctness_{label}.csv",
+        out / f"shared_prefix_{label}.md",
     )
     if "upstream_liger" in args.baselines:
         liger_apply()  # a missing liger fails here, before anything is measured
@@ -357,6 +389,10 @@ def main(argv=None):
     cost_us = profiler_cost_us(device) if args.host_split else float("nan")
     print(f"profiler cost per host event: {cost_us:.2f} us", flush=True)
     rows, checks, began = [], [], time.perf_counter()
+
+    def save():
+        write(rows, path)
+
     for layers in args.layers:
         depth_began = time.perf_counter()
         model = our_model(widths, layers, device, dtype)
@@ -372,7 +408,6 @@ def main(argv=None):
         for row in depth_rows:
             row["profiler_cost_us"] = cost_us
         rows += depth_rows
-        save = lambda: write(rows, path)  # noqa: E731
         if not args.upstream_only:
             speed(model, shapes, depth_rows, args, device, timer, vocab, cost_us, save)
         if args.baselines:
@@ -394,7 +429,11 @@ def main(argv=None):
     report = table(rows, args.baselines)
     table_path.write_text(report + "\n")
     print(report)
-    print(f"wrote {path}, {table_path}" + (f", {checks_path}" if checks else "") + f" in {time.perf_counter() - began:.0f} s")
+    print(
+        f"wrote {path}, {table_path}"
+        + (f", {checks_path}" if checks else "")
+        + f" in {time.perf_counter() - began:.0f} s"
+    )
 
 
 if __name__ == "__main__":

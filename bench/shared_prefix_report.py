@@ -28,7 +28,9 @@ def ratios(row):
 def write(rows, path: Path):
     if not rows:
         return
-    fields = list(dict.fromkeys(key for row in rows for key in row))  # first-seen order; error columns are rare
+    fields = list(
+        dict.fromkeys(key for row in rows for key in row)
+    )  # first-seen order; error columns are rare
     with path.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=fields)
         writer.writeheader()
@@ -46,15 +48,32 @@ def _num(row, key, fmt="{:.0f}"):
 def table(rows, baselines=BASELINE_ARMS) -> str:
     """Markdown: one line per shape, the columns the issue's targets read."""
     present = [b for b in baselines if any(f"{b}_train_ms" in r for r in rows)]
-    head = ["shape", "layers", "T", "C", "bound", "packed ms", "shared ms", "eff train / logprob",
-            "host / GPU ms packed", "host / GPU ms shared", "peak GiB packed → shared", "loss, log-probs bit-equal"]
+    head = [
+        "shape",
+        "layers",
+        "T",
+        "C",
+        "bound",
+        "packed ms",
+        "shared ms",
+        "eff train / logprob",
+        "host / GPU ms packed",
+        "host / GPU ms shared",
+        "peak GiB packed → shared",
+        "loss, log-probs bit-equal",
+    ]
     for base in present:
         head += [f"{base} ms", f"ours packed vs {base}"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [
-            str(r["shape"]), str(r.get("layers", "")), str(r["T"]), str(r["C"]), f"{float(r['bound']):.2f}",
-            _num(r, "packed_train_ms"), _num(r, "shared_train_ms"),
+            str(r["shape"]),
+            str(r.get("layers", "")),
+            str(r["T"]),
+            str(r["C"]),
+            f"{float(r['bound']):.2f}",
+            _num(r, "packed_train_ms"),
+            _num(r, "shared_train_ms"),
             f"{_num(r, 'efficiency_train', '{:.2f}')} / {_num(r, 'efficiency_logprob', '{:.2f}')}",
             f"{_num(r, 'packed_host_ms')} / {_num(r, 'packed_gpu_ms')}",
             f"{_num(r, 'shared_host_ms')} / {_num(r, 'shared_gpu_ms')}",

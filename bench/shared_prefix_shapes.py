@@ -34,7 +34,9 @@ class Shape(tuple):
 TINY_SHAPES = {  # `--tiny --shapes` names (default: all)
     "n4": Shape("tiny n=4 P=192 R=32", [(4, 192, 32)], [40]),
     "system": Shape("tiny system", [(2, 96, 16)] * 2, [], 80, depth=1),
-    "system-tree": Shape("tiny system tree", [(2, 128, 4)] * 2, [], 64, level_cost=0),  # C = 64 + 2 * 64 + 4 * 4
+    "system-tree": Shape(
+        "tiny system tree", [(2, 128, 4)] * 2, [], 64, level_cost=0
+    ),  # C = 64 + 2 * 64 + 4 * 4
     "agentic": Shape("tiny agentic", [(4, 64, 4)], [], turns=(64,), level_cost=0),
 }
 
@@ -45,7 +47,9 @@ def tiny_shapes(text: str):
         return list(TINY_SHAPES.values())
     unknown = [item for item in text.split(",") if item not in TINY_SHAPES]
     if unknown:
-        raise SystemExit(f"--tiny --shapes: unknown {', '.join(unknown)}; choose from {', '.join(TINY_SHAPES)} or 'grid'")
+        raise SystemExit(
+            f"--tiny --shapes: unknown {', '.join(unknown)}; choose from {', '.join(TINY_SHAPES)} or 'grid'"
+        )
     return [TINY_SHAPES[item] for item in text.split(",")]
 
 
@@ -53,8 +57,14 @@ def shape_batch(shape, vocab: int, device, seed: int = 0):
     """`batch` of a `Shape` (or of a plain 4-tuple)."""
     _, groups, singles, system = shape
     return batch(
-        groups, singles, vocab, device, seed=seed, system=system,
-        turns=getattr(shape, "turns", ()), fan=getattr(shape, "fan", 2),
+        groups,
+        singles,
+        vocab,
+        device,
+        seed=seed,
+        system=system,
+        turns=getattr(shape, "turns", ()),
+        fan=getattr(shape, "fan", 2),
     )
 
 
@@ -93,8 +103,16 @@ def batch(
         if turns:
             level = [prompt]
             for length in turns:
-                level = [torch.cat([s, torch.randint(0, vocab, (length,), generator=gen)]) for s in level for _ in range(fan)]
-            seqs += [torch.cat([s, torch.randint(0, vocab, (r,), generator=gen)]) for s in level for _ in range(fan)]
+                level = [
+                    torch.cat([s, torch.randint(0, vocab, (length,), generator=gen)])
+                    for s in level
+                    for _ in range(fan)
+                ]
+            seqs += [
+                torch.cat([s, torch.randint(0, vocab, (r,), generator=gen)])
+                for s in level
+                for _ in range(fan)
+            ]
             continue
         seqs += [torch.cat([prompt, torch.randint(0, vocab, (r,), generator=gen)]) for _ in range(n)]
     seqs += [torch.randint(0, vocab, (s,), generator=gen) for s in singles]

@@ -108,8 +108,14 @@ def measure(model, fn, args, timer, repeats: Repeats, device) -> Measurement:
     peak = torch.cuda.max_memory_allocated() if cuda else float("nan")
     model.zero_grad(set_to_none=True)
     return Measurement(
-        statistics.median(times), min(times), max(times), peak / GIB,
-        (peak - resident) / GIB if cuda else float("nan"), len(times), syncs[0], result,
+        statistics.median(times),
+        min(times),
+        max(times),
+        peak / GIB,
+        (peak - resident) / GIB if cuda else float("nan"),
+        len(times),
+        syncs[0],
+        result,
     )
 
 
@@ -218,7 +224,11 @@ def split(events: list[Event], wall_ms: float, cost_us: float, cuda: bool) -> Sp
             usual = statistics.median(durations)
             wait_ns += sum(max(0, d - usual) for d in durations)
     profiler_ms = cost_us * len(host) / 1e3
-    kernels = sum(1 for e in device if (e.kind == "kernel") or (not e.kind and not e.name.startswith(("Memcpy", "Memset"))))
+    kernels = sum(
+        1
+        for e in device
+        if (e.kind == "kernel") or (not e.kind and not e.name.startswith(("Memcpy", "Memset")))
+    )
     return Split(
         host_ms=max(0.0, wall_ms - wait_ns / 1e6 - profiler_ms),
         gpu_ms=busy_ms([(e.start_ns, e.start_ns + e.duration_ns) for e in device]) if cuda else float("nan"),
@@ -239,7 +249,9 @@ def _events_of(prof) -> list[Event]:
         kind = e.activity_type() if hasattr(e, "activity_type") else ""
         if hasattr(e, "is_user_annotation") and e.is_user_annotation():
             kind = "user_annotation"
-        records.append(Event(e.name(), e.device_type() == DeviceType.CPU, e.start_ns(), e.duration_ns(), str(kind)))
+        records.append(
+            Event(e.name(), e.device_type() == DeviceType.CPU, e.start_ns(), e.duration_ns(), str(kind))
+        )
     return records
 
 
