@@ -18,6 +18,7 @@ from shared_prefix_report import ratios, write
 from shared_prefix_shapes import CONTROLS, GRID, parse_shapes
 
 DERIVED = ("speedup_", "efficiency_", "packed_vs_", "memory_ratio_", "step_memory_ratio_")
+DERIVED_SUFFIXES = ("_gpu_busy",)
 
 
 def number(text: str):
@@ -38,7 +39,7 @@ def merge(paths: list[Path], layers: int = 8) -> list[dict]:
                     merged[key] = number(value)
     for row in rows.values():
         row["T"], row["C"] = int(row["T"]), int(row["C"])
-        for key in [k for k in row if k.startswith(DERIVED)]:
+        for key in [k for k in row if k.startswith(DERIVED) or k.endswith(DERIVED_SUFFIXES)]:
             del row[key]
         ratios(row)
     order = [name for name, *_ in parse_shapes(",".join(GRID + CONTROLS))]

@@ -22,7 +22,7 @@ PLOTS = {
     ),
     "host_gpu": (
         "training step, ms",
-        "Host vs GPU time of one training step (GPU-bound where host < GPU)",
+        "Training step: host vs GPU ms (GPU-bound: host < GPU)",
         (
             ("packed_host_ms", "packed: host"),
             ("packed_gpu_ms", "packed: GPU"),
@@ -32,7 +32,7 @@ PLOTS = {
     ),
     "upstream": (
         "training step, ms",
-        "Training step: ours vs transformers (+ liger) with the same weights",
+        "Training step: ours vs transformers (+ liger), same weights",
         (
             ("upstream_liger_train_ms", "transformers + liger + fla"),
             ("upstream_train_ms", "transformers + fla"),
@@ -100,7 +100,7 @@ def draw(rows, name, out: Path, stem: str) -> Path | None:
             list(range(len(group))), [r["shape"] for r in group], rotation=25, ha="right", fontsize=8
         )
         ax.set_ylabel(ylabel)
-        ax.set_title(f"{title} ({layers} layers)")
+        ax.set_title(f"{title}, {layers} layers" if layers != "?" else title)
         ax.legend(fontsize=8)
     fig.tight_layout()
     path = out / f"{stem}_{name}.png"

@@ -20,6 +20,10 @@ def ratios(row):
         for base in BASELINE_ARMS:
             if f"{base}_{kind}_ms" in row:
                 row[f"packed_vs_{base}_{kind}"] = row[f"{base}_{kind}_ms"] / row[f"packed_{kind}_ms"]
+    for arm in ("packed", "shared", *BASELINE_ARMS):
+        if f"{arm}_gpu_ms" in row and f"{arm}_train_ms" in row:
+            # of the timed step's wall, the share the GPU was busy (1 - this: idle, waiting for the host)
+            row[f"{arm}_gpu_busy"] = row[f"{arm}_gpu_ms"] / row[f"{arm}_train_ms"]
     if "shared_train_peak_gib" in row and "packed_train_peak_gib" in row:
         row["memory_ratio_train"] = row["shared_train_peak_gib"] / row["packed_train_peak_gib"]
         row["step_memory_ratio_train"] = row["shared_train_step_gib"] / row["packed_train_step_gib"]
