@@ -169,9 +169,12 @@ def speed(model, shapes, rows, args, device, timer, vocab, cost_us, save):
         set_tree(model, shape)
         outputs = {arm: run_arm(model, arm, row, inputs, args, device, timer, cost_us) for arm in OURS}
         bit_equal(row, outputs)
-        for arm in OURS:  # the device cannot be busy longer than the step took: else the split misread the trace
+        # The device cannot be busy longer than the step took: else the split misread the trace.
+        for arm in OURS:
             if row.get(f"{arm}_gpu_ms", 0) > 1.05 * row.get(f"{arm}_train_ms", float("inf")):
-                print(f"  warning: {arm} GPU ms {row[f'{arm}_gpu_ms']:.0f} > its step {row[f'{arm}_train_ms']:.0f} ms")
+                print(
+                    f"  warning: {arm} GPU ms {row[f'{arm}_gpu_ms']:.0f} > its step {row[f'{arm}_train_ms']:.0f} ms"
+                )
         row["plan_ms"] = plan_build_ms(inputs[0], inputs[1], device, **tree_settings(shape))
         ratios(row)
         save()
