@@ -1,8 +1,11 @@
-"""PNG plots of a `bench/shared_prefix_gpu.py` CSV: speed-up against the bound, peak memory per arm.
+"""PNG plots of a `bench/shared_prefix_gpu.py` CSV, one panel per depth (layers).
 
     python bench/plot_shared_prefix.py docs/bench/shared_prefix_NVIDIA_H200.csv --out docs/bench
 
-Needs matplotlib (`pip install -e '.[bench]'`).
+`_efficiency`: training-step and log-prob efficiency (speed-up over packed / bound T/C) per shape,
+with the issue's targets; `_host_gpu`: host vs GPU ms of the training step, packed and shared;
+`_upstream`: training step of the baselines (transformers + liger + fla, transformers + fla) vs ours;
+`_memory`: peak memory per arm. Needs matplotlib (`pip install -e '.[bench]'`).
 """
 
 from __future__ import annotations
@@ -11,46 +14,114 @@ import argparse
 import csv
 from pathlib import Path
 
+PLOTS = {
+    "efficiency": (
+        "efficiency (speed-up / bound T/C)",
+        "Shared prefix: efficiency against its bound",
+        (("efficiency_train", "training step"), ("efficiency_logprob", "log-prob pass")),
+    ),
+    "host_gpu": (
+        "training step, ms",
+        "Training step: host vs GPU ms (GPU-bound: host < GPU)",
+        (
+            ("packed_host_ms", "packed: host"),
+            ("packed_gpu_ms", "packed: GPU"),
+            ("shared_host_ms", "shared: host"),
+            ("shared_gpu_ms", "shared: GPU"),
+        ),
+    ),
+    "upstream": (
+        "training step, ms",
+        "Training step: ours vs transformers (+ liger), same weights",
+        (
+            ("upstream_liger_train_ms", "transformers + liger + fla"),
+            ("upstream_train_ms", "transformers + fla"),
+            ("packed_train_ms", "ours packed"),
+            ("shared_train_ms", "ours shared prefix"),
+        ),
+    ),
+    "memory": (
+        "peak memory, training step (GiB)",
+        "Peak memory per arm",
+        (
+            ("packed_train_peak_gib", "ours packed"),
+            ("shared_train_peak_gib", "ours shared prefix"),
+            ("upstream_liger_train_peak_gib", "transformers + liger + fla"),
+        ),
+    ),
+}
+TARGETS = {"efficiency": ((0.9, "target, P >= 2048"), (0.8, "target, P = 1024"))}
+
+
+def value(row, key) -> float:
+    try:
+        return float(row.get(key) or "nan")
+    except ValueError:
+        return float("nan")
+
+
+def by_depth(rows) -> dict[str, list[dict]]:
+    """Rows per depth, in the CSV's order (a CSV from before the `layers` column is one depth)."""
+    depths: dict[str, list[dict]] = {}
+    for row in rows:
+        depths.setdefault(row.get("layers") or "?", []).append(row)
+    return depths
+
+
+def draw(rows, name, out: Path, stem: str) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ylabel, title, series = PLOTS[name]
+    series = [(key, label) for key, label in series if any(key in row and row[key] != "" for row in rows)]
+    if not series:
+        return None
+    depths = by_depth(rows)
+    width = 0.8 / len(series)
+    longest = max(len(group) for group in depths.values())
+    fig, axes = plt.subplots(
+        len(depths), 1, figsize=(min(18, max(7, 0.7 * longest)), 4.2 * len(depths)), squeeze=False
+    )
+    for ax, (layers, group) in zip(axes[:, 0], depths.items()):
+        centre = (len(series) - 1) / 2
+        for offset, (key, label) in enumerate(series):
+            ax.bar(
+                [i + (offset - centre) * width for i in range(len(group))],
+                [value(r, key) for r in group],
+                width,
+                label=label,
+            )
+        for level, label in TARGETS.get(name, ()):
+            ax.axhline(level, linestyle="--", linewidth=1, color="grey")
+            ax.text(len(group) - 0.5, level, label, ha="right", va="bottom", fontsize=8, color="grey")
+        ax.set_xticks(
+            list(range(len(group))), [r["shape"] for r in group], rotation=25, ha="right", fontsize=8
+        )
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{title}, {layers} layers" if layers != "?" else title)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / f"{stem}_{name}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("csv", type=Path)
     parser.add_argument("--out", type=Path, default=None, help="folder for the PNGs (default: the CSV's)")
     args = parser.parse_args(argv)
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = list(csv.DictReader(args.csv.open()))
+    if not rows:
+        raise SystemExit(f"{args.csv} has no rows: run bench/shared_prefix_gpu.py first")
     out = args.out or args.csv.parent
     out.mkdir(parents=True, exist_ok=True)
-    plots = {
-        "speedup": ("speed-up over packed (x)", "Shared-prefix speed-up against its bound",
-                    (("bound", "bound T / C"), ("speedup_train", "training step"), ("speedup_logprob", "log-prob pass"))),
-        "memory": ("peak memory, training step (GiB)", "Peak memory per arm",
-                   (("packed_train_peak_gib", "packed"), ("shared_train_peak_gib", "shared prefix"),
-                    ("upstream_train_peak_gib", "upstream packed (missing: OOM)"))),
-        "upstream": ("training step (ms)", "Training step: ours (packed, shared prefix) vs upstream transformers",
-                     (("upstream_train_ms", "upstream packed (missing: OOM)"), ("packed_train_ms", "ours packed"),
-                      ("shared_train_ms", "ours shared prefix"))),
-    }
-    width = 0.27
-    for name, (ylabel, title, series) in plots.items():
-        fig, ax = plt.subplots(figsize=(min(16, max(6, 0.8 * len(rows))), 4.5))
-        series = [(key, label) for key, label in series if key in rows[0]]
-        centre = (len(series) - 1) / 2
-        for offset, (key, label) in enumerate(series):
-            ax.bar([i + (offset - centre) * width for i in range(len(rows))],
-                   [float(r[key] or "nan") for r in rows], width, label=label)
-        ax.set_xticks(list(range(len(rows))), [row["shape"] for row in rows], rotation=20, ha="right")
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / f"{args.csv.stem}_{name}.png", dpi=120)
-    print("wrote " + ", ".join(str(out / f"{args.csv.stem}_{name}.png") for name in plots))
+    written = [path for name in PLOTS if (path := draw(rows, name, out, args.csv.stem))]
+    print("wrote " + ", ".join(str(p) for p in written))
+    return written
 
 
 if __name__ == "__main__":

@@ -15,17 +15,9 @@ import importlib
 import time
 
 import torch
-from shared_prefix_gpu import (
-    MODULE,
-    WIDTHS,
-    checkpointed,
-    config_for,
-    count_syncs,
-    parse_shapes,
-    shape_batch,
-    train_step,
-    tree_settings,
-)
+from shared_prefix_arms import MODULE, WIDTHS, checkpointed, config_for, train_step
+from shared_prefix_shapes import parse_shapes, shape_batch, tree_settings
+from shared_prefix_timing import count_syncs
 from torch.profiler import ProfilerActivity, profile
 
 

@@ -25,16 +25,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from shared_prefix_gpu import (
-    MODULE,
-    TINY,
-    WIDTHS,
-    batch,
-    boundary_labels,
-    checkpointed,
-    config_for,
-    packed_kwargs,
-)
+from shared_prefix_arms import MODULE, TINY, WIDTHS, boundary_labels, checkpointed, config_for, packed_kwargs
+from shared_prefix_shapes import batch
 
 
 def step(model, ids, cu, max_len, n_items=None):
