@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from fla.modules.causal_conv1d import causal_conv1d as _fla_causal_conv1d
 from fla.modules.norm.fused_norm_gate import rms_norm_gated as _fla_rms_norm_gated
 from fla.modules.norm.l2norm import l2norm_bwd as _fla_l2norm_bwd
@@ -66,13 +67,21 @@ class _Rounds:
         return _fla_l2norm_bwd(y, rstd, dy).to(dtype)
 
     def forward(self, q, k, v, g, beta, scale, h0, rnd):
+        with torch.cuda.device(q.device):  # fla launches on the current device, as its own guard ensures
+            return self._forward(q, k, v, g, beta, scale, h0, rnd)
+
+    def backward(self, q, k, v, g, beta, scale, h0, saved, do, dht, rnd):
+        with torch.cuda.device(q.device):
+            return self._backward(q, k, v, g, beta, scale, h0, saved, do, dht, rnd)
+
+    def _forward(self, q, k, v, g, beta, scale, h0, rnd):
         g_cum, o, A, final, _, _ = _fla_gdn_fwd(
             q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=h0,
             output_final_state=rnd.export_state, cu_seqlens=rnd.cu_seqlens, chunk_indices=rnd.chunk_indices,
         )
         return o.to(v.dtype), final, (g_cum, A)
 
-    def backward(self, q, k, v, g, beta, scale, h0, saved, do, dht, rnd):
+    def _backward(self, q, k, v, g, beta, scale, h0, saved, do, dht, rnd):
         g_cum, A = saved
         dq, dk, dv, db, dg, dh0, _, _ = _fla_gdn_bwd(
             q=q, k=k, v=v, g=g_cum, beta=beta, A=A, scale=scale, initial_state=h0, do=do, dht=dht,
