@@ -1,7 +1,7 @@
 """`build_plan`: everything shared-prefix execution needs for one micro-batch, built once.
 
 One device-to-host copy (boundaries, token ids, positions together), the grouping and every
-index array on the host, one host-to-device copy per index dtype. The mixers afterwards only
+index array on the host, one host-to-device copy for all of them (typed views into one buffer). The mixers afterwards only
 index_select, cat and call their backend: no host sync, no shape that depends on device data.
 """
 
@@ -17,7 +17,7 @@ from .attention import AttentionIndex, attention_host_index, attention_index
 from .conv import ConvIndex, conv_host_index, conv_index
 from .gdn import CHUNK, GDNIndex, gdn_host_index, gdn_index
 from .grouping import Group
-from .layout import Layout, boundaries, build_layout
+from .layout import Layout, build_layout, ranges
 from .lm_rows import LMIndex, LMRows, lm_host_index, lm_index, lm_rows
 from .positions import host_positions
 from .tree import Node, find_tree
@@ -134,8 +134,7 @@ def build_plan(
     cu, ids, pos = _to_host(cu_seqlens, input_ids, pos_rows)
     if cu[0] != 0 or cu[-1] != length or any(a > b for a, b in itertools.pairwise(cu)):
         raise ValueError(f"cu_seqlens must rise from 0 to T={length}, got {cu[:4]}...{cu[-2:]}")
-    per_sequence = host_positions(cu)
-    if pos is not None and np.array_equal(pos, np.broadcast_to(per_sequence, pos.shape)):
+    if pos is not None and np.array_equal(pos, np.broadcast_to(host_positions(cu), pos.shape)):
         pos = None  # per-sequence positions (text-only M-RoPE too) agree wherever offsets agree
     nodes = find_tree(
         ids,
@@ -150,32 +149,36 @@ def build_plan(
         return None
 
     layout = build_layout(nodes, cu)
-    host = {
-        "plan": {
-            "compact_src": layout.compact_src,
-            "expand_index": layout.expand_index,
-            "cu_seqlens": boundaries(_block_lengths(layout)).astype(np.int32),
-        },
-        "gdn": gdn_host_index(layout),
-        "conv": conv_host_index(layout, conv_kernel_size),
-        "attention": attention_host_index(layout),
-        "lm": lm_host_index(layout),
-    }
     # built on the host, where the rows already are: cheaper than a strided index_select
     shape = (
         (1, layout.compact_length)
         if position_ids is None
         else (*position_ids.shape[:-1], layout.compact_length)
     )
-    if pos is None:
-        compact_positions = np.broadcast_to(per_sequence[layout.compact_src], shape)
+    if pos is None:  # per-sequence positions: a compact row's position is its offset in its sequence
+        compact_positions = np.broadcast_to(ranges(layout.offset, layout.length), shape)
     else:
         compact_positions = pos[:, layout.compact_src].reshape(shape)
-    host["plan"]["positions"] = np.array(compact_positions, dtype=np.int64)  # a writable copy
+    wanted = torch.int64 if position_ids is None else position_ids.dtype
+    host_dtype = _NUMPY_DTYPE.get(wanted, np.int64)  # uploaded in the dtype asked for where it can be
+    roots = layout.start[layout.parent < 0]
+    host = {
+        "plan": {
+            "compact_src": layout.compact_src,
+            "expand_index": layout.expand_index,
+            # one block per root with its subtree and per singleton
+            "cu_seqlens": np.append(roots, layout.compact_length).astype(np.int32),
+            "positions": np.array(compact_positions, dtype=host_dtype),  # a writable copy
+        },
+        "gdn": gdn_host_index(layout),
+        "conv": conv_host_index(layout, conv_kernel_size),
+        "attention": attention_host_index(layout),
+        "lm": lm_host_index(layout),
+    }
     dev = _upload(host, device)
     compact_positions = dev["plan"]["positions"]
-    if position_ids is not None and compact_positions.dtype != position_ids.dtype:
-        compact_positions = compact_positions.to(position_ids.dtype)
+    if compact_positions.dtype != wanted:
+        compact_positions = compact_positions.to(wanted)
     return Plan(
         nodes=tuple(nodes),
         packed_length=length,
@@ -192,16 +195,6 @@ def build_plan(
     )
 
 
-def _block_lengths(layout: Layout) -> list[int]:
-    """Rows of each root with its whole subtree, and of each singleton."""
-    lengths: list[int] = []
-    for seg in layout.segments:
-        if seg.parent < 0:
-            lengths.append(0)
-        lengths[-1] += seg.length
-    return lengths
-
-
 def _to_host(cu_seqlens, input_ids, pos_rows) -> tuple[list[int], np.ndarray, np.ndarray | None]:
     """The one device-to-host copy: boundaries, ids and positions travel together when on one device."""
     parts = [cu_seqlens.reshape(-1), input_ids.reshape(-1)] + (
@@ -211,8 +204,12 @@ def _to_host(cu_seqlens, input_ids, pos_rows) -> tuple[list[int], np.ndarray, np
     for i, p in enumerate(parts):
         by_device.setdefault(p.device, []).append(i)
     host = [None] * len(parts)
-    for indices in by_device.values():  # one copy per device (cu_seqlens may already be on the host)
-        flat = torch.cat([parts[i].to(torch.long) for i in indices]).cpu().numpy()
+    for device, indices in by_device.items():
+        if device.type == "cpu":  # already on the host: views, no copy
+            for i in indices:
+                host[i] = parts[i].to(torch.long).numpy()
+            continue
+        flat = torch.cat([parts[i].to(torch.long) for i in indices]).cpu().numpy()  # one copy per device
         offset = 0
         for i in indices:
             host[i] = flat[offset : offset + parts[i].numel()]
@@ -221,44 +218,43 @@ def _to_host(cu_seqlens, input_ids, pos_rows) -> tuple[list[int], np.ndarray, np
     return host[0].tolist(), host[1], pos
 
 
-_TORCH_DTYPE = {np.int64: torch.int64, np.int32: torch.int32}
+_TORCH_DTYPE = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32}
+_NUMPY_DTYPE = {torch.int64: np.int64, torch.int32: np.int32}
 
 
 def _upload(
     host: dict[str, dict], device: torch.device, pack: bool | None = None
 ) -> dict[str, dict[str, torch.Tensor]]:
-    """Every index array to the device in one copy per dtype (int64 indices, int32 boundaries).
+    """Every index array to the device in one copy: one int64 buffer, typed views into it.
 
     `pack` (default: the device is not the CPU) concatenates before copying; on the CPU the arrays
-    are wrapped as they are.
+    are wrapped as they are. An int32 array takes whole 8-byte slots, so every view is aligned.
     """
     out: dict[str, dict[str, torch.Tensor]] = {name: {} for name in host}
+    entries = [
+        (name, key, arr) for name, arrays in host.items() for key, arr in arrays.items() if isinstance(arr, np.ndarray)
+    ]
+    for name, key, arr in entries:
+        if arr.dtype not in _TORCH_DTYPE:
+            raise TypeError(f"plan array {name}.{key} is {arr.dtype}; the upload takes int64 and int32 arrays")
     if not (device.type != "cpu" if pack is None else pack):
-        for name, arrays in host.items():
-            for key, arr in arrays.items():
-                if isinstance(arr, np.ndarray):
-                    out[name][key] = torch.from_numpy(arr)
-        return out
-    for dtype in (np.int64, np.int32):
-        entries = [
-            (name, key, arr)
-            for name, arrays in host.items()
-            for key, arr in arrays.items()
-            if isinstance(arr, np.ndarray) and arr.dtype == dtype
-        ]
-        if not entries:
-            continue
-        parts = [arr.reshape(-1) for _, _, arr in entries]
-        if device.type == "cuda":
-            # pinned staging (torch caches these blocks and keeps one alive until its copy is done),
-            # so the copy is asynchronous and build_plan does not wait for the device
-            staging = torch.empty(sum(p.size for p in parts), dtype=_TORCH_DTYPE[dtype], pin_memory=True)
-            np.concatenate(parts, out=staging.numpy())
-            flat = staging.to(device, non_blocking=True)
-        else:
-            flat = torch.from_numpy(np.concatenate(parts)).to(device)
-        offset = 0
         for name, key, arr in entries:
-            out[name][key] = flat[offset : offset + arr.size].view(arr.shape)
-            offset += arr.size
+            out[name][key] = torch.from_numpy(arr)
+        return out
+    slots = [-(-arr.nbytes // 8) for _, _, arr in entries]
+    total = sum(slots)
+    # pinned staging on CUDA (torch caches these blocks and keeps one alive until its copy is
+    # done), so the copy is asynchronous and build_plan does not wait for the device
+    staging = torch.empty(total, dtype=torch.int64, pin_memory=device.type == "cuda")
+    buffer = staging.numpy()
+    offset = 0
+    for (_, _, arr), n in zip(entries, slots):
+        buffer[offset : offset + n].view(arr.dtype)[: arr.size] = arr.reshape(-1)
+        offset += n
+    flat = staging.to(device, non_blocking=True)
+    offset = 0
+    for (name, key, arr), n in zip(entries, slots):
+        view = flat[offset : offset + n].view(_TORCH_DTYPE[arr.dtype])[: arr.size]
+        out[name][key] = view.view(arr.shape)
+        offset += n
     return out
