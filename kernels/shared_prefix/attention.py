@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .layout import Layout, boundaries, ranges
+from .layout import Layout
+from .rows import Arena
 
 
 @dataclass(frozen=True, eq=False)
@@ -25,8 +26,9 @@ class AttentionIndex:
     max_seqlen_k: int
 
 
-def attention_host_index(layout: Layout) -> dict:
-    """Host arrays of the one attention call; uploaded by the plan builder."""
+def attention_host_index(layout: Layout, arena: Arena | None = None) -> dict:
+    """Host arrays of the one attention call, written into `arena` when given; uploaded by the plan builder."""
+    arena = arena or Arena()
     segs = np.flatnonzero(layout.length > 0)
     q_lengths = layout.length[segs]
     k_lengths = layout.offset[segs] + q_lengths
@@ -35,9 +37,9 @@ def attention_host_index(layout: Layout) -> dict:
     return {
         "max_q": int(q_lengths.max()),
         "max_k": int(k_lengths.max()),
-        "kv_src": ranges(layout.start[path], layout.length[path]),
-        "cu_q": boundaries(q_lengths).astype(np.int32),
-        "cu_k": boundaries(k_lengths).astype(np.int32),
+        "kv_src": arena.ranges(layout.start[path], layout.length[path]),
+        "cu_q": arena.boundaries(q_lengths),
+        "cu_k": arena.boundaries(k_lengths),
     }
 
 

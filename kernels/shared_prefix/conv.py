@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .layout import Layout, boundaries, ranges
+from .layout import Layout
+from .rows import Arena
 
 
 @dataclass(frozen=True, eq=False)
@@ -23,8 +24,9 @@ class ConvIndex:
     kernel_size: int  # the largest conv kernel the look-back serves
 
 
-def conv_host_index(layout: Layout, kernel_size: int) -> dict:
-    """Host arrays of the one conv call; uploaded by the plan builder."""
+def conv_host_index(layout: Layout, kernel_size: int, arena: Arena | None = None) -> dict:
+    """Host arrays of the one conv call, written into `arena` when given; uploaded by the plan builder."""
+    arena = arena or Arena()
     segs = np.flatnonzero(layout.length > 0)
     length, offset, parent = layout.length[segs], layout.offset[segs], layout.parent[segs]
     has_parent = parent >= 0
@@ -41,9 +43,9 @@ def conv_host_index(layout: Layout, kernel_size: int) -> dict:
     starts = np.stack([parent_end - back, layout.start[segs]], 1).reshape(-1)
     return {
         "kernel_size": kernel_size,
-        "src": ranges(starts, np.stack([back, length], 1).reshape(-1)),
-        "cu": boundaries(seq_lengths).astype(np.int32),
-        "out_index": ranges(kept_from, length),  # non-empty segments tile the compact row in order
+        "src": arena.ranges(starts, np.stack([back, length], 1).reshape(-1)),
+        "cu": arena.boundaries(seq_lengths),
+        "out_index": arena.ranges(kept_from, length),  # non-empty segments tile the compact row in order
     }
 
 

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .layout import Layout, boundaries, ranges
+from .layout import Layout, ranges
+from .rows import Arena
 
 CHUNK = 64  # chunk size of the chunked GDN kernels (fla, ours); the split aligns to it
 
@@ -65,16 +66,18 @@ class GDNIndex:
         return self.rounds[1].zero_state
 
 
-def chunk_indices(lengths) -> np.ndarray:
+def chunk_indices(lengths, arena: Arena | None = None, dtype=np.int64) -> np.ndarray:
     """[chunks, 2]: (sequence, chunk within it) for chunks of 64, flash-linear-attention's layout."""
     counts = -(-np.asarray(lengths, dtype=np.int64) // CHUNK)
-    seq = np.repeat(np.arange(len(lengths), dtype=np.int64), counts)
-    within = ranges(np.zeros(len(lengths), dtype=np.int64), counts)
-    return np.stack([seq, within], axis=1)
+    out = (arena or Arena()).take(2 * int(counts.sum()), dtype).reshape(-1, 2)
+    out[:, 0] = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    out[:, 1] = ranges(np.zeros(len(counts), dtype=np.int64), counts)
+    return out
 
 
-def gdn_host_index(layout: Layout) -> dict:
-    """Host arrays of every round (see `GDNIndex`); uploaded by the plan builder."""
+def gdn_host_index(layout: Layout, arena: Arena | None = None) -> dict:
+    """Host arrays of every round (see `GDNIndex`), written into `arena` when given; uploaded by the plan builder."""
+    arena = arena or Arena()
     start, length, offset, end = layout.start, layout.length, layout.offset, layout.end
     shared, level, parent = layout.shared, layout.level, layout.parent
     aligned_end = (end // CHUNK) * CHUNK  # a shared segment's state is exported there
@@ -125,25 +128,25 @@ def gdn_host_index(layout: Layout) -> dict:
     # the kept pieces tile the compact row: in compact order, their round rows are the out index
     kept_at, kept_from, kept_len = (np.concatenate(x) for x in (kept_at, kept_from, kept_len))
     order = np.argsort(kept_at, kind="stable")
-    out = ranges(kept_from[order], kept_len[order])
+    out = arena.ranges(kept_from[order], kept_len[order])
     host = {"out_index": out, "rounds": len(rounds)}
     for r, (a_start, a_len, b_start, b_len, seq_lengths, state) in enumerate(rounds):
         if not len(seq_lengths):
             continue
         if r:  # two pieces per sequence: the parent's tail, then the child's own rows
-            src = ranges(np.stack([a_start, b_start], 1).reshape(-1), np.stack([a_len, b_len], 1).reshape(-1))
+            src = arena.ranges(np.stack([a_start, b_start], 1).reshape(-1), np.stack([a_len, b_len], 1).reshape(-1))
         else:
-            src = ranges(a_start, a_len)
+            src = arena.ranges(a_start, a_len)
         host |= {
             f"src{r}": src,
-            f"cu{r}": boundaries(seq_lengths).astype(np.int32),
-            f"chunks{r}": chunk_indices(seq_lengths).astype(np.int32),
+            f"cu{r}": arena.boundaries(seq_lengths),
+            f"chunks{r}": chunk_indices(seq_lengths, arena, np.int32),
             f"export{r}": r + 1 < len(rounds),  # not an array: stays on the host
         }
         if state is not None:
             zero = bool((state < 0).any())
             host[f"zero{r}"] = zero
-            host[f"state{r}"] = np.where(state < 0, 0, state + zero)
+            host[f"state{r}"] = arena.put(np.where(state < 0, 0, state + zero))
     return host
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .rows import boundaries, ranges
+from .rows import Arena, boundaries, ranges
 from .tree import Node
 
 __all__ = ["Layout", "Segment", "boundaries", "build_layout", "ranges"]
@@ -112,8 +112,10 @@ class Layout:
         return [self.segments[i] for i in self.ancestry[index].tolist() if i >= 0]
 
 
-def build_layout(nodes: list[Node], cu: list[int]) -> Layout:
-    """Lay out the nodes (parents before children, as `find_tree` returns them) and every sequence."""
+def build_layout(nodes: list[Node], cu: list[int], arena: Arena | None = None) -> Layout:
+    """Lay out the nodes (parents before children, as `find_tree` returns them) and every sequence;
+    `compact_src` and `expand_index` are written into `arena` when given."""
+    arena = arena or Arena()
     cu_arr = np.asarray(cu, dtype=np.int64)
     n_seq, n_nodes = len(cu) - 1, len(nodes)
     node_parent = np.fromiter((-1 if n.parent is None else n.parent for n in nodes), np.int64, n_nodes)
@@ -167,12 +169,12 @@ def build_layout(nodes: list[Node], cu: list[int]) -> Layout:
     start = np.cumsum(length) - length
     ancestry = _ancestry(parent, level, levels)
 
-    compact_src = ranges(cu_arr[source] + offset, length)
+    compact_src = arena.ranges(cu_arr[source] + offset, length)
     # each sequence, in packed order, is the rows of the segments on its path from the root
     sequence_segment = seg_of[n_nodes:]
     path = ancestry[sequence_segment]
     path = path[path >= 0]
-    expand_index = ranges(start[path], length[path])
+    expand_index = arena.ranges(start[path], length[path])
     return Layout(
         cu=tuple(cu),
         start=start,

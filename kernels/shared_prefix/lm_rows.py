@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .layout import Layout
-from .rows import counting
+from .rows import Arena
 
 
 @dataclass(frozen=True, eq=False)
@@ -30,8 +30,9 @@ class LMIndex:
     length: int  # L
 
 
-def lm_host_index(layout: Layout) -> dict:
-    """Host arrays of the LM-row dedup; uploaded by the plan builder."""
+def lm_host_index(layout: Layout, arena: Arena | None = None) -> dict:
+    """Host arrays of the LM-row dedup, written into `arena` when given; uploaded by the plan builder."""
+    arena = arena or Arena()
     c = layout.compact_length
     cu = np.asarray(layout.cu, dtype=np.int64)
     parent, end = layout.parent, layout.end
@@ -42,10 +43,14 @@ def lm_host_index(layout: Layout) -> dict:
     node_of = parent[later]
     entry_of = np.full(len(parent), -1, dtype=np.int64)
     entry_of[later] = c + np.arange(len(later), dtype=np.int64)
-    rows = np.concatenate([counting(c), layout.start[node_of] + layout.length[node_of] - 1])
-    label_src = np.concatenate([layout.compact_src, cu[layout.source[later]] + end[node_of] - 1])
+    rows = arena.ranges(
+        np.concatenate([[0], layout.start[node_of] + layout.length[node_of] - 1]), [c] + [1] * len(later)
+    )
+    label_src = arena.take(c + len(later))
+    label_src[:c] = layout.compact_src
+    label_src[c:] = cu[layout.source[later]] + end[node_of] - 1
     # every sequence whose path enters such a child: its row at the node's last offset reads that entry
-    inverse = layout.expand_index.copy()  # rows inside a node read the source member's entries
+    inverse = arena.put(layout.expand_index)  # rows inside a node read the source member's entries
     path = layout.ancestry[layout.sequence_segment]  # [N, levels]
     seq, depth = np.nonzero(path >= 0)
     on_path = path[seq, depth]

@@ -18,6 +18,7 @@ from .conv import ConvIndex, conv_host_index, conv_index
 from .gdn import CHUNK, GDNIndex, gdn_host_index, gdn_index
 from .grouping import Group
 from .layout import Layout, build_layout, ranges
+from .rows import Arena
 from .lm_rows import LMIndex, LMRows, lm_host_index, lm_index, lm_rows
 from .positions import host_positions
 from .tree import Node, find_tree
@@ -148,34 +149,34 @@ def build_plan(
     if not nodes:
         return None
 
-    layout = build_layout(nodes, cu)
+    arena = _arena(nodes, cu, 1 if pos is None else len(pos), device)
+    layout = build_layout(nodes, cu, arena)
     # built on the host, where the rows already are: cheaper than a strided index_select
     shape = (
         (1, layout.compact_length)
         if position_ids is None
         else (*position_ids.shape[:-1], layout.compact_length)
     )
-    if pos is None:  # per-sequence positions: a compact row's position is its offset in its sequence
-        compact_positions = np.broadcast_to(ranges(layout.offset, layout.length), shape)
-    else:
-        compact_positions = pos[:, layout.compact_src].reshape(shape)
     wanted = torch.int64 if position_ids is None else position_ids.dtype
-    host_dtype = _NUMPY_DTYPE.get(wanted, np.int64)  # uploaded in the dtype asked for where it can be
-    roots = layout.start[layout.parent < 0]
+    positions = arena.take(int(np.prod(shape)), _NUMPY_DTYPE.get(wanted, np.int64)).reshape(shape)
+    if pos is None:  # per-sequence positions: a compact row's position is its offset in its sequence
+        positions[...] = ranges(layout.offset, layout.length)
+    else:
+        positions[...] = pos[:, layout.compact_src].reshape(shape)
     host = {
         "plan": {
             "compact_src": layout.compact_src,
             "expand_index": layout.expand_index,
             # one block per root with its subtree and per singleton
-            "cu_seqlens": np.append(roots, layout.compact_length).astype(np.int32),
-            "positions": np.array(compact_positions, dtype=host_dtype),  # a writable copy
+            "cu_seqlens": arena.put(np.append(layout.start[layout.parent < 0], layout.compact_length), np.int32),
+            "positions": positions,
         },
-        "gdn": gdn_host_index(layout),
-        "conv": conv_host_index(layout, conv_kernel_size),
-        "attention": attention_host_index(layout),
-        "lm": lm_host_index(layout),
+        "gdn": gdn_host_index(layout, arena),
+        "conv": conv_host_index(layout, conv_kernel_size, arena),
+        "attention": attention_host_index(layout, arena),
+        "lm": lm_host_index(layout, arena),
     }
-    dev = _upload(host, device)
+    dev = _upload(host, device, arena=arena)
     compact_positions = dev["plan"]["positions"]
     if compact_positions.dtype != wanted:
         compact_positions = compact_positions.to(wanted)
@@ -222,13 +223,36 @@ _TORCH_DTYPE = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32
 _NUMPY_DTYPE = {torch.int64: np.int64, torch.int32: np.int32}
 
 
+def _arena(nodes: list[Node], cu: list[int], position_rows: int, device: torch.device) -> Arena:
+    """Room for every index array of the plan: pinned (and cached by torch) when the plan goes to
+    CUDA, so the builders write straight into the staging buffer of the one upload; ordinary
+    memory of at least 4 MiB otherwise, which numpy backs with huge pages where the kernel offers
+    them. The size is a bound, not exact: an array that does not fit gets memory of its own."""
+    t = cu[-1]
+    c = t - sum((len(n.members) - 1) * (n.end - n.start) for n in nodes)  # compact rows
+    segments = len(nodes) + len(cu)
+    # compact_src, expand_index and the LM inverse; GDN (rows, out; a replayed tail < 64 per
+    # child), conv (rows, out), attention keys (at most every packed row plus every node's rows
+    # again per level), LM rows and labels, positions; boundaries and chunk tables
+    slots = 3 * t + 2 * c + 2 * (c + 64 * segments) + 2 * c + 2 * t + 2 * (c + segments) + position_rows * c
+    slots += 8 * segments + (c + 64 * segments) // 32 + 1024
+    if device.type == "cuda":
+        return Arena(torch.empty(slots, dtype=torch.int64, pin_memory=True).numpy())
+    return Arena(np.empty(max(slots, _HUGE_PAGE_SLOTS), dtype=np.int64))
+
+
+_HUGE_PAGE_SLOTS = 1 << 19  # 4 MiB: numpy asks for transparent huge pages from there on
+
+
 def _upload(
-    host: dict[str, dict], device: torch.device, pack: bool | None = None
+    host: dict[str, dict], device: torch.device, pack: bool | None = None, arena: Arena | None = None
 ) -> dict[str, dict[str, torch.Tensor]]:
     """Every index array to the device in one copy: one int64 buffer, typed views into it.
 
-    `pack` (default: the device is not the CPU) concatenates before copying; on the CPU the arrays
-    are wrapped as they are. An int32 array takes whole 8-byte slots, so every view is aligned.
+    `pack` (default: the device is not the CPU) copies; on the CPU the arrays are wrapped as they
+    are. When every array already lives in `arena`, its used slots are the buffer (no host copy);
+    otherwise the arrays are packed into a new one. An int32 array takes whole 8-byte slots, so
+    every view is aligned.
     """
     out: dict[str, dict[str, torch.Tensor]] = {name: {} for name in host}
     entries = [
@@ -241,20 +265,22 @@ def _upload(
         for name, key, arr in entries:
             out[name][key] = torch.from_numpy(arr)
         return out
-    slots = [-(-arr.nbytes // 8) for _, _, arr in entries]
-    total = sum(slots)
-    # pinned staging on CUDA (torch caches these blocks and keeps one alive until its copy is
-    # done), so the copy is asynchronous and build_plan does not wait for the device
-    staging = torch.empty(total, dtype=torch.int64, pin_memory=device.type == "cuda")
-    buffer = staging.numpy()
-    offset = 0
-    for (_, _, arr), n in zip(entries, slots):
-        buffer[offset : offset + n].view(arr.dtype)[: arr.size] = arr.reshape(-1)
-        offset += n
+    slots_of = [None if arena is None else arena.slot_of(arr) for _, _, arr in entries]
+    if entries and all(slot is not None for slot in slots_of):
+        staging = torch.from_numpy(arena.buffer[: arena.used])  # pinned when the arena is
+    else:
+        sizes = [-(-arr.nbytes // 8) for _, _, arr in entries]
+        staging = torch.empty(sum(sizes), dtype=torch.int64, pin_memory=device.type == "cuda")
+        buffer = staging.numpy()
+        slots_of, offset = [], 0
+        for (_, _, arr), n in zip(entries, sizes):
+            buffer[offset : offset + n].view(arr.dtype)[: arr.size] = arr.reshape(-1)
+            slots_of.append(offset)
+            offset += n
+    # asynchronous from pinned memory (torch keeps the block alive until its copy is done), so
+    # build_plan does not wait for the device
     flat = staging.to(device, non_blocking=True)
-    offset = 0
-    for (name, key, arr), n in zip(entries, slots):
-        view = flat[offset : offset + n].view(_TORCH_DTYPE[arr.dtype])[: arr.size]
-        out[name][key] = view.view(arr.shape)
-        offset += n
+    for (name, key, arr), slot in zip(entries, slots_of):
+        n = -(-arr.nbytes // 8)
+        out[name][key] = flat[slot : slot + n].view(_TORCH_DTYPE[arr.dtype])[: arr.size].view(arr.shape)
     return out
