@@ -7,10 +7,10 @@ state depend on its position.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
-
 
 BUCKET_TOKENS = 64  # sequences are bucketed by their first 64 token ids
 
@@ -35,6 +35,11 @@ def find_groups(
     """
     groups: list[Group] = []
     for order, adjacent in sorted_runs(ids, positions, cu, min_prefix) if runs is None else runs:
+        lowest = min(adjacent)
+        if lowest == max(adjacent):  # one common prefix (a plain GRPO group): all together or none
+            if lowest >= min_prefix:
+                groups.append(Group(tuple(sorted(order)), lowest))
+            continue
         for lo, hi, prefix in _best_partition(adjacent, min_prefix):
             groups.append(Group(tuple(sorted(order[lo:hi])), prefix))
     groups.sort(key=lambda grp: grp.members[0])
@@ -88,9 +93,12 @@ def _buckets(ids: np.ndarray, cu: np.ndarray, candidates: np.ndarray, key_len: i
         bucket = bucket.reshape(-1)
     keep = counts[bucket] >= 2
     candidates, bucket = candidates[keep], bucket[keep]
+    if not len(candidates):
+        return []
     by_bucket = np.argsort(bucket, kind="stable")
-    edges = np.flatnonzero(np.diff(bucket[by_bucket])) + 1
-    return sorted((m.tolist() for m in np.split(candidates[by_bucket], edges)), key=lambda m: m[0]) if len(candidates) else []
+    edges = [0, *(np.flatnonzero(np.diff(bucket[by_bucket])) + 1).tolist(), len(candidates)]
+    members = candidates[by_bucket].tolist()
+    return sorted((members[a:b] for a, b in itertools.pairwise(edges)), key=lambda m: m[0])
 
 
 PAIRWISE_MAX = 128  # up to this many pairs, one slice compare each beats building the side-by-side rows

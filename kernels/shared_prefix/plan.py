@@ -18,9 +18,9 @@ from .conv import ConvIndex, conv_host_index, conv_index
 from .gdn import CHUNK, GDNIndex, gdn_host_index, gdn_index
 from .grouping import Group
 from .layout import Layout, build_layout, ranges
-from .rows import Arena
 from .lm_rows import LMIndex, LMRows, lm_host_index, lm_index, lm_rows
 from .positions import host_positions
+from .rows import Arena
 from .tree import Node, find_tree
 
 DEFAULT_MAX_DEPTH = 4  # a system prompt, a prompt and two turns of an agentic rollout

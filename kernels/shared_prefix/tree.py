@@ -148,9 +148,17 @@ class _Solver:
             return hit
         top = self.max_depth
         children = node.children
+        length = node.prefix - above
+        if node.height == 1:  # only leaves below: keeping all of them together is best at any depth
+            if length < (self.min_root if above == 0 else self.min_nested):
+                result = self.none
+            else:
+                runs = [(0, len(children))]
+                result = ([0] + [(len(node.members) - 1) * length] * top, [[]] + [runs] * top)
+            self.memo[key] = result
+            return result
         alone = [None if c.is_leaf else self._solve(c, above)[0] for c in children]
         values, runs_of = [0] * (top + 1), [[] for _ in range(top + 1)]
-        length = node.prefix - above
         if length < (self.min_root if above == 0 else self.min_nested):
             for d in range(1, top + 1):
                 values[d] = sum(0 if a is None else a[d] for a in alone)
