@@ -237,7 +237,8 @@ def _arena(nodes: list[Node], cu: list[int], position_rows: int, device: torch.d
     slots = 3 * t + 2 * c + 2 * (c + 64 * segments) + 2 * c + 2 * t + 2 * (c + segments) + position_rows * c
     slots += 8 * segments + (c + 64 * segments) // 32 + 1024
     if device.type == "cuda":
-        return Arena(torch.empty(slots, dtype=torch.int64, pin_memory=True).numpy())
+        staging = torch.empty(slots, dtype=torch.int64, pin_memory=True)
+        return Arena(staging.numpy(), owner=staging)
     return Arena(np.empty(max(slots, _HUGE_PAGE_SLOTS), dtype=np.int64))
 
 
@@ -267,7 +268,10 @@ def _upload(
         return out
     slots_of = [None if arena is None else arena.slot_of(arr) for _, _, arr in entries]
     if entries and all(slot is not None for slot in slots_of):
-        staging = torch.from_numpy(arena.buffer[: arena.used])  # pinned when the arena is
+        # the pinned tensor itself when there is one, so that torch's host allocator sees the copy
+        # and keeps the block until it is done
+        owner = arena.owner if arena.owner is not None else torch.from_numpy(arena.buffer)
+        staging = owner[: arena.used]
     else:
         sizes = [-(-arr.nbytes // 8) for _, _, arr in entries]
         staging = torch.empty(sum(sizes), dtype=torch.int64, pin_memory=device.type == "cuda")

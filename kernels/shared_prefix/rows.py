@@ -50,8 +50,9 @@ class Arena:
     upload packs such arrays itself. An int32 array takes whole 8-byte slots, so views stay aligned.
     """
 
-    def __init__(self, buffer: np.ndarray | None = None):
+    def __init__(self, buffer: np.ndarray | None = None, owner=None):
         self.buffer = buffer
+        self.owner = owner  # the tensor whose memory `buffer` is, if any (the upload copies from it)
         self.used = 0  # slots handed out
 
     def take(self, n: int, dtype=np.int64) -> np.ndarray:
