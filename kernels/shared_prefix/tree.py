@@ -89,26 +89,32 @@ def find_tree(
     return _ordered(kept)
 
 
-@dataclass
+@dataclass(eq=False, slots=True)
 class _TrieNode:
-    """An interval of a bucket's sorted sequences and their common prefix; leaves are one sequence."""
+    """An internal node: an interval `[lo, hi)` of a bucket's sorted sequences and their common prefix.
 
-    members: tuple[int, ...]
-    prefix: int  # common prefix of the members (capped so every member keeps a row); unused for a leaf
-    children: list[_TrieNode]
-    height: int = 0  # levels of internal nodes from here down: more depth than that changes nothing
+    Children are internal nodes or leaves; a leaf is a plain int, its position in the sorted order
+    (few objects per trie: its build allocates little for the garbage collector to track).
+    """
 
-    @property
-    def is_leaf(self) -> bool:
-        return not self.children
+    seqs: list[int]  # the bucket's sequences in lexicographic order (shared by every node of the trie)
+    lo: int
+    hi: int
+    prefix: int  # common prefix of the members (capped so every member keeps a row)
+    children: list[_TrieNode | int]
+    height: int  # levels of internal nodes from here down: more depth than that changes nothing
+
+
+def _size(child: _TrieNode | int) -> int:
+    return 1 if isinstance(child, int) else child.hi - child.lo
 
 
 def _trie(seqs: list[int], adjacent: list[int]) -> _TrieNode:
     """The compressed trie of sequences in lexicographic order, from their adjacent common prefixes."""
 
-    def build(lo: int, hi: int) -> _TrieNode:
+    def build(lo: int, hi: int) -> _TrieNode | int:
         if hi - lo == 1:
-            return _TrieNode((seqs[lo],), 0, [])
+            return lo
         prefix = min(adjacent[lo : hi - 1])
         children, first = [], lo
         for i in range(lo, hi - 1):  # children split where the adjacent prefix equals the node's
@@ -116,7 +122,8 @@ def _trie(seqs: list[int], adjacent: list[int]) -> _TrieNode:
                 children.append(build(first, i + 1))
                 first = i + 1
         children.append(build(first, hi))
-        return _TrieNode(tuple(seqs[lo:hi]), prefix, children, 1 + max(c.height for c in children))
+        height = 1 + max(0 if isinstance(c, int) else c.height for c in children)
+        return _TrieNode(seqs, lo, hi, prefix, children, height)
 
     return build(0, len(seqs))
 
@@ -138,9 +145,9 @@ class _Solver:
     def best(self, node: _TrieNode, above: int, depth: int) -> int:
         return self._solve(node, above)[0][depth]
 
-    def _solve(self, node: _TrieNode, above: int) -> tuple[list[int], list[list]]:
+    def _solve(self, node: _TrieNode | int, above: int) -> tuple[list[int], list[list]]:
         """(rows saved, kept runs of children) for every depth; more depth than the node's height changes nothing."""
-        if node.is_leaf:
+        if isinstance(node, int):
             return self.none
         key = (id(node), above)
         hit = self.memo.get(key)
@@ -154,20 +161,20 @@ class _Solver:
                 result = self.none
             else:
                 runs = [(0, len(children))]
-                result = ([0] + [(len(node.members) - 1) * length] * top, [[]] + [runs] * top)
+                result = ([0] + [(node.hi - node.lo - 1) * length] * top, [[]] + [runs] * top)
             self.memo[key] = result
             return result
-        alone = [None if c.is_leaf else self._solve(c, above)[0] for c in children]
+        alone = [None if isinstance(c, int) else self._solve(c, above)[0] for c in children]
         values, runs_of = [0] * (top + 1), [[] for _ in range(top + 1)]
         if length < (self.min_root if above == 0 else self.min_nested):
             for d in range(1, top + 1):
                 values[d] = sum(0 if a is None else a[d] for a in alone)
         else:
-            kept = [None if c.is_leaf else self._solve(c, node.prefix)[0] for c in children]
+            kept = [None if isinstance(c, int) else self._solve(c, node.prefix)[0] for c in children]
             k = len(children)
             m_sum = [0] * (k + 1)
             for j in range(1, k + 1):
-                m_sum[j] = m_sum[j - 1] + len(children[j - 1].members)
+                m_sum[j] = m_sum[j - 1] + _size(children[j - 1])
             for d in range(1, min(top, node.height) + 1):
                 values[d], runs_of[d] = self._split(
                     [0 if a is None else a[d] for a in alone],
@@ -209,20 +216,23 @@ class _Solver:
             j = i
         return best[k], runs[::-1]
 
-    def collect(self, node: _TrieNode, above: int, depth: int, parent, out: list) -> None:
+    def collect(self, node: _TrieNode | int, above: int, depth: int, parent, out: list) -> None:
         """Append the kept nodes of the best solution as (members, start, end, parent slot)."""
-        if node.is_leaf or depth == 0:
+        if isinstance(node, int) or depth == 0:
             return
         runs = self._solve(node, above)[1][depth]
+        children = node.children
         in_run = set()
         for i, j in runs:
-            members = tuple(sorted(m for c in node.children[i:j] for m in c.members))
+            # contiguous children hold a contiguous interval of the sorted sequences
+            lo = children[i] if isinstance(children[i], int) else children[i].lo
+            hi = children[j - 1] + 1 if isinstance(children[j - 1], int) else children[j - 1].hi
             slot = len(out)
-            out.append((members, above, node.prefix, parent))
-            for c in node.children[i:j]:
+            out.append((tuple(sorted(node.seqs[lo:hi])), above, node.prefix, parent))
+            for c in children[i:j]:
                 self.collect(c, node.prefix, depth - 1, slot, out)
             in_run.update(range(i, j))
-        for ci, c in enumerate(node.children):
+        for ci, c in enumerate(children):
             if ci not in in_run:
                 self.collect(c, above, depth, parent, out)
 
