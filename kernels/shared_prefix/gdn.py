@@ -98,12 +98,12 @@ def gdn_host_index(layout: Layout, arena: Arena | None = None) -> dict:
     row += int(lengths.sum())
     rounds.append((start[first], lengths, np.zeros(0, np.int64), np.zeros(0, np.int64), lengths, None))
 
+    tail = end - aligned_end  # of every segment; read at parents
+    tail_start = start + aligned_end - offset
     for lvl in range(1, layout.depth + 1):
         # per node of level lvl - 1: its tail [B, E) alone, then tail + child for each child, from
         # the node's exported state; entries ordered by segment (a node comes before its subtree)
         parents = np.flatnonzero(shared & (level == lvl - 1))
-        tail = end - aligned_end  # of every segment; read at parents
-        tail_start = start + aligned_end - offset
         alone = parents[tail[parents] > 0]
         children = np.flatnonzero(level == lvl)
         of = np.concatenate([alone, parent[children]])
