@@ -57,7 +57,8 @@ def sorted_runs(
     candidates = np.flatnonzero(np.diff(cu_arr) > min_prefix)
     if len(candidates) < 2:
         return []
-    buckets = _buckets(ids, cu_arr, candidates, min(BUCKET_TOKENS, min_prefix))
+    key_len = min(BUCKET_TOKENS, min_prefix)
+    buckets = _buckets(ids, cu_arr, candidates, key_len)
     if not buckets:
         return []
     # one symbol per row: the id, then every position row; the raw bytes of a sequence's
@@ -66,7 +67,10 @@ def sorted_runs(
     orders = [sorted(seqs, key=lambda s: symbols[cu[s] : cu[s + 1]].tobytes()) for seqs in buckets]
     first = np.fromiter((a for o in orders for a in o[:-1]), np.int64)
     second = np.fromiter((b for o in orders for b in o[1:]), np.int64)
-    adjacent = _common_prefixes(ids, positions, cu_arr, first, second).tolist()
+    # members of a bucket agree on their first key_len ids: without position rows there is
+    # nothing to compare there
+    skip = key_len if positions is None else 0
+    adjacent = _common_prefixes(ids, positions, cu_arr, first, second, skip).tolist()
     runs, at = [], 0
     for order in orders:
         runs.append((order, adjacent[at : at + len(order) - 1]))
@@ -104,12 +108,15 @@ def _buckets(ids: np.ndarray, cu: np.ndarray, candidates: np.ndarray, key_len: i
 PAIRWISE_MAX = 128  # up to this many pairs, one slice compare each beats building the side-by-side rows
 
 
-def _common_prefixes(ids, positions, cu: np.ndarray, first: np.ndarray, second: np.ndarray) -> np.ndarray:
+def _common_prefixes(
+    ids, positions, cu: np.ndarray, first: np.ndarray, second: np.ndarray, skip: int = 0
+) -> np.ndarray:
     """Leading symbols that match for every pair `(first[i], second[i])` of sequences, capped so both
-    keep a suffix token. Few pairs: one slice compare each; many (short sequences): the overlapping
-    rows of all pairs side by side, compared in one pass."""
+    keep a suffix token; the first `skip` symbols of every pair are known to match (both sequences
+    are longer than `skip`). Few pairs: one slice compare each; many (short sequences): the
+    overlapping rows of all pairs side by side, compared in one pass."""
     n = np.minimum(cu[first + 1] - cu[first], cu[second + 1] - cu[second])
-    spans = list(zip(cu[first].tolist(), cu[second].tolist(), n.tolist()))
+    spans = list(zip((cu[first] + skip).tolist(), (cu[second] + skip).tolist(), (n - skip).tolist()))
     if len(spans) <= PAIRWISE_MAX:
         out = []
         for a, b, k in spans:
@@ -117,19 +124,20 @@ def _common_prefixes(ids, positions, cu: np.ndarray, first: np.ndarray, second: 
             if positions is not None:
                 differs |= (positions[:, a : a + k] != positions[:, b : b + k]).any(axis=0)
             at = int(differs.argmax())
-            out.append(min(at if differs[at] else k, k - 1))
-        return np.asarray(out, dtype=np.int64)
+            out.append(at if differs[at] else k)
+        return np.minimum(skip + np.asarray(out, dtype=np.int64), n - 1)
     differs = np.concatenate([ids[a : a + k] for a, _, k in spans]) != np.concatenate([ids[b : b + k] for _, b, k in spans])
     if positions is not None:
         left = np.concatenate([positions[:, a : a + k] for a, _, k in spans], axis=1)
         differs |= (left != np.concatenate([positions[:, b : b + k] for _, b, k in spans], axis=1)).any(axis=0)
-    pair_start = np.cumsum(n) - n
+    rest = n - skip
+    pair_start = np.cumsum(rest) - rest
     hits = np.flatnonzero(differs)
     if not len(hits):
         return n - 1
     after = np.searchsorted(hits, pair_start)  # the first differing row at or after each pair's start
-    first_hit = np.where(after < len(hits), hits[np.minimum(after, len(hits) - 1)] - pair_start, n)
-    return np.minimum(first_hit, n - 1)
+    first_hit = np.where(after < len(hits), hits[np.minimum(after, len(hits) - 1)] - pair_start, rest)
+    return np.minimum(skip + np.minimum(first_hit, rest), n - 1)
 
 
 def _best_partition(adjacent: list[int], min_prefix: int) -> list[tuple[int, int, int]]:
