@@ -58,13 +58,16 @@ def sorted_runs(
     if len(candidates) < 2:
         return []
     key_len = min(BUCKET_TOKENS, min_prefix)
-    buckets = _buckets(ids, cu_arr, candidates, key_len)
-    if not buckets:
-        return []
     # one symbol per row: the id, then every position row; the raw bytes of a sequence's
     # row-major block give one lexicographic order
-    symbols = ids if positions is None else np.stack([ids, *positions], axis=1)
-    orders = [sorted(seqs, key=lambda s: symbols[cu[s] : cu[s + 1]].tobytes()) for seqs in buckets]
+    if positions is None:
+        orders = _sorted_buckets(ids, cu, candidates, key_len)
+    else:
+        symbols = np.stack([ids, *positions], axis=1)
+        buckets = _buckets(ids, cu_arr, candidates, key_len)
+        orders = [sorted(seqs, key=lambda s: symbols[cu[s] : cu[s + 1]].tobytes()) for seqs in buckets]
+    if not orders:
+        return []
     first = np.fromiter((a for o in orders for a in o[:-1]), np.int64)
     second = np.fromiter((b for o in orders for b in o[1:]), np.int64)
     # members of a bucket agree on their first key_len ids: without position rows there is
@@ -76,6 +79,20 @@ def sorted_runs(
         runs.append((order, adjacent[at : at + len(order) - 1]))
         at += len(order) - 1
     return runs
+
+
+def _sorted_buckets(ids: np.ndarray, cu: list[int], candidates: np.ndarray, key_len: int) -> list[list[int]]:
+    """Buckets of `_buckets`, each in lexicographic order, when a sequence's symbols are its ids:
+    one sort of every candidate by its bytes, whose runs of equal first `key_len` ids are the
+    buckets (the bucket key is a prefix of the sort key)."""
+    seqs = candidates.tolist()
+    order = sorted(seqs, key=lambda s: ids[cu[s] : cu[s + 1]].tobytes())
+    starts = np.asarray(cu, dtype=np.int64)[order]
+    heads = ids[starts[:, None] + np.arange(key_len, dtype=np.int64)]
+    edges = np.flatnonzero((heads[1:] != heads[:-1]).any(axis=1)) + 1
+    bounds = [0, *edges.tolist(), len(order)]
+    buckets = [order[a:b] for a, b in itertools.pairwise(bounds) if b - a >= 2]
+    return sorted(buckets, key=min)
 
 
 _HASH = np.random.default_rng(19).integers(1, 2**62, BUCKET_TOKENS, dtype=np.int64) | 1
