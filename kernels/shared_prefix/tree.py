@@ -141,6 +141,26 @@ class _Solver:
         self.min_root, self.min_nested, self.max_depth = min_root, min_nested, max_depth
         self.memo: dict[tuple[int, int], tuple[list[int], list[list]]] = {}
         self.none = ([0] * (max_depth + 1), [[] for _ in range(max_depth + 1)])
+        self.flats: dict[int, list[int]] = {}
+
+    def _shortest(self, above: int) -> int:
+        return self.min_root if above == 0 else self.min_nested
+
+    def _values(self, child: _TrieNode | int, above: int) -> list[int] | None:
+        """Rows saved under `child` for every depth, None for nothing; a node with only leaves
+        below keeps them all together at any depth, which needs no search (nor a memo entry)."""
+        if isinstance(child, int):
+            return None
+        if child.height == 1:
+            length = child.prefix - above
+            if length < self._shortest(above):
+                return None
+            saved = (child.hi - child.lo - 1) * length
+            flat = self.flats.get(saved)
+            if flat is None:
+                flat = self.flats[saved] = [0] + [saved] * self.max_depth
+            return flat
+        return self._solve(child, above)[0]
 
     def best(self, node: _TrieNode, above: int, depth: int) -> int:
         return self._solve(node, above)[0][depth]
@@ -157,20 +177,20 @@ class _Solver:
         children = node.children
         length = node.prefix - above
         if node.height == 1:  # only leaves below: keeping all of them together is best at any depth
-            if length < (self.min_root if above == 0 else self.min_nested):
+            if length < self._shortest(above):
                 result = self.none
             else:
                 runs = [(0, len(children))]
                 result = ([0] + [(node.hi - node.lo - 1) * length] * top, [[]] + [runs] * top)
             self.memo[key] = result
             return result
-        alone = [None if isinstance(c, int) else self._solve(c, above)[0] for c in children]
+        alone = [self._values(c, above) for c in children]
         values, runs_of = [0] * (top + 1), [[] for _ in range(top + 1)]
-        if length < (self.min_root if above == 0 else self.min_nested):
+        if length < self._shortest(above):
             for d in range(1, top + 1):
                 values[d] = sum(0 if a is None else a[d] for a in alone)
         else:
-            kept = [None if isinstance(c, int) else self._solve(c, node.prefix)[0] for c in children]
+            kept = [self._values(c, node.prefix) for c in children]
             k = len(children)
             m_sum = [0] * (k + 1)
             for j in range(1, k + 1):
@@ -192,6 +212,10 @@ class _Solver:
     def _split(alone: list[int], kept: list[int], m_sum: list[int], length: int) -> tuple[int, list]:
         """Best split of the children into runs kept at this node and children alone."""
         k = len(alone)
+        if k == 2:  # a binary branch (every turn of an agentic tree): both together or both alone
+            together = (m_sum[2] - 1) * length + kept[0] + kept[1]
+            apart = alone[0] + alone[1]
+            return (together, [(0, 2)]) if together > apart else (apart, [])
         best = [0] * (k + 1)
         choice = [0] * (k + 1)  # start of the last segment; j - 1 means child j - 1 alone
         lead_best, lead_at = None, -1  # max over i <= j - 2 of best[i] - M_i * length - K_i
@@ -220,8 +244,11 @@ class _Solver:
         """Append the kept nodes of the best solution as (members, start, end, parent slot)."""
         if isinstance(node, int) or depth == 0:
             return
-        runs = self._solve(node, above)[1][depth]
         children = node.children
+        if node.height == 1:
+            runs = [(0, len(children))] if node.prefix - above >= self._shortest(above) else []
+        else:
+            runs = self._solve(node, above)[1][depth]
         in_run = set()
         for i, j in runs:
             # contiguous children hold a contiguous interval of the sorted sequences
