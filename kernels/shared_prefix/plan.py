@@ -1,8 +1,9 @@
 """`build_plan`: everything shared-prefix execution needs for one micro-batch, built once.
 
 One device-to-host copy (boundaries, token ids, positions together), the grouping and every
-index array on the host, one host-to-device copy for all of them (typed views into one buffer). The mixers afterwards only
-index_select, cat and call their backend: no host sync, no shape that depends on device data.
+index array on the host, written into one buffer that goes to the device in one copy (typed views
+into it). The mixers afterwards only index_select, cat and call their backend: no host sync, no
+shape that depends on device data.
 """
 
 from __future__ import annotations
