@@ -1,13 +1,16 @@
-"""Shared-prefix plan building on CPU: time per micro-batch and the T/C each batch reaches.
+"""Shared-prefix plan building on the host: time per micro-batch and the T/C each batch reaches.
 
     python bench/plan_build.py [--repeats 30] [--depth 4]
 
-Prints the median plan-building time for GRPO-like micro-batches of about 16k and 64k tokens
+Prints the median and the largest plan-building time (wall clock) and the median CPU time of the
+building thread, for RL-like micro-batches of about 16k and 64k tokens: GRPO groups with short
+and long prompts, many short rollouts, a system prompt over all groups, 3-turn agentic trees
 (positions None, and M-RoPE rows [3, 1, T]; `--device cuda` puts the inputs on the GPU, so the
-timing includes the one device-to-host and the index uploads), with one level (`max_depth=1`)
-and as a prefix tree (`max_depth=--depth`, the config default); then T, C and T/C for GRPO-like
+timing includes the one device-to-host and the index upload), with one level (`max_depth=1`) and
+as a prefix tree (`max_depth=--depth`, the config default); then T, C and T/C for GRPO-like
 batches, the system-prompt control and a 3-turn agentic shape, one level against the tree (T / C
-is the bound of section 5 of shared_prefix.md: the token-wise work shrinks by that factor).
+is the bound of section 5 of shared_prefix.md: the token-wise work shrinks by that factor). On a
+host shared with other jobs the wall clock includes waiting for a core; the CPU time does not.
 """
 
 from __future__ import annotations
@@ -59,17 +62,18 @@ def mrope(cu, length):
     return pos.expand(3, length).reshape(3, 1, length).contiguous()
 
 
-def median_ms(fn, repeats, sync=lambda: None):
-    """(median, fastest) wall time in ms; the fastest is what a busy shared host hides least."""
-    fn()  # warm-up
-    times = []
+def timings_ms(fn, repeats, sync=lambda: None):
+    """(median wall, largest wall, median CPU of this thread) in ms, after one warm-up call."""
+    fn()
+    wall, cpu = [], []
     for _ in range(repeats):
         sync()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         fn()
         sync()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times), 1e3 * min(times)
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.thread_time() - start_cpu)
+    return 1e3 * statistics.median(wall), 1e3 * max(wall), 1e3 * statistics.median(cpu)
 
 
 def main() -> None:
@@ -83,11 +87,19 @@ def main() -> None:
     print(f"plan building (host: one thread; inputs on {args.device}; median of {args.repeats})")
     print("[3,1,T]: per-sequence M-RoPE rows; [3,1,T]*: one row offset, so positions are compared exactly")
     print(f"depth: max_depth of the plan (1: one level; {args.depth}: the tree); levels: the depth it chose")
-    print(f"{'batch':<40} {'T':>7} {'seqs':>5} {'depth':>5} {'levels':>6} {'positions':>10} {'ms':>8} {'min ms':>8}")
+    print("ms: median wall clock; max ms: the largest; cpu ms: median CPU time of the building thread")
+    print(
+        f"{'batch':<44} {'T':>7} {'seqs':>5} {'depth':>5} {'levels':>6} {'positions':>10}"
+        f" {'ms':>7} {'max ms':>7} {'cpu ms':>7}"
+    )
     timing = {
         "16k: 2 prompts x 8, P~500, R~500": grpo_batch(2, 8, (400, 600), (256, 768), seed=1),
         "64k: 8 prompts x 8, P~500, R~500": grpo_batch(8, 8, (400, 600), (256, 768), seed=2),
+        "64k: 1 prompt x 8, P=7680, R=512": grpo_batch(1, 8, (7680, 7680), (512, 512), seed=12),
+        "70k: 1 prompt x 8, P=8192, R=512": grpo_batch(1, 8, (8192, 8192), (512, 512), seed=13),
         "64k: 64 prompts x 4, P~200, R~50": grpo_batch(64, 4, (150, 250), (10, 90), seed=3),
+        "64k: 128 prompts x 4, P=96, R=32 (512 seqs)": grpo_batch(128, 4, (96, 96), (32, 32), seed=14),
+        "64k: 128 system + 64 prompts x 4, P=R=64": grpo_batch(64, 4, (64, 64), (64, 64), system_len=128, seed=15),
         "70k: 512 system + 8 prompts x 8, P~200": grpo_batch(8, 8, (150, 250), (256, 512), system_len=512, seed=7),
         "64k: 8 agentic trees, 3 turns x 2": agentic_batch(512, (128, 128), 256, rollouts_of=8, seed=8),
     }
@@ -104,13 +116,14 @@ def main() -> None:
             ):
                 plan = build_plan(ids, cu, pos, max_depth=depth)
                 sync = torch.cuda.synchronize if ids.is_cuda else (lambda: None)
-                ms, fastest = median_ms(
+                ms, slowest, cpu = timings_ms(
                     lambda ids=ids, cu=cu, pos=pos, depth=depth: build_plan(ids, cu, pos, max_depth=depth),
                     args.repeats,
                     sync,
                 )
                 print(
-                    f"{name:<40} {t:>7} {len(cu) - 1:>5} {depth:>5} {plan.depth:>6} {label:>10} {ms:>8.2f} {fastest:>8.2f}"
+                    f"{name:<44} {t:>7} {len(cu) - 1:>5} {depth:>5} {plan.depth:>6} {label:>10}"
+                    f" {ms:>7.2f} {slowest:>7.2f} {cpu:>7.2f}"
                 )
 
     print()

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .layout import Layout, boundaries, ranges
+from .layout import Layout
+from .rows import Arena
 
 
 @dataclass(frozen=True, eq=False)
@@ -25,22 +26,20 @@ class AttentionIndex:
     max_seqlen_k: int
 
 
-def attention_host_index(layout: Layout) -> dict:
-    q_lengths, k_lengths, starts, lengths = [], [], [], []
-    for i, seg in enumerate(layout.segments):
-        if seg.length == 0:
-            continue
-        path = layout.path(i)  # root .. this segment: every key its queries see
-        q_lengths.append(seg.length)
-        k_lengths.append(seg.offset + seg.length)
-        starts += [p.start for p in path]
-        lengths += [p.length for p in path]
+def attention_host_index(layout: Layout, arena: Arena | None = None) -> dict:
+    """Host arrays of the one attention call, written into `arena` when given; uploaded by the plan builder."""
+    arena = arena or Arena()
+    segs = np.flatnonzero(layout.length > 0)
+    q_lengths = layout.length[segs]
+    k_lengths = layout.offset[segs] + q_lengths
+    path = layout.ancestry[segs]  # root .. each segment: every key its queries see, in order
+    path = path[path >= 0]
     return {
-        "max_q": max(q_lengths),
-        "max_k": max(k_lengths),
-        "kv_src": ranges(starts, lengths),
-        "cu_q": boundaries(q_lengths).astype(np.int32),
-        "cu_k": boundaries(k_lengths).astype(np.int32),
+        "max_q": int(q_lengths.max()),
+        "max_k": int(k_lengths.max()),
+        "kv_src": arena.ranges(layout.start[path], layout.length[path]),
+        "cu_q": arena.boundaries(q_lengths),
+        "cu_k": arena.boundaries(k_lengths),
     }
 
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .layout import Layout, boundaries, ranges
+from .layout import Layout
+from .rows import Arena
 
 
 @dataclass(frozen=True, eq=False)
@@ -23,37 +24,28 @@ class ConvIndex:
     kernel_size: int  # the largest conv kernel the look-back serves
 
 
-def conv_host_index(layout: Layout, kernel_size: int) -> dict:
-    starts, lengths, seq_lengths = [], [], []
-    kept_from = []  # conv output row of each segment's first row
-    row = 0
-    for seg in layout.segments:
-        if seg.length == 0:
-            continue
-        back = 0
-        if seg.parent >= 0:
-            parent = layout.segments[seg.parent]
-            # a nested node is at least the conv look-back long, a root may be shorter only when
-            # the sequence starts there: the parent alone then holds every look-back row there is
-            back = min(kernel_size - 1, seg.offset)
-            assert back <= parent.length, "a nested node shorter than the conv look-back"
-            starts.append(parent.start + parent.length - back)
-            lengths.append(back)
-        starts.append(seg.start)
-        lengths.append(seg.length)
-        seq_lengths.append(back + seg.length)
-        kept_from.append(row + back)
-        row += back + seg.length
-    out = np.empty(layout.compact_length, dtype=np.int64)
-    nonempty = [seg for seg in layout.segments if seg.length]
-    out[ranges([seg.start for seg in nonempty], [seg.length for seg in nonempty])] = ranges(
-        kept_from, [seg.length for seg in nonempty]
-    )
+def conv_host_index(layout: Layout, kernel_size: int, arena: Arena | None = None) -> dict:
+    """Host arrays of the one conv call, written into `arena` when given; uploaded by the plan builder."""
+    arena = arena or Arena()
+    segs = np.flatnonzero(layout.length > 0)
+    length, offset, parent = layout.length[segs], layout.offset[segs], layout.parent[segs]
+    has_parent = parent >= 0
+    up = np.maximum(parent, 0)
+    # a nested node is at least the conv look-back long, a root may be shorter only when the
+    # sequence starts there: the parent alone then holds every look-back row there is
+    back = np.where(has_parent, np.minimum(kernel_size - 1, offset), 0)
+    short = has_parent & (back > layout.length[up])
+    if short.any():
+        raise AssertionError(f"a nested node shorter than the conv look-back (segment {int(segs[short][0])})")
+    parent_end = layout.start[up] + layout.length[up]
+    seq_lengths = back + length
+    kept_from = np.cumsum(seq_lengths) - seq_lengths + back  # conv output row of each segment's first row
+    starts = np.stack([parent_end - back, layout.start[segs]], 1).reshape(-1)
     return {
         "kernel_size": kernel_size,
-        "src": ranges(starts, lengths),
-        "cu": boundaries(seq_lengths).astype(np.int32),
-        "out_index": out,
+        "src": arena.ranges(starts, np.stack([back, length], 1).reshape(-1)),
+        "cu": arena.boundaries(seq_lengths),
+        "out_index": arena.ranges(kept_from, length),  # non-empty segments tile the compact row in order
     }
 
 

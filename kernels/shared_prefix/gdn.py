@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from .gdn_rounds import gated_delta_rule_rounds, round_kernels
-from .layout import Layout, boundaries, ranges
+from .layout import Layout, ranges
+from .rows import Arena
 
 CHUNK = 64  # chunk size of the chunked GDN kernels (fla, ours); the split aligns to it
 
@@ -70,93 +71,90 @@ class GDNIndex:
         return self.rounds[1].zero_state
 
 
-def chunk_indices(lengths) -> np.ndarray:
+def chunk_indices(lengths, arena: Arena | None = None, dtype=np.int64) -> np.ndarray:
     """[chunks, 2]: (sequence, chunk within it) for chunks of 64, flash-linear-attention's layout."""
     counts = -(-np.asarray(lengths, dtype=np.int64) // CHUNK)
-    seq = np.repeat(np.arange(len(lengths), dtype=np.int64), counts)
-    within = ranges(np.zeros(len(lengths), dtype=np.int64), counts)
-    return np.stack([seq, within], axis=1)
+    out = (arena or Arena()).take(2 * int(counts.sum()), dtype).reshape(-1, 2)
+    out[:, 0] = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    out[:, 1] = ranges(np.zeros(len(counts), dtype=np.int64), counts)
+    return out
 
 
-def gdn_host_index(layout: Layout) -> dict:
-    """Host arrays of every round (see `GDNIndex`); uploaded by the plan builder."""
-    segs = layout.segments
+def gdn_host_index(layout: Layout, arena: Arena | None = None) -> dict:
+    """Host arrays of every round (see `GDNIndex`), written into `arena` when given; uploaded by the plan builder."""
+    arena = arena or Arena()
+    start, length, offset, end = layout.start, layout.length, layout.offset, layout.end
+    shared, level, parent = layout.shared, layout.level, layout.parent
+    aligned_end = (end // CHUNK) * CHUNK  # a shared segment's state is exported there
+    run_of = np.full(len(start), -1, dtype=np.int64)  # shared segment -> its sequence in its level's round
     kept_at, kept_from, kept_len = [], [], []  # compact rows whose output a round row holds
     row = 0
-    run_of: dict[int, int] = {}  # shared segment -> its sequence in its level's round
     rounds = []
 
     # round 0: roots up to their last chunk boundary, singletons whole
-    starts, lengths, seq_lengths = [], [], []
-    for i, seg in enumerate(segs):
-        if seg.parent >= 0:
-            continue
-        n = (seg.length // CHUNK) * CHUNK if seg.shared else seg.length
-        if n > 0:
-            if seg.shared:
-                run_of[i] = len(seq_lengths)
-            starts.append(seg.start)
-            lengths.append(n)
-            seq_lengths.append(n)
-            kept_at.append(seg.start)
-            kept_from.append(row)
-            kept_len.append(n)
-            row += n
-    rounds.append((starts, lengths, seq_lengths, None))
+    own = np.where(shared, aligned_end - offset, length)
+    first = np.flatnonzero((parent < 0) & (own > 0))
+    lengths = own[first]
+    run_of[first] = np.arange(len(first))
+    rows = row + np.cumsum(lengths) - lengths
+    kept_at.append(start[first])
+    kept_from.append(rows)
+    kept_len.append(lengths)
+    row += int(lengths.sum())
+    rounds.append((start[first], lengths, np.zeros(0, np.int64), np.zeros(0, np.int64), lengths, None))
 
-    parents = [i for i, seg in enumerate(segs) if seg.shared and seg.level == 0]
-    while parents:
-        starts, lengths, seq_lengths, state = [], [], [], []
-        next_run: dict[int, int] = {}
-        for p in parents:
-            par = segs[p]
-            cut = (par.end // CHUNK) * CHUNK
-            tail_start, tail = par.start + cut - par.offset, par.end - cut
-            from_state = run_of.get(p)
-            if tail > 0:  # the tail alone; its outputs are the parent's tail's
-                starts.append(tail_start)
-                lengths.append(tail)
-                seq_lengths.append(tail)
-                state.append(from_state)
-                kept_at.append(tail_start)
-                kept_from.append(row)
-                kept_len.append(tail)
-                row += tail
-            for c in par.children:
-                child = segs[c]
-                own = (child.end // CHUNK) * CHUNK - child.offset if child.shared else child.length
-                if child.shared:
-                    next_run[c] = len(seq_lengths)
-                starts += [tail_start, child.start]
-                lengths += [tail, own]
-                seq_lengths.append(tail + own)
-                state.append(from_state)
-                kept_at.append(child.start)
-                kept_from.append(row + tail)
-                kept_len.append(own)
-                row += tail + own
-        rounds.append((starts, lengths, seq_lengths, state))
-        run_of = next_run
-        parents = [c for p in parents for c in segs[p].children if segs[c].shared]
+    tail = end - aligned_end  # of every segment; read at parents
+    tail_start = start + aligned_end - offset
+    for lvl in range(1, layout.depth + 1):
+        # per node of level lvl - 1: its tail [B, E) alone, then tail + child for each child, from
+        # the node's exported state; entries ordered by segment (a node comes before its subtree)
+        parents = np.flatnonzero(shared & (level == lvl - 1))
+        alone = parents[tail[parents] > 0]
+        children = np.flatnonzero(level == lvl)
+        of = np.concatenate([alone, parent[children]])
+        order = np.argsort(np.concatenate([alone, children]), kind="stable")
+        of = of[order]
+        child = np.concatenate([np.full(len(alone), -1, np.int64), children])[order]
+        is_child = child >= 0
+        child = np.maximum(child, 0)
+        tails = tail[of]
+        owns = np.where(is_child, own[child], 0)
+        seq_lengths = tails + owns
+        rows = row + np.cumsum(seq_lengths) - seq_lengths
+        kept_at.append(np.where(is_child, start[child], tail_start[of]))
+        kept_from.append(np.where(is_child, rows + tails, rows))
+        kept_len.append(np.where(is_child, owns, tails))
+        row += int(seq_lengths.sum())
+        state = run_of[of]
+        nested = is_child & shared[child]
+        run_of[child[nested]] = np.flatnonzero(nested)
+        rounds.append((tail_start[of], tails, np.where(is_child, start[child], 0), owns, seq_lengths, state))
 
-    out = np.empty(layout.compact_length, dtype=np.int64)
-    out[ranges(kept_at, kept_len)] = ranges(kept_from, kept_len)
+    # the kept pieces tile the compact row: in compact order, their round rows are the out index
+    kept_at, kept_from, kept_len = (np.concatenate(x) for x in (kept_at, kept_from, kept_len))
+    order = np.argsort(kept_at, kind="stable")
+    out = arena.ranges(kept_from[order], kept_len[order])
     host = {"out_index": out, "rounds": len(rounds)}
-    for r, (starts, lengths, seq_lengths, state) in enumerate(rounds):
-        if not seq_lengths:
+    for r, (a_start, a_len, b_start, b_len, seq_lengths, state) in enumerate(rounds):
+        if not len(seq_lengths):
             continue
+        if r:  # two pieces per sequence: the parent's tail, then the child's own rows
+            src = arena.ranges(np.stack([a_start, b_start], 1).reshape(-1), np.stack([a_len, b_len], 1).reshape(-1))
+        else:
+            src = arena.ranges(a_start, a_len)
         host |= {
-            f"src{r}": ranges(starts, lengths),
-            f"cu{r}": boundaries(seq_lengths).astype(np.int32),
-            f"chunks{r}": chunk_indices(seq_lengths).astype(np.int32),
-            f"offsets{r}": boundaries(-(-np.asarray(seq_lengths, dtype=np.int64) // CHUNK)).astype(np.int32),
+            f"src{r}": src,
+            f"cu{r}": arena.boundaries(seq_lengths),
+            f"chunks{r}": chunk_indices(seq_lengths, arena, np.int32),
+            f"offsets{r}": arena.boundaries(-(-seq_lengths // CHUNK)),  # first chunk of each sequence
             f"export{r}": r + 1 < len(rounds),  # not an array: stays on the host
         }
         if state is not None:
-            zero = any(s is None for s in state)
+            zero = bool((state < 0).any())
             host[f"zero{r}"] = zero
-            host[f"state{r}"] = np.asarray([0 if s is None else s + zero for s in state], dtype=np.int64)
-    host["src"] = np.concatenate([host[f"src{r}"] for r in range(len(rounds)) if f"src{r}" in host])
+            host[f"state{r}"] = arena.put(np.where(state < 0, 0, state + zero))
+    # every round's rows in order: one gather per input serves all rounds (gdn_rounds)
+    host["src"] = arena.put(np.concatenate([host[f"src{r}"] for r in range(len(rounds)) if f"src{r}" in host]))
     return host
 
 

@@ -4,33 +4,22 @@ Host code. Depth first from each root: `[node | child subtrees...]`, children or
 first member, where a child is a nested node or a member's own remainder (a leaf); sequences in no
 node stay whole (singletons); roots and singletons in packed order. With one level this is
 `[prefix | suffix_1 | ... | suffix_n]` per group. Everything the mixers index is derived from
-this one description (`Segment`s), so they cannot disagree about the layout.
+this one description (one numpy array per segment field), so they cannot disagree about the
+layout; the builders work on whole arrays, never row by row or member by member.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
 
+from .rows import Arena, boundaries, ranges
 from .tree import Node
 
-
-def ranges(starts, lengths) -> np.ndarray:
-    """Concatenation of `arange(s, s + n)` for every `(s, n)`, without a Python loop over rows."""
-    starts = np.asarray(starts, dtype=np.int64)
-    lengths = np.asarray(lengths, dtype=np.int64)
-    if lengths.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    offsets = np.cumsum(lengths) - lengths
-    return np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
-
-
-def boundaries(lengths) -> np.ndarray:
-    """cu_seqlens of consecutive segments with these lengths."""
-    out = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(np.asarray(lengths, dtype=np.int64), out=out[1:])
-    return out
+__all__ = ["Layout", "Segment", "boundaries", "build_layout", "ranges"]
 
 
 @dataclass(frozen=True)
@@ -56,10 +45,21 @@ class Segment:
         return self.node is not None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Layout:
+    """Segments in compact order, one int64 array per field (`S` segments)."""
+
     cu: tuple[int, ...]  # packed sequence boundaries (host copy)
-    segments: tuple[Segment, ...]  # compact order
+    start: np.ndarray  # [S] compact row of each segment's first row
+    length: np.ndarray  # [S] rows (0 only for a zero-length singleton)
+    offset: np.ndarray  # [S] offset inside its sequences of its first row
+    source: np.ndarray  # [S] packed sequence whose rows the segment holds (a node's first member)
+    parent: np.ndarray  # [S] parent segment, -1 for roots and singletons
+    level: np.ndarray  # [S] 0 for roots and singletons
+    node: np.ndarray  # [S] index into the plan's nodes, -1 for a leaf or a singleton
+    ancestry: np.ndarray  # [S, levels] segments from the root down to each one (itself at its level), -1 after
+    sequence_segment: np.ndarray  # [N] each sequence's own segment (its leaf, or itself as a singleton)
+    nodes: tuple[Node, ...]
     compact_src: np.ndarray  # [C] packed row of each compact row
     expand_index: np.ndarray  # [T] compact row of each packed row
 
@@ -72,89 +72,133 @@ class Layout:
         return len(self.compact_src)
 
     @property
+    def end(self) -> np.ndarray:
+        """[S] offset inside its sequences just past each segment's last row."""
+        return self.offset + self.length
+
+    @property
+    def shared(self) -> np.ndarray:
+        return self.node >= 0
+
+    @property
     def depth(self) -> int:
         """Levels of shared nodes (1 for one-level sharing)."""
-        return 1 + max((s.level for s in self.segments if s.shared), default=-1)
+        shared = self.level[self.node >= 0]
+        return 1 + int(shared.max()) if shared.size else 0
+
+    @functools.cached_property
+    def segments(self) -> tuple[Segment, ...]:
+        """The same layout as one `Segment` per run of rows (for reading and debugging)."""
+        children: dict[int, list[int]] = {}
+        for i, p in enumerate(self.parent.tolist()):
+            if p >= 0:
+                children.setdefault(p, []).append(i)
+        return tuple(
+            Segment(
+                start=int(self.start[i]),
+                length=int(self.length[i]),
+                offset=int(self.offset[i]),
+                members=self.nodes[n].members if n >= 0 else (int(self.source[i]),),
+                parent=int(self.parent[i]),
+                level=int(self.level[i]),
+                node=n if n >= 0 else None,
+                children=tuple(children.get(i, ())),
+            )
+            for i, n in enumerate(self.node.tolist())
+        )
 
     def path(self, index: int) -> list[Segment]:
         """The segments from the root down to `index` (inclusive)."""
-        out = []
-        while index >= 0:
-            seg = self.segments[index]
-            out.append(seg)
-            index = seg.parent
-        return out[::-1]
+        return [self.segments[i] for i in self.ancestry[index].tolist() if i >= 0]
 
 
-def build_layout(nodes: list[Node], cu: list[int]) -> Layout:
-    """Lay out the nodes (parents before children, as `find_tree` returns them) and every sequence."""
-    kids: dict[int, list[int]] = {}
-    root_of_first: dict[int, int] = {}
-    deepest: dict[int, int] = {}  # sequence -> its deepest node
-    for i, node in enumerate(nodes):
-        if node.parent is None:
-            root_of_first[node.members[0]] = i
-        else:
-            kids.setdefault(node.parent, []).append(i)
-        for m in node.members:
-            deepest[m] = i  # parents come first, so the last write is the deepest
-    leaves_of: dict[int, list[int]] = {}
-    for m, i in deepest.items():
-        leaves_of.setdefault(i, []).append(m)
+def build_layout(nodes: list[Node], cu: list[int], arena: Arena | None = None) -> Layout:
+    """Lay out the nodes (parents before children, as `find_tree` returns them) and every sequence;
+    `compact_src` and `expand_index` are written into `arena` when given."""
+    arena = arena or Arena()
+    cu_arr = np.asarray(cu, dtype=np.int64)
+    n_seq, n_nodes = len(cu) - 1, len(nodes)
+    node_parent = np.fromiter((-1 if n.parent is None else n.parent for n in nodes), np.int64, n_nodes)
+    node_start = np.fromiter((n.start for n in nodes), np.int64, n_nodes)
+    node_end = np.fromiter((n.end for n in nodes), np.int64, n_nodes)
+    sizes = np.fromiter((len(n.members) for n in nodes), np.int64, n_nodes)
+    flat_members = np.fromiter(itertools.chain.from_iterable(n.members for n in nodes), np.int64, int(sizes.sum()))
+    member_node = np.repeat(np.arange(n_nodes, dtype=np.int64), sizes)
+    node_first = flat_members[np.cumsum(sizes) - sizes]
+    node_level = np.zeros(n_nodes, dtype=np.int64)
+    for i, p in enumerate(node_parent.tolist()):  # parents come first
+        if p >= 0:
+            node_level[i] = node_level[p] + 1
+    deepest = np.full(n_seq, -1, dtype=np.int64)  # each sequence's deepest node (children follow parents)
+    np.maximum.at(deepest, flat_members, member_node)
 
-    segments: list[dict] = []
-    pos = 0
+    # unsorted segments: the nodes, then one per sequence (its leaf under its deepest node, or itself)
+    seq = np.arange(n_seq, dtype=np.int64)
+    in_node = deepest >= 0
+    under = np.where(in_node, deepest, 0)
+    seq_len = np.diff(cu_arr)
+    seq_offset = np.where(in_node, node_end[under] if n_nodes else 0, 0)
+    u_length = np.concatenate([node_end - node_start, seq_len - seq_offset])
+    u_offset = np.concatenate([node_start, seq_offset])
+    u_source = np.concatenate([node_first, seq])
+    u_node = np.concatenate([np.arange(n_nodes, dtype=np.int64), np.full(n_seq, -1, dtype=np.int64)])
+    u_parent = np.concatenate([node_parent, np.where(in_node, deepest, -1)])  # in node numbering
+    u_level = np.concatenate([node_level, np.where(in_node, node_level[under] + 1 if n_nodes else 0, 0)])
 
-    def add(length, offset, members, parent, level, node) -> int:
-        nonlocal pos
-        segments.append(
-            {
-                "start": pos,
-                "length": length,
-                "offset": offset,
-                "members": members,
-                "parent": parent,
-                "level": level,
-                "node": node,
-                "children": [],
-            }
-        )
-        pos += length
-        if parent >= 0:
-            segments[parent]["children"].append(len(segments) - 1)
-        return len(segments) - 1
+    # compact order: sort by the first members along the path from the root (a node's key is a
+    # prefix of its descendants', -1 padding sorts it first); that is depth first, siblings by
+    # first member, roots and singletons in packed order
+    levels = int(u_level.max()) + 1 if u_level.size else 1
+    n_seg = len(u_length)
+    key = np.full((n_seg, levels), -1, dtype=np.int64)
+    rows = np.arange(n_seg, dtype=np.int64)
+    key[rows, u_level] = u_source
+    up = u_parent.copy()
+    for _ in range(levels - 1):
+        has = up >= 0
+        key[rows[has], node_level[up[has]]] = node_first[up[has]]
+        up[has] = node_parent[up[has]]
+    order = np.lexsort(key.T[::-1])
+    seg_of = np.empty(n_seg, dtype=np.int64)
+    seg_of[order] = np.arange(n_seg, dtype=np.int64)
+    # unsorted index of each node is the node index, so a parent node's segment is seg_of[node]
+    length, offset, source = u_length[order], u_offset[order], u_source[order]
+    level, node = u_level[order], u_node[order]
+    parent = u_parent[order]
+    parent = np.where(parent >= 0, seg_of[np.maximum(parent, 0)], -1)
+    start = np.cumsum(length) - length
+    ancestry = _ancestry(parent, level, levels)
 
-    def visit(i: int, parent: int, level: int) -> None:
-        node = nodes[i]
-        me = add(node.length, node.start, node.members, parent, level, i)
-        # children (nested nodes and leaves) by first member
-        entries = [(nodes[c].members[0], c) for c in kids.get(i, [])]
-        entries += [(m, None) for m in leaves_of.get(i, [])]
-        for first, child in sorted(entries):
-            if child is None:
-                add(cu[first + 1] - cu[first] - node.end, node.end, (first,), me, level + 1, None)
-            else:
-                visit(child, me, level + 1)
+    compact_src = arena.ranges(cu_arr[source] + offset, length)
+    # each sequence, in packed order, is the rows of the segments on its path from the root
+    sequence_segment = seg_of[n_nodes:]
+    path = ancestry[sequence_segment]
+    path = path[path >= 0]
+    expand_index = arena.ranges(start[path], length[path])
+    return Layout(
+        cu=tuple(cu),
+        start=start,
+        length=length,
+        offset=offset,
+        source=source,
+        parent=parent,
+        level=level,
+        node=node,
+        ancestry=ancestry,
+        sequence_segment=sequence_segment,
+        nodes=tuple(nodes),
+        compact_src=compact_src,
+        expand_index=expand_index,
+    )
 
-    in_node = set(deepest)
-    for s in range(len(cu) - 1):
-        if s in root_of_first:
-            visit(root_of_first[s], -1, 0)
-        elif s not in in_node:
-            add(cu[s + 1] - cu[s], 0, (s,), -1, 0, None)
 
-    segs = tuple(Segment(**{**d, "children": tuple(d["children"])}) for d in segments)
-    src_starts = [cu[s.members[0]] + s.offset for s in segs]
-    compact_src = ranges(src_starts, [s.length for s in segs])
-    expand_index = np.empty(cu[-1], dtype=np.int64)
-    expand_index[compact_src] = np.arange(len(compact_src), dtype=np.int64)
-    f_packed, f_compact, f_len = [], [], []  # rows of every member but the source of a shared node
-    for s in segs:
-        if s.shared:
-            for m in s.members[1:]:
-                f_packed.append(cu[m] + s.offset)
-                f_compact.append(s.start)
-                f_len.append(s.length)
-    if f_packed:
-        expand_index[ranges(f_packed, f_len)] = ranges(f_compact, f_len)
-    return Layout(tuple(cu), segs, compact_src, expand_index)
+def _ancestry(parent: np.ndarray, level: np.ndarray, levels: int) -> np.ndarray:
+    """[S, levels]: column `l` holds the ancestor at level `l` (the segment itself at its own level)."""
+    out = np.full((len(parent), levels), -1, dtype=np.int64)
+    rows = np.arange(len(parent), dtype=np.int64)
+    cur = rows.copy()
+    for _ in range(levels):
+        has = cur >= 0
+        out[rows[has], level[cur[has]]] = cur[has]
+        cur[has] = parent[cur[has]]
+    return out

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .layout import Layout
+from .rows import Arena
 
 
 @dataclass(frozen=True, eq=False)
@@ -29,26 +30,33 @@ class LMIndex:
     length: int  # L
 
 
-def lm_host_index(layout: Layout) -> dict:
+def lm_host_index(layout: Layout, arena: Arena | None = None) -> dict:
+    """Host arrays of the LM-row dedup, written into `arena` when given; uploaded by the plan builder."""
+    arena = arena or Arena()
     c = layout.compact_length
-    segs = layout.segments
-    extra_rows, extra_src = [], []  # a node's last row, once for every child after the first
-    inverse = layout.expand_index.copy()  # rows inside a node read the source member's entries
-    pos, entry = [], []
-    for seg in segs:
-        if not seg.shared:
-            continue
-        last = seg.start + seg.length - 1
-        for child in seg.children[1:]:
-            members = segs[child].members
-            extra_rows.append(last)
-            extra_src.append(layout.cu[members[0]] + seg.end - 1)
-            pos += [layout.cu[m] + seg.end - 1 for m in members]
-            entry += [c + len(extra_rows) - 1] * len(members)
-    rows = np.concatenate([np.arange(c, dtype=np.int64), np.asarray(extra_rows, dtype=np.int64)])
-    label_src = np.concatenate([layout.compact_src, np.asarray(extra_src, dtype=np.int64)])
-    if pos:
-        inverse[np.asarray(pos)] = np.asarray(entry)
+    cu = np.asarray(layout.cu, dtype=np.int64)
+    parent, end = layout.parent, layout.end
+    # a node's last row is scored once more for every child after its first (the segment right
+    # after the node, depth first); entries ordered by node, then child
+    later = np.flatnonzero((parent >= 0) & (np.arange(len(parent)) != parent + 1))
+    later = later[np.argsort(parent[later], kind="stable")]
+    node_of = parent[later]
+    entry_of = np.full(len(parent), -1, dtype=np.int64)
+    entry_of[later] = c + np.arange(len(later), dtype=np.int64)
+    rows = arena.ranges(
+        np.concatenate([[0], layout.start[node_of] + layout.length[node_of] - 1]), [c] + [1] * len(later)
+    )
+    label_src = arena.take(c + len(later))
+    label_src[:c] = layout.compact_src
+    label_src[c:] = cu[layout.source[later]] + end[node_of] - 1
+    # every sequence whose path enters such a child: its row at the node's last offset reads that entry
+    inverse = arena.put(layout.expand_index)  # rows inside a node read the source member's entries
+    path = layout.ancestry[layout.sequence_segment]  # [N, levels]
+    seq, depth = np.nonzero(path >= 0)
+    on_path = path[seq, depth]
+    entry = entry_of[on_path]
+    hit = entry >= 0
+    inverse[cu[seq[hit]] + end[parent[on_path[hit]]] - 1] = entry[hit]
     return {"length": len(rows), "rows": rows, "label_src": label_src, "inverse": inverse}
 
 

@@ -1,13 +1,13 @@
 """`build_plan`: everything shared-prefix execution needs for one micro-batch, built once.
 
 One device-to-host copy (boundaries, token ids, positions together), the grouping and every
-index array on the host, one host-to-device copy per index dtype. The mixers afterwards only
-index_select, cat and call their backend: no host sync, no shape that depends on device data.
+index array on the host, written into one buffer that goes to the device in one copy (typed views
+into it). The mixers afterwards only index_select, cat and call their backend: no host sync, no
+shape that depends on device data.
 """
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,9 +17,10 @@ from .attention import AttentionIndex, attention_host_index, attention_index
 from .conv import ConvIndex, conv_host_index, conv_index
 from .gdn import CHUNK, GDNIndex, gdn_host_index, gdn_index
 from .grouping import Group
-from .layout import Layout, boundaries, build_layout
+from .layout import Layout, build_layout, ranges
 from .lm_rows import LMIndex, LMRows, lm_host_index, lm_index, lm_rows
 from .positions import host_positions
+from .rows import Arena
 from .tree import Node, find_tree
 
 DEFAULT_MAX_DEPTH = 4  # a system prompt, a prompt and two turns of an agentic rollout
@@ -132,10 +133,9 @@ def build_plan(
         pos_rows = position_ids.reshape(position_ids.shape[:-2].numel(), length)
 
     cu, ids, pos = _to_host(cu_seqlens, input_ids, pos_rows)
-    if cu[0] != 0 or cu[-1] != length or any(a > b for a, b in itertools.pairwise(cu)):
+    if cu[0] != 0 or cu[-1] != length or bool((np.diff(cu) < 0).any()):
         raise ValueError(f"cu_seqlens must rise from 0 to T={length}, got {cu[:4]}...{cu[-2:]}")
-    per_sequence = host_positions(cu)
-    if pos is not None and np.array_equal(pos, np.broadcast_to(per_sequence, pos.shape)):
+    if pos is not None and np.array_equal(pos, np.broadcast_to(host_positions(cu), pos.shape)):
         pos = None  # per-sequence positions (text-only M-RoPE too) agree wherever offsets agree
     nodes = find_tree(
         ids,
@@ -149,33 +149,37 @@ def build_plan(
     if not nodes:
         return None
 
-    layout = build_layout(nodes, cu)
-    host = {
-        "plan": {
-            "compact_src": layout.compact_src,
-            "expand_index": layout.expand_index,
-            "cu_seqlens": boundaries(_block_lengths(layout)).astype(np.int32),
-        },
-        "gdn": gdn_host_index(layout),
-        "conv": conv_host_index(layout, conv_kernel_size),
-        "attention": attention_host_index(layout),
-        "lm": lm_host_index(layout),
-    }
+    arena = _arena(nodes, cu, 1 if pos is None else len(pos), device)
+    layout = build_layout(nodes, cu, arena)
     # built on the host, where the rows already are: cheaper than a strided index_select
     shape = (
         (1, layout.compact_length)
         if position_ids is None
         else (*position_ids.shape[:-1], layout.compact_length)
     )
-    if pos is None:
-        compact_positions = np.broadcast_to(per_sequence[layout.compact_src], shape)
+    wanted = torch.int64 if position_ids is None else position_ids.dtype
+    positions = arena.take(int(np.prod(shape)), _NUMPY_DTYPE.get(wanted, np.int64)).reshape(shape)
+    if pos is None:  # per-sequence positions: a compact row's position is its offset in its sequence
+        positions[...] = ranges(layout.offset, layout.length)
     else:
-        compact_positions = pos[:, layout.compact_src].reshape(shape)
-    host["plan"]["positions"] = np.array(compact_positions, dtype=np.int64)  # a writable copy
-    dev = _upload(host, device)
+        positions[...] = pos[:, layout.compact_src].reshape(shape)
+    host = {
+        "plan": {
+            "compact_src": layout.compact_src,
+            "expand_index": layout.expand_index,
+            # one block per root with its subtree and per singleton
+            "cu_seqlens": arena.put(np.append(layout.start[layout.parent < 0], layout.compact_length), np.int32),
+            "positions": positions,
+        },
+        "gdn": gdn_host_index(layout, arena),
+        "conv": conv_host_index(layout, conv_kernel_size, arena),
+        "attention": attention_host_index(layout, arena),
+        "lm": lm_host_index(layout, arena),
+    }
+    dev = _upload(host, device, arena=arena)
     compact_positions = dev["plan"]["positions"]
-    if position_ids is not None and compact_positions.dtype != position_ids.dtype:
-        compact_positions = compact_positions.to(position_ids.dtype)
+    if compact_positions.dtype != wanted:
+        compact_positions = compact_positions.to(wanted)
     return Plan(
         nodes=tuple(nodes),
         packed_length=length,
@@ -192,16 +196,6 @@ def build_plan(
     )
 
 
-def _block_lengths(layout: Layout) -> list[int]:
-    """Rows of each root with its whole subtree, and of each singleton."""
-    lengths: list[int] = []
-    for seg in layout.segments:
-        if seg.parent < 0:
-            lengths.append(0)
-        lengths[-1] += seg.length
-    return lengths
-
-
 def _to_host(cu_seqlens, input_ids, pos_rows) -> tuple[list[int], np.ndarray, np.ndarray | None]:
     """The one device-to-host copy: boundaries, ids and positions travel together when on one device."""
     parts = [cu_seqlens.reshape(-1), input_ids.reshape(-1)] + (
@@ -211,8 +205,12 @@ def _to_host(cu_seqlens, input_ids, pos_rows) -> tuple[list[int], np.ndarray, np
     for i, p in enumerate(parts):
         by_device.setdefault(p.device, []).append(i)
     host = [None] * len(parts)
-    for indices in by_device.values():  # one copy per device (cu_seqlens may already be on the host)
-        flat = torch.cat([parts[i].to(torch.long) for i in indices]).cpu().numpy()
+    for device, indices in by_device.items():
+        if device.type == "cpu":  # already on the host: views, no copy
+            for i in indices:
+                host[i] = parts[i].to(torch.long).numpy()
+            continue
+        flat = torch.cat([parts[i].to(torch.long) for i in indices]).cpu().numpy()  # one copy per device
         offset = 0
         for i in indices:
             host[i] = flat[offset : offset + parts[i].numel()]
@@ -221,44 +219,72 @@ def _to_host(cu_seqlens, input_ids, pos_rows) -> tuple[list[int], np.ndarray, np
     return host[0].tolist(), host[1], pos
 
 
-_TORCH_DTYPE = {np.int64: torch.int64, np.int32: torch.int32}
+_TORCH_DTYPE = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32}
+_NUMPY_DTYPE = {torch.int64: np.int64, torch.int32: np.int32}
+
+
+def _arena(nodes: list[Node], cu: list[int], position_rows: int, device: torch.device) -> Arena:
+    """Room for every index array of the plan: pinned (and cached by torch) when the plan goes to
+    CUDA, so the builders write straight into the staging buffer of the one upload; ordinary
+    memory of at least 4 MiB otherwise, which numpy backs with huge pages where the kernel offers
+    them. The size is a bound, not exact: an array that does not fit gets memory of its own."""
+    t = cu[-1]
+    c = t - sum((len(n.members) - 1) * (n.end - n.start) for n in nodes)  # compact rows
+    segments = len(nodes) + len(cu)
+    # compact_src, expand_index and the LM inverse; GDN (rows, out; a replayed tail < 64 per
+    # child), conv (rows, out), attention keys (at most every packed row plus every node's rows
+    # again per level), LM rows and labels, positions; boundaries and chunk tables
+    slots = 3 * t + 2 * c + 2 * (c + 64 * segments) + 2 * c + 2 * t + 2 * (c + segments) + position_rows * c
+    slots += 8 * segments + (c + 64 * segments) // 32 + 1024
+    if device.type == "cuda":
+        staging = torch.empty(slots, dtype=torch.int64, pin_memory=True)
+        return Arena(staging.numpy(), owner=staging)
+    return Arena(np.empty(max(slots, _HUGE_PAGE_SLOTS), dtype=np.int64))
+
+
+_HUGE_PAGE_SLOTS = 1 << 19  # 4 MiB: numpy asks for transparent huge pages from there on
 
 
 def _upload(
-    host: dict[str, dict], device: torch.device, pack: bool | None = None
+    host: dict[str, dict], device: torch.device, pack: bool | None = None, arena: Arena | None = None
 ) -> dict[str, dict[str, torch.Tensor]]:
-    """Every index array to the device in one copy per dtype (int64 indices, int32 boundaries).
+    """Every index array to the device in one copy: one int64 buffer, typed views into it.
 
-    `pack` (default: the device is not the CPU) concatenates before copying; on the CPU the arrays
-    are wrapped as they are.
+    `pack` (default: the device is not the CPU) copies; on the CPU the arrays are wrapped as they
+    are. When every array already lives in `arena`, its used slots are the buffer (no host copy);
+    otherwise the arrays are packed into a new one. An int32 array takes whole 8-byte slots, so
+    every view is aligned.
     """
     out: dict[str, dict[str, torch.Tensor]] = {name: {} for name in host}
+    entries = [
+        (name, key, arr) for name, arrays in host.items() for key, arr in arrays.items() if isinstance(arr, np.ndarray)
+    ]
+    for name, key, arr in entries:
+        if arr.dtype not in _TORCH_DTYPE:
+            raise TypeError(f"plan array {name}.{key} is {arr.dtype}; the upload takes int64 and int32 arrays")
     if not (device.type != "cpu" if pack is None else pack):
-        for name, arrays in host.items():
-            for key, arr in arrays.items():
-                if isinstance(arr, np.ndarray):
-                    out[name][key] = torch.from_numpy(arr)
-        return out
-    for dtype in (np.int64, np.int32):
-        entries = [
-            (name, key, arr)
-            for name, arrays in host.items()
-            for key, arr in arrays.items()
-            if isinstance(arr, np.ndarray) and arr.dtype == dtype
-        ]
-        if not entries:
-            continue
-        parts = [arr.reshape(-1) for _, _, arr in entries]
-        if device.type == "cuda":
-            # pinned staging (torch caches these blocks and keeps one alive until its copy is done),
-            # so the copy is asynchronous and build_plan does not wait for the device
-            staging = torch.empty(sum(p.size for p in parts), dtype=_TORCH_DTYPE[dtype], pin_memory=True)
-            np.concatenate(parts, out=staging.numpy())
-            flat = staging.to(device, non_blocking=True)
-        else:
-            flat = torch.from_numpy(np.concatenate(parts)).to(device)
-        offset = 0
         for name, key, arr in entries:
-            out[name][key] = flat[offset : offset + arr.size].view(arr.shape)
-            offset += arr.size
+            out[name][key] = torch.from_numpy(arr)
+        return out
+    slots_of = [None if arena is None else arena.slot_of(arr) for _, _, arr in entries]
+    if entries and all(slot is not None for slot in slots_of):
+        # the pinned tensor itself when there is one, so that torch's host allocator sees the copy
+        # and keeps the block until it is done
+        owner = arena.owner if arena.owner is not None else torch.from_numpy(arena.buffer)
+        staging = owner[: arena.used]
+    else:
+        sizes = [-(-arr.nbytes // 8) for _, _, arr in entries]
+        staging = torch.empty(sum(sizes), dtype=torch.int64, pin_memory=device.type == "cuda")
+        buffer = staging.numpy()
+        slots_of, offset = [], 0
+        for (_, _, arr), n in zip(entries, sizes):
+            buffer[offset : offset + n].view(arr.dtype)[: arr.size] = arr.reshape(-1)
+            slots_of.append(offset)
+            offset += n
+    # asynchronous from pinned memory (torch keeps the block alive until its copy is done), so
+    # build_plan does not wait for the device
+    flat = staging.to(device, non_blocking=True)
+    for (name, key, arr), slot in zip(entries, slots_of):
+        n = -(-arr.nbytes // 8)
+        out[name][key] = flat[slot : slot + n].view(_TORCH_DTYPE[arr.dtype])[: arr.size].view(arr.shape)
     return out

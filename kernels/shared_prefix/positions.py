@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .rows import counting
+
 
 def positions_from_cu_seqlens(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
     """`[1, length]` int64 positions restarting at 0 at every sequence start; on the device, no sync."""
@@ -18,4 +20,4 @@ def host_positions(cu: list[int]) -> np.ndarray:
     """The same positions on the host, from a host copy of `cu_seqlens`."""
     lengths = np.diff(np.asarray(cu, dtype=np.int64))
     starts = np.repeat(np.asarray(cu[:-1], dtype=np.int64), lengths)
-    return np.arange(cu[-1], dtype=np.int64) - starts
+    return counting(cu[-1]) - starts

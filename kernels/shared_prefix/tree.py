@@ -59,18 +59,20 @@ def find_tree(
     flat = [Node(g.members, 0, g.prefix_length, None) for g in groups]
     if max_depth == 1 or not groups:
         return flat
+    # a run nests (its trie has an internal node below the root) exactly when its adjacent
+    # prefixes are not all equal: where nothing nests, a deeper tree has nothing more to share
+    if all(min(adjacent) == max(adjacent) for _, adjacent in runs):
+        return flat
     limit = sys.getrecursionlimit()
     # the trie and the solver recurse once (a few frames) per trie level; a chain of nested
     # prefixes can be as deep as a bucket has sequences
     sys.setrecursionlimit(max(limit, 4 * len(cu) + 1000))
     try:
         tries = [_trie(order, adjacent) for order, adjacent in runs]
-        if all(c.is_leaf for t in tries for c in t.children):
-            return flat  # no bucket nests: a deeper tree has nothing more to share
         if max(t.height for t in tries) > MAX_TRIE_HEIGHT:
             return flat  # a long chain of nested prefixes (not an RL batch): the solver would be quadratic in it
         flat_saved = sum((len(n.members) - 1) * n.length for n in flat)
-        solver = _Solver(min_prefix, max(nested_min, min_prefix))
+        solver = _Solver(min_prefix, max(nested_min, min_prefix), max_depth)
         # depth 1 is the one-level grouping (exactly today's plan); deeper only where it pays its levels
         best_depth, best_cost = 1, -flat_saved + level_cost
         for depth in range(2, max_depth + 1):
@@ -87,26 +89,32 @@ def find_tree(
     return _ordered(kept)
 
 
-@dataclass
+@dataclass(eq=False, slots=True)
 class _TrieNode:
-    """An interval of a bucket's sorted sequences and their common prefix; leaves are one sequence."""
+    """An internal node: an interval `[lo, hi)` of a bucket's sorted sequences and their common prefix.
 
-    members: tuple[int, ...]
-    prefix: int  # common prefix of the members (capped so every member keeps a row); unused for a leaf
-    children: list[_TrieNode]
-    height: int = 0  # levels of internal nodes from here down: more depth than that changes nothing
+    Children are internal nodes or leaves; a leaf is a plain int, its position in the sorted order
+    (few objects per trie: its build allocates little for the garbage collector to track).
+    """
 
-    @property
-    def is_leaf(self) -> bool:
-        return not self.children
+    seqs: list[int]  # the bucket's sequences in lexicographic order (shared by every node of the trie)
+    lo: int
+    hi: int
+    prefix: int  # common prefix of the members (capped so every member keeps a row)
+    children: list[_TrieNode | int]
+    height: int  # levels of internal nodes from here down: more depth than that changes nothing
+
+
+def _size(child: _TrieNode | int) -> int:
+    return 1 if isinstance(child, int) else child.hi - child.lo
 
 
 def _trie(seqs: list[int], adjacent: list[int]) -> _TrieNode:
     """The compressed trie of sequences in lexicographic order, from their adjacent common prefixes."""
 
-    def build(lo: int, hi: int) -> _TrieNode:
+    def build(lo: int, hi: int) -> _TrieNode | int:
         if hi - lo == 1:
-            return _TrieNode((seqs[lo],), 0, [])
+            return lo
         prefix = min(adjacent[lo : hi - 1])
         children, first = [], lo
         for i in range(lo, hi - 1):  # children split where the adjacent prefix equals the node's
@@ -114,83 +122,144 @@ def _trie(seqs: list[int], adjacent: list[int]) -> _TrieNode:
                 children.append(build(first, i + 1))
                 first = i + 1
         children.append(build(first, hi))
-        return _TrieNode(tuple(seqs[lo:hi]), prefix, children, 1 + max(c.height for c in children))
+        height = 1 + max(0 if isinstance(c, int) else c.height for c in children)
+        return _TrieNode(seqs, lo, hi, prefix, children, height)
 
     return build(0, len(seqs))
 
 
 class _Solver:
-    """Most rows saved under a trie node, given the end of the nearest kept ancestor and the levels left.
+    """Most rows saved under a trie node, given the end of the nearest kept ancestor, for every
+    number of levels left at once (`0 .. max_depth`: one pass over the trie serves every depth).
 
     At a trie node with prefix `p`, any contiguous run of two or more of its children may become one
     kept node of rows `[above, p)`; the other children are solved on their own. A run's value is
-    linear in prefix sums, so the best split of `k` children costs O(k).
+    linear in prefix sums, so the best split of `k` children costs O(k) per depth.
     """
 
-    def __init__(self, min_root: int, min_nested: int):
-        self.min_root, self.min_nested = min_root, min_nested
-        self.memo: dict[tuple[int, int, int], tuple[int, list]] = {}
+    def __init__(self, min_root: int, min_nested: int, max_depth: int):
+        self.min_root, self.min_nested, self.max_depth = min_root, min_nested, max_depth
+        self.memo: dict[tuple[int, int], tuple[list[int], list[list]]] = {}
+        self.none = ([0] * (max_depth + 1), [[] for _ in range(max_depth + 1)])
+        self.flats: dict[int, list[int]] = {}
+
+    def _shortest(self, above: int) -> int:
+        return self.min_root if above == 0 else self.min_nested
+
+    def _values(self, child: _TrieNode | int, above: int) -> list[int] | None:
+        """Rows saved under `child` for every depth, None for nothing; a node with only leaves
+        below keeps them all together at any depth, which needs no search (nor a memo entry)."""
+        if isinstance(child, int):
+            return None
+        if child.height == 1:
+            length = child.prefix - above
+            if length < self._shortest(above):
+                return None
+            saved = (child.hi - child.lo - 1) * length
+            flat = self.flats.get(saved)
+            if flat is None:
+                flat = self.flats[saved] = [0] + [saved] * self.max_depth
+            return flat
+        return self._solve(child, above)[0]
 
     def best(self, node: _TrieNode, above: int, depth: int) -> int:
-        return self._solve(node, above, depth)[0]
+        return self._solve(node, above)[0][depth]
 
-    def _solve(self, node: _TrieNode, above: int, depth: int) -> tuple[int, list]:
-        if node.is_leaf or depth == 0:
-            return 0, []
-        depth = min(depth, node.height)
-        key = (id(node), above, depth)
+    def _solve(self, node: _TrieNode | int, above: int) -> tuple[list[int], list[list]]:
+        """(rows saved, kept runs of children) for every depth; more depth than the node's height changes nothing."""
+        if isinstance(node, int):
+            return self.none
+        key = (id(node), above)
         hit = self.memo.get(key)
         if hit is not None:
             return hit
-        alone = [0 if c.is_leaf else self._solve(c, above, depth)[0] for c in node.children]
+        top = self.max_depth
+        children = node.children
         length = node.prefix - above
-        if length < (self.min_root if above == 0 else self.min_nested):
-            result = (sum(alone), [])
+        if node.height == 1:  # only leaves below: keeping all of them together is best at any depth
+            if length < self._shortest(above):
+                result = self.none
+            else:
+                runs = [(0, len(children))]
+                result = ([0] + [(node.hi - node.lo - 1) * length] * top, [[]] + [runs] * top)
+            self.memo[key] = result
+            return result
+        alone = [self._values(c, above) for c in children]
+        values, runs_of = [0] * (top + 1), [[] for _ in range(top + 1)]
+        if length < self._shortest(above):
+            for d in range(1, top + 1):
+                values[d] = sum(0 if a is None else a[d] for a in alone)
         else:
-            kept = [0 if c.is_leaf else self._solve(c, node.prefix, depth - 1)[0] for c in node.children]
-            k = len(node.children)
-            best = [0] * (k + 1)
-            choice = [0] * (k + 1)  # start of the last segment; j - 1 means child j - 1 alone
-            lead_best, lead_at = None, -1  # max over i <= j - 2 of best[i] - M_i * length - K_i
-            m_sum, k_sum = [0] * (k + 1), [0] * (k + 1)
+            kept = [self._values(c, node.prefix) for c in children]
+            k = len(children)
+            m_sum = [0] * (k + 1)
             for j in range(1, k + 1):
-                m_sum[j] = m_sum[j - 1] + len(node.children[j - 1].members)
-                k_sum[j] = k_sum[j - 1] + kept[j - 1]
-            for j in range(1, k + 1):
-                best[j], choice[j] = best[j - 1] + alone[j - 1], j - 1
-                if j >= 2:
-                    i = j - 2
-                    lead = best[i] - m_sum[i] * length - k_sum[i]
-                    if lead_best is None or lead > lead_best:
-                        lead_best, lead_at = lead, i
-                    run = lead_best + (m_sum[j] - 1) * length + k_sum[j]
-                    if run > best[j]:
-                        best[j], choice[j] = run, lead_at
-            runs, j = [], k
-            while j > 0:
-                i = choice[j]
-                if j - i > 1:
-                    runs.append((i, j))
-                j = i
-            result = (best[k], runs[::-1])
+                m_sum[j] = m_sum[j - 1] + _size(children[j - 1])
+            for d in range(1, min(top, node.height) + 1):
+                values[d], runs_of[d] = self._split(
+                    [0 if a is None else a[d] for a in alone],
+                    [0 if a is None else a[d - 1] for a in kept],
+                    m_sum,
+                    length,
+                )
+            for d in range(node.height + 1, top + 1):
+                values[d], runs_of[d] = values[node.height], runs_of[node.height]
+        result = (values, runs_of)
         self.memo[key] = result
         return result
 
-    def collect(self, node: _TrieNode, above: int, depth: int, parent, out: list) -> None:
+    @staticmethod
+    def _split(alone: list[int], kept: list[int], m_sum: list[int], length: int) -> tuple[int, list]:
+        """Best split of the children into runs kept at this node and children alone."""
+        k = len(alone)
+        if k == 2:  # a binary branch (every turn of an agentic tree): both together or both alone
+            together = (m_sum[2] - 1) * length + kept[0] + kept[1]
+            apart = alone[0] + alone[1]
+            return (together, [(0, 2)]) if together > apart else (apart, [])
+        best = [0] * (k + 1)
+        choice = [0] * (k + 1)  # start of the last segment; j - 1 means child j - 1 alone
+        lead_best, lead_at = None, -1  # max over i <= j - 2 of best[i] - M_i * length - K_i
+        k_sum = [0] * (k + 1)
+        for j in range(1, k + 1):
+            k_sum[j] = k_sum[j - 1] + kept[j - 1]
+        for j in range(1, k + 1):
+            best[j], choice[j] = best[j - 1] + alone[j - 1], j - 1
+            if j >= 2:
+                i = j - 2
+                lead = best[i] - m_sum[i] * length - k_sum[i]
+                if lead_best is None or lead > lead_best:
+                    lead_best, lead_at = lead, i
+                run = lead_best + (m_sum[j] - 1) * length + k_sum[j]
+                if run > best[j]:
+                    best[j], choice[j] = run, lead_at
+        runs, j = [], k
+        while j > 0:
+            i = choice[j]
+            if j - i > 1:
+                runs.append((i, j))
+            j = i
+        return best[k], runs[::-1]
+
+    def collect(self, node: _TrieNode | int, above: int, depth: int, parent, out: list) -> None:
         """Append the kept nodes of the best solution as (members, start, end, parent slot)."""
-        if node.is_leaf or depth == 0:
+        if isinstance(node, int) or depth == 0:
             return
-        depth = min(depth, node.height)
-        _, runs = self._solve(node, above, depth)
+        children = node.children
+        if node.height == 1:
+            runs = [(0, len(children))] if node.prefix - above >= self._shortest(above) else []
+        else:
+            runs = self._solve(node, above)[1][depth]
         in_run = set()
         for i, j in runs:
-            members = tuple(sorted(m for c in node.children[i:j] for m in c.members))
+            # contiguous children hold a contiguous interval of the sorted sequences
+            lo = children[i] if isinstance(children[i], int) else children[i].lo
+            hi = children[j - 1] + 1 if isinstance(children[j - 1], int) else children[j - 1].hi
             slot = len(out)
-            out.append((members, above, node.prefix, parent))
-            for c in node.children[i:j]:
+            out.append((tuple(sorted(node.seqs[lo:hi])), above, node.prefix, parent))
+            for c in children[i:j]:
                 self.collect(c, node.prefix, depth - 1, slot, out)
             in_run.update(range(i, j))
-        for ci, c in enumerate(node.children):
+        for ci, c in enumerate(children):
             if ci not in in_run:
                 self.collect(c, above, depth, parent, out)
 
