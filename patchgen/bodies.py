@@ -10,7 +10,7 @@ import libcst as cst
 from libcst.metadata import BuiltinScope, GlobalScope, MetadataWrapper, ScopeProvider
 
 from patchgen.codemods.absolute_imports import AbsoluteImports
-from patchgen.codemods.names import import_bindings, top_level_import_nodes
+from patchgen.codemods.names import import_bindings, subtree_ids, top_level_import_nodes
 from patchgen.errors import ConfigError
 from patchgen.source import module_file, read_source
 
@@ -40,7 +40,7 @@ def _parse(module_name: str) -> _ParsedBodies:
     except cst.ParserSyntaxError as exc:
         raise ConfigError(f"bodies module {module_name} ({path}) does not parse: {exc}") from None
     tree = tree.visit(AbsoluteImports(module_name, is_package=path.name == "__init__.py"))
-    wrapper = MetadataWrapper(tree)
+    wrapper = MetadataWrapper(tree, unsafe_skip_copy=True)  # the tree is ours alone: no defensive deep copy
     scopes = wrapper.resolve(ScopeProvider)
     return _ParsedBodies(wrapper.module, scopes, path)
 
@@ -58,14 +58,7 @@ def load_body(module_name: str, qualname: str, expected: str) -> Body:
     if kind != expected and "class" in (kind, expected):
         raise ConfigError(f"body {where} is a {kind}, but the patch needs a {expected}")
 
-    inside: set[int] = set()
-
-    class Mark(cst.CSTVisitor):
-        def on_visit(self, n):
-            inside.add(id(n))
-            return True
-
-    node.visit(Mark())
+    inside = subtree_ids(node)
     imports: dict[str, cst.Import | cst.ImportFrom] = {}
     unresolved: set[str] = set()
     unguarded = top_level_import_nodes(parsed.module)

@@ -143,10 +143,7 @@ def _collect_names(node: cst.CSTNode, used: set[str], in_strings: bool) -> None:
         and any(isinstance(t.target, cst.Name) and t.target.value == "__all__" for t in node.targets)
     ):
         in_strings = True
-    names = _CHILD_FIELDS.get(kind)
-    if names is None:
-        names = _CHILD_FIELDS[kind] = tuple(f.name for f in dataclasses.fields(kind))
-    for name in names:
+    for name in _child_fields(kind):
         value = getattr(node, name)
         if isinstance(value, cst.CSTNode):
             _collect_names(value, used, in_strings)
@@ -154,6 +151,36 @@ def _collect_names(node: cst.CSTNode, used: set[str], in_strings: bool) -> None:
             for item in value:
                 if isinstance(item, cst.CSTNode):
                     _collect_names(item, used, in_strings)
+
+
+def _child_fields(kind: type) -> tuple[str, ...]:
+    names = _CHILD_FIELDS.get(kind)
+    if names is None:
+        names = _CHILD_FIELDS[kind] = tuple(f.name for f in dataclasses.fields(kind))
+    return names
+
+
+def child_nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """The nodes directly under `node`, read from its fields (libcst's `children` rebuilds the node)."""
+    found: list[cst.CSTNode] = []
+    for name in _child_fields(type(node)):
+        value = getattr(node, name)
+        if isinstance(value, cst.CSTNode):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found.extend(item for item in value if isinstance(item, cst.CSTNode))
+    return found
+
+
+def subtree_ids(node: cst.CSTNode) -> set[int]:
+    """ids of `node` and of every node under it."""
+    found: set[int] = set()
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        found.add(id(current))
+        pending.extend(child_nodes(current))
+    return found
 
 
 def top_level_import_nodes(module: cst.Module) -> set[int]:
