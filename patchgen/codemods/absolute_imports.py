@@ -44,11 +44,12 @@ def relative_import_paths(module: cst.Module) -> set[int]:
     on_path: set[int] = set()
 
     def walk(node: cst.CSTNode, enclosing: tuple[int, ...]) -> None:
-        if isinstance(node, cst.ImportFrom):
-            if node.relative:
-                on_path.update(enclosing)
-                on_path.add(id(node))
-        elif not isinstance(node, cst.BaseExpression):  # imports are statements: no expression holds one
+        if isinstance(node, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+            # An import is one of a line's small statements, never nested deeper.
+            found = [id(small) for small in node.body if isinstance(small, cst.ImportFrom) and small.relative]
+            if found:
+                on_path.update(enclosing, found, (id(node),))
+        elif not isinstance(node, cst.BaseExpression):  # no expression holds a statement
             for child in child_nodes(node):
                 walk(child, (*enclosing, id(node)))
 
