@@ -7,7 +7,7 @@ import functools
 from pathlib import Path
 
 import libcst as cst
-from libcst.metadata import BuiltinScope, GlobalScope, MetadataWrapper, ScopeProvider
+from libcst.metadata import Access, BuiltinScope, GlobalScope, MetadataWrapper, ScopeProvider
 
 from patchgen.codemods.absolute_imports import AbsoluteImports
 from patchgen.codemods.names import import_bindings, subtree_ids, top_level_import_nodes
@@ -28,7 +28,7 @@ class Body:
 @dataclasses.dataclass
 class _ParsedBodies:
     module: cst.Module
-    scopes: dict
+    accesses: list[Access]  # every name read anywhere in the module, with what it resolves to
     path: Path
 
 
@@ -41,8 +41,8 @@ def _parse(module_name: str) -> _ParsedBodies:
         raise ConfigError(f"bodies module {module_name} ({path}) does not parse: {exc}") from None
     tree = tree.visit(AbsoluteImports(module_name, is_package=path.name == "__init__.py"))
     wrapper = MetadataWrapper(tree, unsafe_skip_copy=True)  # the tree is ours alone: no defensive deep copy
-    scopes = wrapper.resolve(ScopeProvider)
-    return _ParsedBodies(wrapper.module, scopes, path)
+    scopes = {scope for scope in wrapper.resolve(ScopeProvider).values() if scope is not None}
+    return _ParsedBodies(wrapper.module, [access for scope in scopes for access in scope.accesses], path)
 
 
 @functools.cache  # the gpu and npu targets (and a renamed sibling model) share their bodies
@@ -62,35 +62,34 @@ def load_body(module_name: str, qualname: str, expected: str) -> Body:
     imports: dict[str, cst.Import | cst.ImportFrom] = {}
     unresolved: set[str] = set()
     unguarded = top_level_import_nodes(parsed.module)
-    for scope in {s for s in parsed.scopes.values() if s is not None}:
-        for access in scope.accesses:
-            if id(access.node) not in inside:
+    for access in parsed.accesses:
+        if id(access.node) not in inside:
+            continue
+        name = access.node.value if isinstance(access.node, cst.Name) else None
+        referents = list(access.referents)
+        if not referents:
+            if name:
+                unresolved.add(name)
+            continue
+        if all(isinstance(r.scope, BuiltinScope) for r in referents):
+            continue
+        for referent in referents:
+            if not isinstance(referent.scope, GlobalScope):
                 continue
-            name = access.node.value if isinstance(access.node, cst.Name) else None
-            referents = list(access.referents)
-            if not referents:
-                if name:
-                    unresolved.add(name)
-                continue
-            if all(isinstance(r.scope, BuiltinScope) for r in referents):
-                continue
-            for referent in referents:
-                if not isinstance(referent.scope, GlobalScope):
-                    continue
-                bound = referent.name
-                statement = referent.node
-                if isinstance(statement, (cst.Import, cst.ImportFrom)):
-                    if id(statement) not in unguarded:
-                        raise ConfigError(
-                            f"body {where} reads {bound!r}, which {module_name} imports inside a block (try/if): "
-                            "the generated module would import it unguarded; import it at the top of the bodies "
-                            "module, or put the fallback in patchgen.kernels and import that"
-                        )
-                    imports[bound.split(".")[0]] = _single_alias(statement, bound)
-                elif id(referent.node) not in inside:
-                    # Defined by the bodies module itself (usually the upstream-named class a method sits in):
-                    # the generated module must define it too, which the pipeline checks.
-                    unresolved.add(bound)
+            bound = referent.name
+            statement = referent.node
+            if isinstance(statement, (cst.Import, cst.ImportFrom)):
+                if id(statement) not in unguarded:
+                    raise ConfigError(
+                        f"body {where} reads {bound!r}, which {module_name} imports inside a block (try/if): "
+                        "the generated module would import it unguarded; import it at the top of the bodies "
+                        "module, or put the fallback in patchgen.kernels and import that"
+                    )
+                imports[bound.split(".")[0]] = _single_alias(statement, bound)
+            elif id(referent.node) not in inside:
+                # Defined by the bodies module itself (usually the upstream-named class a method sits in):
+                # the generated module must define it too, which the pipeline checks.
+                unresolved.add(bound)
     return Body(node, imports, frozenset(unresolved), where)
 
 
