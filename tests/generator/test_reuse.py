@@ -7,8 +7,8 @@ import libcst as cst
 import pytest
 
 from patchgen import codegen, pipeline
+from patchgen.codemods import names
 from patchgen.codemods.absolute_imports import AbsoluteImports
-from patchgen.codemods.names import names_used
 from patchgen.errors import PatchTargetMissing
 from patchgen.targets import Target
 
@@ -103,6 +103,20 @@ def test_module_code_reuses_a_statement_shared_by_two_modules(fresh_caches):
     assert len(codegen._STATEMENT_CODE) == 3  # import, def, and the new line: the shared two rendered once
 
 
+def test_names_of_an_edited_class_are_read_again_but_its_untouched_methods_are_not(monkeypatch):
+    monkeypatch.setattr(names, "_STATEMENT_NAMES", {})
+    module = cst.parse_module(
+        "import os\n\n\nclass A:\n    def f(self):\n        return os.sep\n\n    def g(self):\n        return helper()\n"
+    )
+    assert names.names_used(module) == {"A", "f", "g", "os", "self", "helper"}  # a def's own name counts
+    cls = module.body[-1]
+    untouched = cls.body.body[1]
+    new_f = cst.parse_module("def f(self):\n    return other()\n").body[0]
+    edited = module.with_changes(body=[module.body[0], cls.with_changes(body=cls.body.with_changes(body=[new_f, untouched]))])
+    assert names._STATEMENT_NAMES[id(untouched)][0] is untouched  # read by the first walk, reused by the second
+    assert names.names_used(edited) == {"A", "f", "g", "self", "other", "helper"}
+
+
 NESTED = """\
 from .configuration_m import MConfig
 import os
@@ -130,7 +144,7 @@ def test_absolute_imports_rewrite_nested_relative_imports_only():
         .replace("from . import sibling", "from pkg.models.m import sibling")
     )
     assert out.body[1] is module.body[1] and out.body[3] is module.body[3]  # nothing else rebuilt
-    assert names_used(out) == names_used(module)
+    assert names.names_used(out) == names.names_used(module)
 
 
 def test_a_module_without_relative_imports_is_returned_as_it_is():
