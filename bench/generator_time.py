@@ -4,7 +4,8 @@
 
 --all writes into a temporary PATCHGEN_OUTPUT_DIR, so the checked-in files are not touched. The CPU
 column (user + system time of the child process) is the steadier number on a shared machine, where
-wall time also counts waiting for a core.
+wall time also counts waiting for a core; the 1-minute load average before and after the runs says
+how shared the machine was (idle: below 1 per core).
 """
 
 import argparse
@@ -32,18 +33,20 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     rows = []
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as out:
         env_all = {**os.environ, "PATCHGEN_OUTPUT_DIR": out}
         for name, argv, env in (("patchgen --all", ["--all"], env_all), ("patchgen --check", ["--check"], dict(os.environ))):
             runs = [timed(argv, env) for _ in range(args.repeats)]
             walls, cpus = [w for w, _ in runs], [c for _, c in runs]
-            rows.append((name, statistics.median(walls), min(walls), max(walls), statistics.median(cpus)))
+            rows.append((name, statistics.median(walls), min(walls), max(walls), statistics.median(cpus), min(cpus)))
     print(
-        f"{'command':<20} {'median s':>9} {'min s':>7} {'max s':>7} {'median CPU s':>13}"
-        f"   ({args.repeats} runs, fresh processes, {os.cpu_count()} cores)"
+        f"{'command':<20} {'median s':>9} {'min s':>7} {'max s':>7} {'median CPU s':>13} {'min CPU s':>10}"
+        f"   ({args.repeats} runs, fresh processes, {os.cpu_count()} cores,"
+        f" load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after)"
     )
-    for name, median, low, high, cpu in rows:
-        print(f"{name:<20} {median:>9.2f} {low:>7.2f} {high:>7.2f} {cpu:>13.2f}")
+    for name, median, low, high, cpu, cpu_low in rows:
+        print(f"{name:<20} {median:>9.2f} {low:>7.2f} {high:>7.2f} {cpu:>13.2f} {cpu_low:>10.2f}")
 
 
 if __name__ == "__main__":

@@ -7,10 +7,10 @@ import functools
 from pathlib import Path
 
 import libcst as cst
-from libcst.metadata import BuiltinScope, GlobalScope, MetadataWrapper, ScopeProvider
+from libcst.metadata import Access, BuiltinScope, GlobalScope, MetadataWrapper, ScopeProvider
 
 from patchgen.codemods.absolute_imports import AbsoluteImports
-from patchgen.codemods.names import import_bindings, top_level_import_nodes
+from patchgen.codemods.names import import_bindings, subtree_ids, top_level_import_nodes
 from patchgen.errors import ConfigError
 from patchgen.source import module_file, read_source
 
@@ -28,7 +28,7 @@ class Body:
 @dataclasses.dataclass
 class _ParsedBodies:
     module: cst.Module
-    scopes: dict
+    accesses: list[Access]  # every name read anywhere in the module, with what it resolves to
     path: Path
 
 
@@ -40,9 +40,9 @@ def _parse(module_name: str) -> _ParsedBodies:
     except cst.ParserSyntaxError as exc:
         raise ConfigError(f"bodies module {module_name} ({path}) does not parse: {exc}") from None
     tree = tree.visit(AbsoluteImports(module_name, is_package=path.name == "__init__.py"))
-    wrapper = MetadataWrapper(tree)
-    scopes = wrapper.resolve(ScopeProvider)
-    return _ParsedBodies(wrapper.module, scopes, path)
+    wrapper = MetadataWrapper(tree, unsafe_skip_copy=True)  # the tree is ours alone: no defensive deep copy
+    scopes = {scope for scope in wrapper.resolve(ScopeProvider).values() if scope is not None}
+    return _ParsedBodies(wrapper.module, [access for scope in scopes for access in scope.accesses], path)
 
 
 @functools.cache  # the gpu and npu targets (and a renamed sibling model) share their bodies
@@ -58,46 +58,38 @@ def load_body(module_name: str, qualname: str, expected: str) -> Body:
     if kind != expected and "class" in (kind, expected):
         raise ConfigError(f"body {where} is a {kind}, but the patch needs a {expected}")
 
-    inside: set[int] = set()
-
-    class Mark(cst.CSTVisitor):
-        def on_visit(self, n):
-            inside.add(id(n))
-            return True
-
-    node.visit(Mark())
+    inside = subtree_ids(node)
     imports: dict[str, cst.Import | cst.ImportFrom] = {}
     unresolved: set[str] = set()
     unguarded = top_level_import_nodes(parsed.module)
-    for scope in {s for s in parsed.scopes.values() if s is not None}:
-        for access in scope.accesses:
-            if id(access.node) not in inside:
+    for access in parsed.accesses:
+        if id(access.node) not in inside:
+            continue
+        name = access.node.value if isinstance(access.node, cst.Name) else None
+        referents = list(access.referents)
+        if not referents:
+            if name:
+                unresolved.add(name)
+            continue
+        if all(isinstance(r.scope, BuiltinScope) for r in referents):
+            continue
+        for referent in referents:
+            if not isinstance(referent.scope, GlobalScope):
                 continue
-            name = access.node.value if isinstance(access.node, cst.Name) else None
-            referents = list(access.referents)
-            if not referents:
-                if name:
-                    unresolved.add(name)
-                continue
-            if all(isinstance(r.scope, BuiltinScope) for r in referents):
-                continue
-            for referent in referents:
-                if not isinstance(referent.scope, GlobalScope):
-                    continue
-                bound = referent.name
-                statement = referent.node
-                if isinstance(statement, (cst.Import, cst.ImportFrom)):
-                    if id(statement) not in unguarded:
-                        raise ConfigError(
-                            f"body {where} reads {bound!r}, which {module_name} imports inside a block (try/if): "
-                            "the generated module would import it unguarded; import it at the top of the bodies "
-                            "module, or put the fallback in patchgen.kernels and import that"
-                        )
-                    imports[bound.split(".")[0]] = _single_alias(statement, bound)
-                elif id(referent.node) not in inside:
-                    # Defined by the bodies module itself (usually the upstream-named class a method sits in):
-                    # the generated module must define it too, which the pipeline checks.
-                    unresolved.add(bound)
+            bound = referent.name
+            statement = referent.node
+            if isinstance(statement, (cst.Import, cst.ImportFrom)):
+                if id(statement) not in unguarded:
+                    raise ConfigError(
+                        f"body {where} reads {bound!r}, which {module_name} imports inside a block (try/if): "
+                        "the generated module would import it unguarded; import it at the top of the bodies "
+                        "module, or put the fallback in patchgen.kernels and import that"
+                    )
+                imports[bound.split(".")[0]] = _single_alias(statement, bound)
+            elif id(referent.node) not in inside:
+                # Defined by the bodies module itself (usually the upstream-named class a method sits in):
+                # the generated module must define it too, which the pipeline checks.
+                unresolved.add(bound)
     return Body(node, imports, frozenset(unresolved), where)
 
 

@@ -11,6 +11,7 @@ import libcst as cst
 
 import patchgen
 from patchgen.bodies import load_body
+from patchgen.codegen import module_code
 from patchgen.codemods.absolute_imports import AbsoluteImports
 from patchgen.codemods.definitions import ApplyDefinitionEdits, DefinitionEdits, MethodEdit
 from patchgen.codemods.exports import DropFromAll
@@ -78,19 +79,9 @@ def prepared_upstream(upstream: UpstreamSource) -> tuple[cst.Module, frozenset[s
 def generate(target: Target, config: PatchConfig | None = None, upstream: UpstreamSource | None = None) -> Generated:
     config = config or target.load_config()
     upstream = upstream or load_upstream(config.upstream_module)
-    tree, used_upstream = prepared_upstream(upstream)
-
-    plan = _plan_edits(target, config, upstream, tree)
-    tree = tree.visit(ApplyDefinitionEdits(plan.edits))
-    if plan.edits.exclude:
-        tree = tree.visit(DropFromAll(set(plan.edits.exclude)))
-        still_read = sorted(set(plan.edits.exclude) & names_used(tree))
-        if still_read:
-            raise PatchApplyError(
-                f"{target.name}: excluded {', '.join(still_read)} still read by code that remains "
-                f"(transformers {upstream.version}): exclude or replace the code that uses it too"
-            )
-    _verify_applied(plan, config, upstream)
+    _, used_upstream = prepared_upstream(upstream)
+    edited = edited_upstream(target, config, upstream)
+    plan, tree = edited.plan, edited.tree
 
     constants = cst.parse_module(render_constants(target.device, sorted(config.op_defaults.items())))
     tree = insert_imports(tree, list(constants.body))
@@ -99,7 +90,7 @@ def generate(target: Target, config: PatchConfig | None = None, upstream: Upstre
     unused = {n for n, kind in defined.items() if kind == "import" and n in used_upstream} - names_used(tree)
     tree = tree.visit(DropUnusedImports(unused))
 
-    body = tree.code
+    body = module_code(tree)
     output = f"generated/{target.model}/{target.output_name}.py"
     header = render_header(
         patchgen_version=patchgen.__version__,
@@ -143,6 +134,51 @@ class _Plan:
     extra: list[cst.SimpleStatementLine]
     expected: dict[tuple, Patch]
     hashes: dict[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Edited:
+    """The upstream tree with one patch list applied, and the plan it came from (imports still to carry)."""
+
+    tree: cst.Module
+    plan: _Plan
+
+
+_EDITED: dict[tuple, Edited] = {}
+
+
+def edited_upstream(target: Target, config: PatchConfig, upstream: UpstreamSource) -> Edited:
+    """Plan, apply and verify the config's patches: once per upstream text, patch list and rename map.
+
+    The device targets of one model declare the same patches (they differ in op-slot defaults, which
+    only the constants block and the header show), so the second device reuses the first one's tree,
+    whose statements stay the same objects: the per-statement caches (names read, rendered text) hit.
+    Errors are raised, never cached, so each target reports its own.
+    """
+    renames = config.renames
+    key = (
+        upstream.module,
+        upstream.sha256,
+        tuple(config.patches),
+        tuple(renames.prefixes.items()),  # in order: the first matching prefix wins
+        tuple(renames.modules.items()),
+        tuple(renames.names.items()),
+    )
+    if key not in _EDITED:
+        tree, _ = prepared_upstream(upstream)
+        plan = _plan_edits(target, config, upstream, tree)
+        tree = tree.visit(ApplyDefinitionEdits(plan.edits))
+        if plan.edits.exclude:
+            tree = tree.visit(DropFromAll(set(plan.edits.exclude)))
+            still_read = sorted(set(plan.edits.exclude) & names_used(tree))
+            if still_read:
+                raise PatchApplyError(
+                    f"{target.name}: excluded {', '.join(still_read)} still read by code that remains "
+                    f"(transformers {upstream.version}): exclude or replace the code that uses it too"
+                )
+        _verify_applied(plan, config, upstream)
+        _EDITED[key] = Edited(tree, plan)
+    return _EDITED[key]
 
 
 def _plan_edits(target: Target, config: PatchConfig, upstream: UpstreamSource, tree: cst.Module) -> _Plan:

@@ -45,6 +45,9 @@ class ApplyDefinitionEdits(cst.CSTTransformer):
         self.depth += 1
         return False
 
+    def visit_SimpleStatementLine(self, node):
+        return False  # no definition inside: keep the line as it is
+
     def leave_FunctionDef(self, original, updated):
         self.depth -= 1
         return self._top_level(original, updated) if self.depth == 0 else updated

@@ -91,7 +91,8 @@ def class_methods(cls: cst.ClassDef) -> dict[str, cst.FunctionDef]:
 
 
 # id(statement) -> (statement, names): a module's names are the union over its statements, and the
-# codemods keep untouched statements as the same objects, so each is read once per process.
+# codemods keep untouched statements (and the untouched methods of an edited class) as the same
+# objects, so each is read once per process.
 _STATEMENT_NAMES: dict[int, tuple[cst.CSTNode, frozenset[str]]] = {}
 
 
@@ -101,12 +102,18 @@ def names_used(node: cst.CSTNode) -> set[str]:
     if isinstance(node, cst.Module):
         used: set[str] = set()
         for stmt in node.body:
-            cached = _STATEMENT_NAMES.get(id(stmt))
-            if cached is None or cached[0] is not stmt:
-                cached = _STATEMENT_NAMES[id(stmt)] = (stmt, frozenset(_names_read(stmt)))
-            used |= cached[1]
+            used |= _statement_names(stmt)
         return used
     return _names_read(node)
+
+
+def _statement_names(statement: cst.BaseStatement) -> frozenset[str]:
+    cached = _STATEMENT_NAMES.get(id(statement))
+    if cached is None or cached[0] is not statement:
+        used: set[str] = set()
+        _collect_children(statement, used, False)  # a statement is none of the kinds _collect_names singles out
+        cached = _STATEMENT_NAMES[id(statement)] = (statement, frozenset(used))
+    return cached[1]
 
 
 def _names_read(node: cst.CSTNode) -> set[str]:
@@ -128,6 +135,9 @@ def _collect_names(node: cst.CSTNode, used: set[str], in_strings: bool) -> None:
         return
     if kind is cst.Import or kind is cst.ImportFrom:
         return
+    if kind is cst.FunctionDef:  # never inside an annotation or `__all__`, so in_strings is False here
+        used |= _statement_names(node)
+        return
     if kind is cst.Attribute:  # the attribute's own name is not a read of a global
         _collect_names(node.value, used, in_strings)
         return
@@ -143,10 +153,11 @@ def _collect_names(node: cst.CSTNode, used: set[str], in_strings: bool) -> None:
         and any(isinstance(t.target, cst.Name) and t.target.value == "__all__" for t in node.targets)
     ):
         in_strings = True
-    names = _CHILD_FIELDS.get(kind)
-    if names is None:
-        names = _CHILD_FIELDS[kind] = tuple(f.name for f in dataclasses.fields(kind))
-    for name in names:
+    _collect_children(node, used, in_strings)
+
+
+def _collect_children(node: cst.CSTNode, used: set[str], in_strings: bool) -> None:
+    for name in _child_fields(type(node)):
         value = getattr(node, name)
         if isinstance(value, cst.CSTNode):
             _collect_names(value, used, in_strings)
@@ -154,6 +165,36 @@ def _collect_names(node: cst.CSTNode, used: set[str], in_strings: bool) -> None:
             for item in value:
                 if isinstance(item, cst.CSTNode):
                     _collect_names(item, used, in_strings)
+
+
+def _child_fields(kind: type) -> tuple[str, ...]:
+    names = _CHILD_FIELDS.get(kind)
+    if names is None:
+        names = _CHILD_FIELDS[kind] = tuple(f.name for f in dataclasses.fields(kind))
+    return names
+
+
+def child_nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """The nodes directly under `node`, read from its fields (libcst's `children` rebuilds the node)."""
+    found: list[cst.CSTNode] = []
+    for name in _child_fields(type(node)):
+        value = getattr(node, name)
+        if isinstance(value, cst.CSTNode):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found.extend(item for item in value if isinstance(item, cst.CSTNode))
+    return found
+
+
+def subtree_ids(node: cst.CSTNode) -> set[int]:
+    """ids of `node` and of every node under it."""
+    found: set[int] = set()
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        found.add(id(current))
+        pending.extend(child_nodes(current))
+    return found
 
 
 def top_level_import_nodes(module: cst.Module) -> set[int]:

@@ -167,3 +167,27 @@ def test_stored_diff_applied_to_upstream_yields_generated_file(target, tmp_path)
     work.write_text(upstream.text)
     subprocess.run(["patch", "-s", str(work), str(target.diff_path())], check=True)
     assert work.read_text() == target.output_path().read_text()
+
+
+def test_cycle_collector_is_paused_while_generating_and_restored_after(monkeypatch, capsys):
+    import gc
+
+    seen = []
+    real = cli._generate_one
+
+    def spy(target, source):
+        seen.append(gc.isenabled())
+        return real(target, source)
+
+    monkeypatch.setattr(cli, "_generate_one", spy)
+    assert gc.isenabled()
+    assert cli.main(["--check", "qwen3_5/gpu"]) == 0
+    assert seen == [False] and gc.isenabled()
+    assert cli.main(["--check", "nosuch/gpu"]) == 3  # an error path restores it too
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        cli.main(["--list"])
+        assert not gc.isenabled()  # a caller's own setting is left as it was
+    finally:
+        gc.enable()
