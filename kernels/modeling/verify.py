@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import SHARED_PREFIX_VERIFY
-from .shared_prefix import enabled, text_config
+from ..config import SHARED_PREFIX_VERIFY, field
+from .shared_prefix import enabled
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def due(model, input_ids, position_ids, cache, use_cache, kwargs, pixel_values=N
     A batch with images or videos runs the ordinary path (nothing is shared), so it is never verified.
     """
     config = model.config
-    if not (enabled(config) and getattr(text_config(config), FIELD, False)):
+    if not (enabled(config) and field(config, FIELD, False)):
         return False
     if pixel_values is not None or pixel_values_videos is not None:
         return False

@@ -61,3 +61,25 @@ def test_a_batch_with_media_is_not_verified():
     assert verify.due(net, batch["input_ids"], None, None, None, kwargs)
     assert not verify.due(net, batch["input_ids"], None, None, None, kwargs, pixel_values=torch.zeros(4, 3))
     assert not verify.due(net, batch["input_ids"], None, None, None, kwargs, pixel_values_videos=torch.zeros(4, 3))
+
+
+@pytest.mark.parametrize("model", ["qwen3_5", "qwen3_5_moe"])
+def test_flags_set_on_the_composite_config_are_honoured(model, caplog):
+    """`model.config.<field> = ...` on the VL class lands on its top-level config, not its text_config: read there too."""
+    net = _net(model, "gpu")
+    net.config.shared_prefix_training = True
+    net.config.shared_prefix_verify = True
+    with caplog.at_level(logging.INFO, logger="patchgen.kernels.modeling.verify"):
+        out = net(**_batch())
+    assert "matches the packed path" in caplog.text and verify.state(net).checks == 1
+    packed = _net(model, "gpu")(**_batch())
+    assert torch.allclose(out.loss, packed.loss, atol=1e-12, rtol=0)
+
+
+def test_a_flag_set_differently_on_both_configs_is_an_error_naming_text_config():
+    from patchgen.kernels.errors import SettingError
+
+    net = _net("qwen3_5", "gpu", shared_prefix_training=False)
+    net.config.shared_prefix_training = True
+    with pytest.raises(SettingError, match=r"shared_prefix_training.*text_config"):
+        net(**_batch())
