@@ -39,6 +39,7 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (
 
 from patchgen.kernels import ops
 from patchgen.kernels.modeling import shared_prefix, verify
+from patchgen.kernels.modeling.fields import apply_fields, pop_fields
 from patchgen.kernels.modeling.boundaries import resolve_packed
 from patchgen.kernels.modeling.generation import cache_only_when_asked, prefill_rows, starts_from_zero_state
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
@@ -65,6 +66,13 @@ class Qwen3_5PreTrainedModel(upstream.Qwen3_5PreTrainedModel):
         super().post_init()
         # Resolve the op slots once per model build; every submodule reads them with ops.of(self).
         ops.bind(self, self.config, defaults=PATCHGEN_OP_DEFAULTS)
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        # patchgen's config fields as keywords (shared_prefix_training=True, ops_implementation=...), set on
+        # the text config the model reads; transformers would pass them to __init__, which refuses them.
+        fields = pop_fields(kwargs)
+        return apply_fields(super().from_pretrained(*args, **kwargs), fields, defaults=PATCHGEN_OP_DEFAULTS)
 
     @classmethod
     def is_custom_code(cls) -> bool:
