@@ -12,7 +12,13 @@ from collections.abc import Callable
 
 import torch
 
-from ..config import SHARED_PREFIX_LEVEL_COST, SHARED_PREFIX_MAX_DEPTH, field, int_field, shared_prefix_min_length
+from ..config import (
+    SHARED_PREFIX_LEVEL_COST,
+    SHARED_PREFIX_MAX_DEPTH,
+    field,
+    int_field,
+    shared_prefix_min_length,
+)
 from ..selection import working
 from ..shared_prefix import (
     ATTENTION_NEEDS,

@@ -1,12 +1,12 @@
 """patchgen's config fields as from_pretrained keywords, as transformers takes any config field."""
 
 import pytest
+from patchgen.kernels import ops
+from patchgen.kernels.errors import SettingError
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
 import patchgen
 from patchgen.integrations import auto
-from patchgen.kernels import ops
-from patchgen.kernels.errors import SettingError
 from tests.models import checkpoints as ckpt
 
 

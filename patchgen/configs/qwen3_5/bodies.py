@@ -39,8 +39,8 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (
 
 from patchgen.kernels import ops
 from patchgen.kernels.modeling import shared_prefix, verify
-from patchgen.kernels.modeling.fields import apply_fields, pop_fields
 from patchgen.kernels.modeling.boundaries import resolve_packed
+from patchgen.kernels.modeling.fields import apply_fields, pop_fields
 from patchgen.kernels.modeling.generation import cache_only_when_asked, prefill_rows, starts_from_zero_state
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
 from patchgen.kernels.modeling.packing import (
