@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # Source this on the lent GPU machine (offline image: Python 3.12, torch 2.11, Triton 3.6.0):
 #   . bench/gpu_env.sh
-# installs our pinned transformers, fla-core and liger from the carried .whl/ into /tmp/site, stages
+# installs our pinned transformers, fla-core and liger from the carried .whl/ into /tmp/site (or, when
+# .whl-site/site-py312.tar.xz was carried instead, unpacks it into /tmp/site-xz: the same pins plus
+# TRL, bench/slim_trl.sh makes it), stages
 # the package as plain folders under /tmp/pg (the image's setuptools editable install does not map
 # patchgen.kernels) and, when .whl-triton/triton371-slim.tar.xz was carried (bench/slim_triton.sh
 # makes it), unpacks Triton 3.7.1 into /tmp/t371 without putting it on the path:
 #   PYTHONPATH=$T371:$PYTHONPATH python ...   # this process under Triton 3.7.1
 # Safe to source again, from several shells at once: each step runs once per machine.
 set -e
-if [ ! -f /tmp/site/.patchgen-installed ]; then
+if [ -f .whl-site/site-py312.tar.xz ] && [ ! -d /tmp/site-xz ]; then
+  rm -rf /tmp/site-xz.new && mkdir -p /tmp/site-xz.new && tar -C /tmp/site-xz.new -xJf .whl-site/site-py312.tar.xz \
+    && mv /tmp/site-xz.new /tmp/site-xz
+fi
+if [ ! -d /tmp/site-xz ] && [ ! -f /tmp/site/.patchgen-installed ]; then
   pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && touch /tmp/site/.patchgen-installed
 fi
 if [ ! -d /tmp/pg/patchgen ]; then
@@ -25,7 +31,7 @@ if [ -f .whl-triton/triton371-slim.tar.xz ] && [ ! -d $T371/triton ]; then
 fi
 # the slim build has no AMD backend: drop its entry point, or backend discovery fails on import
 [ -d $T371/triton ] && sed -i '/triton.backends.amd/d' $T371/triton-*.dist-info/entry_points.txt
-export PYTHONPATH=/tmp/pg:/tmp/site
+export PYTHONPATH=/tmp/pg:/tmp/site-xz:/tmp/site
 python -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name(), 'x', torch.cuda.device_count())"
 [ -d $T371/triton ] && PYTHONPATH=$T371:$PYTHONPATH python -c "import triton; print('on request: triton', triton.__version__, 'from', triton.__file__)"
 set +e

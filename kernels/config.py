@@ -96,10 +96,33 @@ INT_FIELDS = {
 FIELDS = (*BOOL_FIELDS, *INT_FIELDS, "ops_implementation")
 
 
-def int_field(text_config: Any, name: str) -> int:
-    """A whole-number field of ``INT_FIELDS`` from the text config (its default when unset), checked."""
+_UNSET = object()
+
+
+def field(config: Any, name: str, default: Any = None) -> Any:
+    """A patchgen field of a model config: on its ``text_config``, or on the config itself.
+
+    ``model.config.shared_prefix_training = True`` on a vision-language class lands on the composite
+    config, not on its text config; both places are read, so the flag is never silently ignored.
+    The same field set to different values in both places is an error.
+    """
+    text = getattr(config, "text_config", None)
+    if text is None:
+        return getattr(config, name, default)
+    inner, outer = getattr(text, name, _UNSET), vars(config).get(name, _UNSET)
+    if inner is not _UNSET and outer is not _UNSET and inner != outer:
+        raise SettingError(
+            f"config field {name} is {outer!r} on the composite config and {inner!r} on its text_config; patchgen "
+            f"reads one value: set it in one place (model.config.text_config.{name} = ...)"
+        )
+    value = inner if inner is not _UNSET else outer
+    return default if value is _UNSET else value
+
+
+def int_field(config: Any, name: str) -> int:
+    """A whole-number field of ``INT_FIELDS`` from a model config (``field``; its default when unset), checked."""
     default, smallest, meaning = INT_FIELDS[name]
-    value = getattr(text_config, name, default)
+    value = field(config, name, default)
     if isinstance(value, bool) or not isinstance(value, int) or value < smallest:
         raise SettingError(
             f"config field {name} must be a whole number >= {smallest} ({meaning}), got {value!r}: "
@@ -108,9 +131,9 @@ def int_field(text_config: Any, name: str) -> int:
     return value
 
 
-def shared_prefix_min_length(text_config: Any) -> int:
-    """``text_config.shared_prefix_min_length`` (default 64): the shortest prefix worth sharing, in tokens."""
-    return int_field(text_config, SHARED_PREFIX_MIN_LENGTH)
+def shared_prefix_min_length(config: Any) -> int:
+    """``shared_prefix_min_length`` (default 64): the shortest prefix worth sharing, in tokens."""
+    return int_field(config, SHARED_PREFIX_MIN_LENGTH)
 
 
 def check_model_config(config: Any) -> None:

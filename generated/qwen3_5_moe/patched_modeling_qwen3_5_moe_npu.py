@@ -5,8 +5,9 @@
 # sha256:     aa3caec05ddf172964b6cfe9b19d333dde892ee99b75bc629c4c18169860f5d6
 # config:     patchgen/configs/qwen3_5_moe/npu.py
 # device:     npu
-# patches (17):
+# patches (18):
 #   add_method Qwen3_5MoePreTrainedModel.post_init [upstream fe04537fe740]: resolve the op slots once per model build (ops.bind)
+#   add_method Qwen3_5MoePreTrainedModel.from_pretrained [upstream fe04537fe740]: patchgen's config fields as from_pretrained keywords, set on the text config the model reads
 #   add_method Qwen3_5MoePreTrainedModel.is_custom_code [upstream fe04537fe740]: upstream's weights and names: transformers' checkpoint conversions and weight init apply
 #   override_method Qwen3_5MoeRMSNorm.forward [upstream 41de6124ddef]: zero-centred RMSNorm through ops.rms_norm
 #   override_method Qwen3_5MoeRMSNormGated.forward [upstream f314ae42d4e4]: gated RMSNorm through ops.rms_norm_gated
@@ -112,6 +113,7 @@ from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5Moe
 from patchgen.kernels import ops
 from patchgen.kernels.modeling import shared_prefix, verify
 from patchgen.kernels.modeling.boundaries import resolve_packed
+from patchgen.kernels.modeling.fields import apply_fields, pop_fields
 from patchgen.kernels.modeling.generation import cache_only_when_asked, prefill_rows, starts_from_zero_state
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
 from patchgen.kernels.modeling.packing import PACKED_ROW, packed_max_lengths, packed_row, varlen_attention, without_packed
@@ -1115,6 +1117,14 @@ class Qwen3_5MoePreTrainedModel(PreTrainedModel):
         super().post_init()
         # Resolve the op slots once per model build; every submodule reads them with ops.of(self).
         ops.bind(self, self.config, defaults=PATCHGEN_OP_DEFAULTS)
+    
+    # patchgen[add_method]: patchgen's config fields as from_pretrained keywords, set on the text config the model reads
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        # patchgen's config fields as keywords (shared_prefix_training=True, ops_implementation=...), set on
+        # the text config the model reads; transformers would pass them to __init__, which refuses them.
+        fields = pop_fields(kwargs)
+        return apply_fields(super().from_pretrained(*args, **kwargs), fields, defaults=PATCHGEN_OP_DEFAULTS)
     
     # patchgen[add_method]: upstream's weights and names: transformers' checkpoint conversions and weight init apply
     @classmethod
@@ -2153,6 +2163,14 @@ class Qwen3_5MoeForConditionalGeneration(Qwen3_5MoePreTrainedModel, GenerationMi
         As upstream, plus packed rows and shared-prefix training (text only: with media the ordinary
         path runs); `return_log_probs`, `return_entropy` and `return_logits` as in ForCausalLM.
         """
+        if verify.due(self, input_ids, position_ids, cache, kwargs.get("use_cache"), kwargs, pixel_values, pixel_values_videos):
+            # First use (or a longer row than verified): run shared and packed, compare, keep the checked result.
+            return verify.run(self, dict(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                inputs_embeds=inputs_embeds, labels=labels, image_grid_thw=image_grid_thw, video_grid_thw=video_grid_thw,
+                mm_token_type_ids=mm_token_type_ids, output_router_logits=output_router_logits, logits_to_keep=logits_to_keep,
+                mm_encoder_outputs=mm_encoder_outputs, **kwargs,
+            ))
         request = HeadRequest.pop(kwargs)
         output_router_logits = (
             output_router_logits if output_router_logits is not None else self.config.text_config.output_router_logits

@@ -12,7 +12,13 @@ from collections.abc import Callable
 
 import torch
 
-from ..config import SHARED_PREFIX_LEVEL_COST, SHARED_PREFIX_MAX_DEPTH, int_field, shared_prefix_min_length
+from ..config import (
+    SHARED_PREFIX_LEVEL_COST,
+    SHARED_PREFIX_MAX_DEPTH,
+    field,
+    int_field,
+    shared_prefix_min_length,
+)
 from ..selection import working
 from ..shared_prefix import (
     ATTENTION_NEEDS,
@@ -39,8 +45,8 @@ def text_config(config):
 
 
 def enabled(config) -> bool:
-    """``text_config.shared_prefix_training`` (default False)."""
-    return bool(getattr(text_config(config), FLAG, False))
+    """``text_config.shared_prefix_training`` (default False; also read on a composite config itself)."""
+    return bool(field(config, FLAG, False))
 
 
 def packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs):
@@ -66,8 +72,8 @@ def plan_for(config, table, *, input_ids, position_ids, cache, use_cache, kwargs
         return None
     if cache is not None or use_cache or kwargs.get("cu_seq_lens_q") is None:
         return None
-    sequence_parallel = bool(kwargs.get("sequence_parallel")) or getattr(cfg, "sequence_parallel_size", 1) > 1
-    mtp = bool(kwargs.get("use_mtp")) or bool(getattr(cfg, "mtp_training", False))
+    sequence_parallel = bool(kwargs.get("sequence_parallel")) or field(config, "sequence_parallel_size", 1) > 1
+    mtp = bool(kwargs.get("use_mtp")) or bool(field(config, "mtp_training", False))
     reject_unsupported(mtp=mtp, sequence_parallel=sequence_parallel)
     check_gdn_backend(table.handle("gated_delta_rule"), working("gated_delta_rule", frozenset(GDN_NEEDS)))
     check_conv_backend(table.handle("causal_conv1d"), working("causal_conv1d", frozenset(CONV_NEEDS)))
@@ -77,9 +83,9 @@ def plan_for(config, table, *, input_ids, position_ids, cache, use_cache, kwargs
         kwargs["cu_seq_lens_q"],
         position_ids,
         conv_kernel_size=getattr(cfg, "linear_conv_kernel_dim", 4),
-        min_prefix=shared_prefix_min_length(cfg),
-        max_depth=int_field(cfg, SHARED_PREFIX_MAX_DEPTH),
-        level_cost=int_field(cfg, SHARED_PREFIX_LEVEL_COST),
+        min_prefix=shared_prefix_min_length(config),
+        max_depth=int_field(config, SHARED_PREFIX_MAX_DEPTH),
+        level_cost=int_field(config, SHARED_PREFIX_LEVEL_COST),
     )
     for observer in _observers:
         observer(plan, input_ids.shape[-1])

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import SHARED_PREFIX_VERIFY
-from .shared_prefix import enabled, text_config
+from ..config import SHARED_PREFIX_VERIFY, field
+from .shared_prefix import enabled
 
 logger = logging.getLogger(__name__)
 
@@ -57,10 +57,15 @@ def sharing_allowed(model) -> bool:
     return current is None or not (current.disabled or current.packed_only)
 
 
-def due(model, input_ids, position_ids, cache, use_cache, kwargs) -> bool:
-    """True when this forward must be verified: a packed training row longer than any verified one."""
+def due(model, input_ids, position_ids, cache, use_cache, kwargs, pixel_values=None, pixel_values_videos=None) -> bool:
+    """True when this forward must be verified: a packed training row longer than any verified one.
+
+    A batch with images or videos runs the ordinary path (nothing is shared), so it is never verified.
+    """
     config = model.config
-    if not (enabled(config) and getattr(text_config(config), FIELD, False)):
+    if not (enabled(config) and field(config, FIELD, False)):
+        return False
+    if pixel_values is not None or pixel_values_videos is not None:
         return False
     current = state(model)
     if current.inside or current.disabled or input_ids is None or cache is not None or use_cache:

@@ -37,6 +37,10 @@ MEDIA_KEYS = (
 )
 
 
+class GroupedMicroBatches(UserWarning):
+    """A loss term TRL normalises per micro-batch sees other rows than in stock TRL (a prompt's rollouts kept together)."""
+
+
 def is_patchgen_model(model) -> bool:
     """True for a model built from a patchgen generated module (its op table is bound)."""
     return getattr(model, ops.ATTRIBUTE, None) is not None and hasattr(model, "lm_head")
@@ -65,6 +69,7 @@ class SharedPrefixGRPOTrainer(GRPOTrainer):
         self.shared_prefix_tokens = {"packed": 0, "compact": 0}
         self._fallback_warned = False
         self._share_reference_model()
+        self._warn_grouped_micro_batches()
 
     # ---- scoring -------------------------------------------------------------------------------
     def _get_per_token_logps_and_entropies(
@@ -151,6 +156,30 @@ class SharedPrefixGRPOTrainer(GRPOTrainer):
             batches = split_tensor_dict(batch, self.args.steps_per_generation)
             self._buffered_inputs = [unsplit_pixel_values_by_grid(b) for b in batches]
         return self._buffered_inputs[self._step % self.args.steps_per_generation]
+
+    def micro_batch_terms(self) -> list[str]:
+        """TRL's loss terms computed per micro-batch, whose value depends on which rows share one."""
+        terms = []
+        if self.loss_type == "bnpo":
+            terms.append('loss_type="bnpo" (a token mean per micro-batch)')
+        if getattr(self, "_entropy_bonus_enabled", False):
+            terms.append("the entropy bonus (a token mean per micro-batch)")
+        if getattr(self, "aux_loss_enabled", False):
+            terms.append("the MoE load-balancing loss (routing statistics per micro-batch)")
+        return terms
+
+    def _warn_grouped_micro_batches(self) -> None:
+        # With one micro-batch per generation batch the rows are the same as stock TRL's, whatever their order.
+        terms = self.micro_batch_terms()
+        if self.args.steps_per_generation > 1 and terms:
+            warnings.warn(
+                f"SharedPrefixGRPOTrainer keeps each prompt's rollouts in one micro-batch, where stock GRPOTrainer splits "
+                f"a shuffled generation batch (steps_per_generation={self.args.steps_per_generation}); "
+                f"{'; '.join(terms)} is then computed over other rows and differs from a stock run. For stock TRL's "
+                "values, let one micro-batch hold the generation batch (per_device_train_batch_size = generation batch, "
+                "steps_per_generation=1), or use a loss normalised over the generation batch (loss_type dapo, dr_grpo, grpo)",
+                GroupedMicroBatches, stacklevel=3,
+            )
 
     # ---- reference model -----------------------------------------------------------------------
     def _share_reference_model(self) -> None:

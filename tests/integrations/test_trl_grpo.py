@@ -20,8 +20,8 @@ def _config(tmp_path, **extra):
     return GRPOConfig(**base)
 
 
-def _train(trainer_class, flag, tmp_path, **extra):
-    net = tiny_trl.model(flag)
+def _train(trainer_class, flag, tmp_path, family="qwen3_5", **extra):
+    net = tiny_trl.model(flag, family=family)
     trainer = trainer_class(
         model=net, reward_funcs=tiny_trl.even_word_reward, args=_config(tmp_path, **extra),
         train_dataset=tiny_trl.prompts(8, 12), processing_class=tiny_trl.tokenizer(),
@@ -160,3 +160,43 @@ def test_packed_scoring_equals_each_padded_row_scored_alone_in_float64(tmp_path,
             pos = col - 1 - first  # the position that predicts column `col`
             assert torch.allclose(logps[b, k], logp_all[pos, input_ids[b, col]], atol=1e-12, rtol=0)
             assert torch.allclose(entropies[b, k], -(logp_all[pos].exp() * logp_all[pos]).sum(), atol=1e-12, rtol=0)
+
+
+def test_moe_load_balancing_loss_equals_stock_when_one_micro_batch_holds_the_generation_batch(tmp_path):
+    """The MoE auxiliary loss is a statistic of the micro-batch: with one micro-batch, stock and ours see the same rows."""
+    from trl import GRPOTrainer
+
+    from patchgen.integrations.trl import SharedPrefixGRPOTrainer
+
+    extra = dict(per_device_train_batch_size=8, gradient_accumulation_steps=1, max_steps=1)
+    (_, stock, _) = _train(GRPOTrainer, False, tmp_path / "stock", family="qwen3_5_moe", **extra)
+    (trainer, ours, plans) = _train(SharedPrefixGRPOTrainer, True, tmp_path / "ours", family="qwen3_5_moe", **extra)
+    assert plans and trainer.router_aux_loss_coef > 0
+    assert stock[0]["aux_loss"] == pytest.approx(ours[0]["aux_loss"], rel=1e-6)
+    assert stock[0]["loss"] == pytest.approx(ours[0]["loss"], abs=4 * torch.finfo(torch.float32).eps)
+
+
+@pytest.mark.parametrize(
+    "extra,term",
+    [(dict(loss_type="bnpo"), "bnpo"), (dict(entropy_coef=0.01), "entropy bonus"), (dict(family="qwen3_5_moe"), "load-balancing")],
+)
+def test_micro_batch_normalised_terms_warn_when_groups_change_the_micro_batches(tmp_path, extra, term):
+    """steps_per_generation > 1: TRL splits a shuffled generation batch; ours keeps each prompt's rollouts together."""
+    from patchgen.integrations.trl import GroupedMicroBatches, SharedPrefixGRPOTrainer
+
+    family = extra.pop("family", "qwen3_5")
+    with pytest.warns(GroupedMicroBatches, match=term):
+        SharedPrefixGRPOTrainer(
+            model=tiny_trl.model(True, family=family), reward_funcs=tiny_trl.even_word_reward,
+            args=_config(tmp_path, **extra), train_dataset=tiny_trl.prompts(8, 12), processing_class=tiny_trl.tokenizer(),
+        )
+
+
+def test_no_grouping_warning_for_losses_normalised_over_the_generation_batch(tmp_path, recwarn):
+    from patchgen.integrations.trl import GroupedMicroBatches, SharedPrefixGRPOTrainer
+
+    SharedPrefixGRPOTrainer(
+        model=tiny_trl.model(True), reward_funcs=tiny_trl.even_word_reward, args=_config(tmp_path),
+        train_dataset=tiny_trl.prompts(8, 12), processing_class=tiny_trl.tokenizer(),
+    )
+    assert not [w for w in recwarn if issubclass(w.category, GroupedMicroBatches)]

@@ -36,8 +36,8 @@ def even_word_reward(completions, **kwargs):
     return scores
 
 
-def model(flag: bool, seed: int = 0, module: str = "gpu", min_prefix: int = 4):
-    net = tiny.build("qwen3_5", module, seed=seed, shared_prefix_training=flag, shared_prefix_min_length=min_prefix,
+def model(flag: bool, seed: int = 0, module: str = "gpu", min_prefix: int = 4, family: str = "qwen3_5"):
+    net = tiny.build(family, module, seed=seed, shared_prefix_training=flag, shared_prefix_min_length=min_prefix,
                      use_cache=True)
     net.config.eos_token_id, net.config.pad_token_id = EOS, PAD
     net.generation_config.eos_token_id, net.generation_config.pad_token_id = EOS, PAD

@@ -77,6 +77,19 @@ def build(model: str, device: str, seed: int = 0, **extra):
     return net
 
 
+def build_conditional(model: str, device: str, seed: int = 0, **extra):
+    """A float64 ForConditionalGeneration (the published layout) of the generated module; ``extra`` goes to its text config."""
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config
+    from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeConfig
+
+    text = text_config(model, **extra).to_dict()
+    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=text["hidden_size"])
+    config = (Qwen3_5Config if model == "qwen3_5" else Qwen3_5MoeConfig)(text_config=text, vision_config=vision)
+    torch.manual_seed(seed)
+    net = getattr(module(model, device), PREFIX[model] + "ForConditionalGeneration")(config).double()
+    return randomize(net, seed)
+
+
 def randomize(net, seed: int = 0):
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():

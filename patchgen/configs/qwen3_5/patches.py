@@ -11,6 +11,10 @@ def dense_config(device: str, op_defaults: dict[str, str]) -> PatchConfig:
     config = PatchConfig("qwen3_5", device, bodies=BODIES, op_defaults=op_defaults)
     config.add_method("Qwen3_5PreTrainedModel.post_init", reason="resolve the op slots once per model build (ops.bind)")
     config.add_method(
+        "Qwen3_5PreTrainedModel.from_pretrained",
+        reason="patchgen's config fields as from_pretrained keywords, set on the text config the model reads",
+    )
+    config.add_method(
         "Qwen3_5PreTrainedModel.is_custom_code",
         reason="upstream's weights and names: transformers' checkpoint conversions and weight init apply",
     )

@@ -182,6 +182,14 @@ class Qwen3_5MoeForConditionalGeneration(upstream.Qwen3_5MoeForConditionalGenera
         As upstream, plus packed rows and shared-prefix training (text only: with media the ordinary
         path runs); `return_log_probs`, `return_entropy` and `return_logits` as in ForCausalLM.
         """
+        if verify.due(self, input_ids, position_ids, cache, kwargs.get("use_cache"), kwargs, pixel_values, pixel_values_videos):
+            # First use (or a longer row than verified): run shared and packed, compare, keep the checked result.
+            return verify.run(self, dict(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                inputs_embeds=inputs_embeds, labels=labels, image_grid_thw=image_grid_thw, video_grid_thw=video_grid_thw,
+                mm_token_type_ids=mm_token_type_ids, output_router_logits=output_router_logits, logits_to_keep=logits_to_keep,
+                mm_encoder_outputs=mm_encoder_outputs, **kwargs,
+            ))
         request = HeadRequest.pop(kwargs)
         output_router_logits = (
             output_router_logits if output_router_logits is not None else self.config.text_config.output_router_logits
