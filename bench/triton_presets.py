@@ -12,12 +12,11 @@ varlen case at the same widths (a miscompiled preset prints WRONG and is not tim
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 
 import torch
-from triton_kernels import BYTES, CONV_D, CONV_W, DT, HV, T, V, conv_inputs, norm_inputs, timed
+from triton_kernels import BYTES, CONV_D, CONV_W, DT, HV, T, V, conv_inputs, host_ms, norm_inputs, timed
 
 LENGTHS = [300, 37, 687]  # the GPU tests' varlen case: one sequence shorter than a step of rows
 BOUND = 8e-3  # bf16: one rounding of each output, relative to the largest reference value
@@ -25,16 +24,8 @@ DEVICE = "cuda"
 
 
 def host_us(fn, calls: int = 40) -> float:
-    """Median microseconds to issue one fn() (the queue drained before every batch of 5 calls)."""
-    per_call = []
-    for _ in range(calls // 5):
-        torch.cuda.synchronize()
-        for _ in range(5):
-            t0 = time.perf_counter()
-            fn()
-            per_call.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(per_call)
+    """Median microseconds to issue one fn() (`triton_kernels.host_ms`: the queue drained before every batch of 5)."""
+    return host_ms(fn, calls) * 1e3
 
 
 def graph_ms(fn, repeats: int) -> float:
