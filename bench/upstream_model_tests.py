@@ -38,8 +38,9 @@ UPSTREAM_REPO = "https://github.com/huggingface/transformers"
 TEST_ONLY_PACKAGES = ("parameterized", "pytest-timeout")
 OUTCOMES = ("passed", "failed", "skipped")
 # On a machine without an accelerator, upstream's fp16/bf16 parameterizations (eager vs sdpa, experts
-# implementations) run for minutes each on CPU; they are deselected unless --half-precision is given.
-CPU_DESELECT = "not fp16 and not bf16"
+# implementations) and the fullgraph torch.compile generate test run for many minutes each on CPU;
+# they are deselected unless --cpu-slow-tests is given.
+CPU_DESELECT = "not fp16 and not bf16 and not compile_model_forward"
 
 
 @dataclass(frozen=True)
@@ -278,14 +279,13 @@ def counts_by_class(result: dict[str, str]) -> dict[str, dict[str, int]]:
     return {cls: {kind: table[cls][kind] for kind in OUTCOMES} for cls in sorted(table)}
 
 
-def compare(model: str, device: str, upstream: dict, ours: dict, messages: dict) -> list[dict]:
+def compare(device: str, upstream: dict, ours: dict, messages: dict) -> list[dict]:
     differing = []
     for test_id in sorted(set(upstream) | set(ours)):
         before, after = upstream.get(test_id, "absent"), ours.get(test_id, "absent")
         if before != after:
             differing.append(
                 {
-                    "model": model,
                     "device": device,
                     "test": test_id,
                     "upstream": before,
@@ -331,12 +331,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--timeout", type=int, default=900, help="per-test limit in seconds (pytest-timeout)")
     parser.add_argument(
-        "--half-precision",
+        "--cpu-slow-tests",
         action="store_true",
-        help="also run the fp16/bf16 parameterizations on a machine without an accelerator",
+        help="also run the fp16/bf16 parameterizations and the fullgraph-compile test without an accelerator",
     )
     parser.add_argument("--serial", action="store_true", help="one pytest process at a time")
     parser.add_argument("--workdir", type=Path, help="keep junit reports and logs here (default: a temp dir)")
+    parser.add_argument(
+        "--from-reports",
+        type=Path,
+        nargs="+",
+        metavar="WORKDIR",
+        help="run nothing: summarize the junit reports (upstream.xml, gpu.xml, npu.xml) of earlier, "
+        "possibly interrupted, runs in these workdirs",
+    )
     parser.add_argument(
         "pytest_args", nargs="*", help="passed to pytest after `--`, e.g. -- -k TextModelTest"
     )
@@ -346,6 +354,10 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         parser.error(f"--env takes KEY=VALUE, got {bad}")
     ours_env = dict(item.split("=", 1) for item in args.env)
+    if args.from_reports:
+        results, devices = results_from_reports(args.from_reports)
+        meta = {"from_reports": [str(p) for p in args.from_reports]}
+        return report(results, devices, meta, args.from_reports[0], args.json)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="upstream-tests-"))
     workdir.mkdir(parents=True, exist_ok=True)
 
@@ -361,9 +373,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(str(error)) from None
 
     extra = [f"--timeout={args.timeout}", *args.pytest_args]
-    if not args.half_precision and not accelerator_present() and "-k" not in args.pytest_args:
+    if not args.cpu_slow_tests and not accelerator_present() and "-k" not in args.pytest_args:
         extra += ["-k", CPU_DESELECT]
-        print(f"no accelerator: deselecting `{CPU_DESELECT}` (pass --half-precision to run them)")
+        print(f"no accelerator: deselecting `{CPU_DESELECT}` (pass --cpu-slow-tests to run them)")
     labels = [None, *devices]
     runs = {}
     for label in labels:
@@ -379,8 +391,13 @@ def main(argv: list[str] | None = None) -> int:
             if run.proc.poll() is None:
                 run.proc.terminate()
 
+    return report(results, devices, {"tests": str(tests), "pytest_args": extra}, workdir, args.json)
+
+
+def report(results: dict, devices: list[str], meta: dict, workdir: Path, json_path: Path | None) -> int:
+    """Print counts per test class and run, and every differing test; 1 if any is a regression."""
     upstream = results["upstream"][0]
-    summary = {"tests": str(tests), "pytest_args": extra, "runs": [], "differing": []}
+    summary = {**meta, "runs": [], "differing": []}
     for name, (result, _, _) in results.items():
         modules = "upstream" if name == "upstream" else f"ours-{name}"
         for test_class, row in counts_by_class(result).items():
@@ -389,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'all':34s} {modules:10s} {counts(result)}")
     for device in devices:
         ours, messages, _ = results[device]
-        summary["differing"].extend(compare(",".join(args.models), device, upstream, ours, messages))
+        summary["differing"].extend(compare(device, upstream, ours, messages))
 
     regressions = [d for d in summary["differing"] if d["upstream"] == "passed" and d["ours"] != "passed"]
     for d in summary["differing"]:
@@ -398,9 +415,35 @@ def main(argv: list[str] | None = None) -> int:
             f"{mark}: [{d['device']}] {d['test']}: upstream {d['upstream']}, ours {d['ours']}  {d['message']}"
         )
     print(f"reports and logs: {workdir}")
-    if args.json:
-        args.json.write_text(json.dumps(summary, indent=2))
+    if json_path:
+        json_path.write_text(json.dumps(summary, indent=2))
     return 1 if regressions else 0
+
+
+def results_from_reports(workdirs: list[Path]) -> tuple[dict, list[str]]:
+    """Merge the junit reports of earlier runs; keep only tests that finished in every run found.
+
+    An interrupted pytest (Ctrl-C) still writes its report, so an hour-long run can be stopped early
+    and summarized here; the tests that did not finish in all runs are left out of every count.
+    """
+    merged: dict[str, tuple[dict, dict]] = {}
+    for workdir in workdirs:
+        for name in ("upstream", "gpu", "npu"):
+            junit = workdir / f"{name}.xml"
+            if junit.exists():
+                result, messages = merged.get(name, ({}, {}))
+                result.update(outcomes(junit))
+                messages.update(failure_messages(junit))
+                merged[name] = (result, messages)
+    if "upstream" not in merged or len(merged) < 2:
+        raise SystemExit(f"no upstream report and no report of ours in {', '.join(map(str, workdirs))}")
+    finished = set.intersection(*(set(result) for result, _ in merged.values()))
+    results = {
+        name: ({t: o for t, o in result.items() if t in finished}, messages, 0)
+        for name, (result, messages) in merged.items()
+    }
+    print(f"{len(finished)} tests finished in every run ({', '.join(results)})")
+    return results, [name for name in results if name != "upstream"]
 
 
 if __name__ == "__main__":
