@@ -86,7 +86,9 @@ def test_ops_implementation_and_experts_implementation_must_agree(device):
 @DEVICES
 def test_an_experts_implementation_without_a_backend_is_refused(device):
     net = _build(device)
-    with pytest.raises(BackendUnavailable, match="experts_implementation='sonicmoe' has no moe_experts backend"):
+    with pytest.raises(
+        BackendUnavailable, match="experts_implementation='sonicmoe' has no moe_experts backend"
+    ):
         net.set_experts_implementation("sonicmoe")
 
 
@@ -111,8 +113,8 @@ def test_a_replaced_transformers_experts_function_is_refused_not_ignored(device,
 
     net = _build(device)
     replacement = mock.Mock(wraps=moe.ALL_EXPERTS_FUNCTIONS[name])
-    with mock.patch.dict(moe.ALL_EXPERTS_FUNCTIONS._global_mapping, {name: replacement}):
-        with pytest.raises(BackendUnavailable, match=rf"ALL_EXPERTS_FUNCTIONS\['{name}'\] is"):
-            net.set_experts_implementation(name)
+    replaced = mock.patch.dict(moe.ALL_EXPERTS_FUNCTIONS._global_mapping, {name: replacement})
+    with replaced, pytest.raises(BackendUnavailable, match=rf"ALL_EXPERTS_FUNCTIONS\['{name}'\] is"):
+        net.set_experts_implementation(name)
     net.set_experts_implementation(name)
     assert _experts_backend(net) == name
