@@ -171,9 +171,7 @@ class OpTable:
         found = self.by_dtype.get(key)
         if found is None:
             with self._lock:
-                found = self.by_dtype.get(key) or _for_dtype(
-                    primary, key[1], self.device_target, self.require
-                )
+                found = self.by_dtype.get(key) or _for_dtype(primary, key[1], self.device_target, self.require)
                 self.by_dtype[key] = found
         return found
 
@@ -220,9 +218,7 @@ class DtypeDispatch:
 
         self.table, self.slot = table, slot
         handle = table.choices[slot].handle
-        self.by_dtype = {
-            d: fn for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64) if handle.serves(d)
-        }
+        self.by_dtype = {d: fn for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64) if handle.serves(d)}
 
     def __call__(self, x, *args, **kwargs):
         fn = self.by_dtype.get(x.dtype)
@@ -245,9 +241,7 @@ def _for_dtype(primary: Choice, dtype: str, target: str, require: Mapping[str, f
     return Choice(slot, fallback.handle, f"{name!r} {cannot}; {fallback.why}")
 
 
-def _rebuild(
-    names: dict[str, tuple[str, str, bool]], target: str, require: Mapping[str, frozenset[str]]
-) -> OpTable:
+def _rebuild(names: dict[str, tuple[str, str, bool]], target: str, require: Mapping[str, frozenset[str]]) -> OpTable:
     choices = {
         slot: Choice(slot, _usable(slot, name, require.get(slot, frozenset())), why, explicit)
         for slot, (name, why, explicit) in names.items()
@@ -276,9 +270,7 @@ def resolve(
     choices = {}
     for slot in SLOTS:
         needed = frozenset(require.get(slot, ()))
-        explicit = (
-            experts_implementation_choice(config, asked) if slot == "moe_experts" else _explicit(slot, asked)
-        )
+        explicit = experts_implementation_choice(config, asked) if slot == "moe_experts" else _explicit(slot, asked)
         if explicit is None:
             choices[slot] = _preferred(slot, (defaults or {}).get(slot, AUTO), target, needed)
         else:
@@ -377,9 +369,7 @@ def _preferred(slot: str, default: str, target: str, needed: frozenset[str]) -> 
         return Choice(slot, handle, f"device default ({target}) {slot}={default!r}")
     reason = f"lacks {sorted(lacking)}" if lacking else handle.reason
     fallback = _auto(slot, target, needed)
-    return Choice(
-        slot, fallback.handle, f"device default {default!r} unusable here ({reason}); {fallback.why}"
-    )
+    return Choice(slot, fallback.handle, f"device default {default!r} unusable here ({reason}); {fallback.why}")
 
 
 def working(slot: str, needed: frozenset[str] = frozenset(), dtype: str | None = None) -> list[str]:

@@ -86,9 +86,7 @@ def test_ops_implementation_and_experts_implementation_must_agree(device):
 @DEVICES
 def test_an_experts_implementation_without_a_backend_is_refused(device):
     net = _build(device)
-    with pytest.raises(
-        BackendUnavailable, match="experts_implementation='sonicmoe' has no moe_experts backend"
-    ):
+    with pytest.raises(BackendUnavailable, match="experts_implementation='sonicmoe' has no moe_experts backend"):
         net.set_experts_implementation("sonicmoe")
 
 
