@@ -315,6 +315,7 @@ def experts_implementation_choice(config: Any, asked: OpsImplementationConfig) -
             "of those, or name a backend in ops_implementation.moe_experts",
             working("moe_experts"),
         )
+    _refuse_replaced_transformers_experts_function(requested)
     if asked.moe_experts not in (AUTO, backend):
         raise ValueError(
             f"moe_experts asked twice: ops_implementation.moe_experts={asked.moe_experts!r} and "
@@ -323,6 +324,36 @@ def experts_implementation_choice(config: Any, asked: OpsImplementationConfig) -
     if asked.moe_experts != AUTO:
         return asked.moe_experts, f"config ops_implementation.moe_experts={asked.moe_experts!r}"
     return backend, f"config experts_implementation={requested!r}"
+
+
+# The function transformers registers under each name in `ALL_EXPERTS_FUNCTIONS` (eager has none).
+_TRANSFORMERS_EXPERTS_FUNCTIONS = {
+    "grouped_mm": "grouped_mm_experts_forward",
+    "batched_mm": "batched_mm_experts_forward",
+}
+
+
+def _refuse_replaced_transformers_experts_function(requested: str) -> None:
+    """Upstream dispatches ``experts_implementation`` through ``ALL_EXPERTS_FUNCTIONS``; the generated
+    experts run the moe_experts backend of the same name instead. Where that registry entry was replaced
+    (a custom kernel registered under ``grouped_mm``, a patched mapping), upstream would call the
+    replacement: refuse rather than silently compute something else."""
+    if requested not in _TRANSFORMERS_EXPERTS_FUNCTIONS:
+        return
+    from transformers.integrations import moe
+
+    registered = moe.ALL_EXPERTS_FUNCTIONS.get(requested)
+    own = getattr(moe, _TRANSFORMERS_EXPERTS_FUNCTIONS[requested])
+    if registered is not own:
+        raise BackendUnavailable(
+            "moe_experts",
+            requested,
+            f"transformers' ALL_EXPERTS_FUNCTIONS[{requested!r}] is {registered!r}, not transformers' own "
+            f"{own.__name__}; the generated experts run patchgen's moe_experts backend {requested!r} and would "
+            "not call it. Restore the registry entry, or add the kernel as a patchgen moe_experts backend "
+            "(docs/kernel_selection.md)",
+            working("moe_experts"),
+        )
 
 
 def _preferred(slot: str, default: str, target: str, needed: frozenset[str]) -> Choice:

@@ -99,3 +99,20 @@ def test_dense_model_accepts_eager_and_refuses_grouped_mm_as_upstream():
         assert net.config._experts_implementation == "eager"
         with pytest.raises(ValueError, match="does not support setting experts implementation"):
             net.set_experts_implementation("grouped_mm")
+
+
+@DEVICES
+@pytest.mark.parametrize("name", ["batched_mm", "grouped_mm"])
+def test_a_replaced_transformers_experts_function_is_refused_not_ignored(device, name):
+    # Upstream would call whatever ALL_EXPERTS_FUNCTIONS holds under the name; ours runs its own backend.
+    from unittest import mock
+
+    from transformers.integrations import moe
+
+    net = _build(device)
+    replacement = mock.Mock(wraps=moe.ALL_EXPERTS_FUNCTIONS[name])
+    replaced = mock.patch.dict(moe.ALL_EXPERTS_FUNCTIONS._global_mapping, {name: replacement})
+    with replaced, pytest.raises(BackendUnavailable, match=rf"ALL_EXPERTS_FUNCTIONS\['{name}'\] is"):
+        net.set_experts_implementation(name)
+    net.set_experts_implementation(name)
+    assert _experts_backend(net) == name

@@ -47,6 +47,28 @@ def test_the_swapped_run_sees_generated_classes_and_the_upstream_run_does_not(pr
 
 def test_a_pass_upstream_that_fails_with_ours_is_listed():
     differing = upstream_model_tests.compare(
-        "qwen3_5", "gpu", {"t::a": "passed", "t::b": "skipped"}, {"t::a": "failed", "t::b": "skipped"}, {}
+        "gpu", {"t::a": "passed", "t::b": "skipped"}, {"t::a": "failed", "t::b": "skipped"}, {}
     )
     assert [(d["test"], d["upstream"], d["ours"]) for d in differing] == [("t::a", "passed", "failed")]
+
+
+def test_a_compat_edit_applies_once_and_leaves_the_file_importable(tmp_path):
+    edit = upstream_model_tests.COMPAT_EDITS[0]
+    source = tmp_path / edit.file
+    source.write_text(f"if True:\n{edit.find}")
+    first = upstream_model_tests.apply_compat_edits(tmp_path)
+    second = upstream_model_tests.apply_compat_edits(tmp_path)
+    assert (len(first), second) == (1, [])
+    compile(source.read_text(), str(source), "exec")
+
+
+def test_counts_are_kept_per_test_class():
+    result = {
+        "tests.models.qwen3_5.test_modeling_qwen3_5.Qwen3_5TextModelTest::test_a": "passed",
+        "tests.models.qwen3_5.test_modeling_qwen3_5.Qwen3_5TextModelTest::test_b": "skipped",
+        "tests.models.qwen3_5.test_modeling_qwen3_5.Qwen3_5ModelTest::test_a": "failed",
+    }
+    assert upstream_model_tests.counts_by_class(result) == {
+        "Qwen3_5ModelTest": {"passed": 0, "failed": 1, "skipped": 0},
+        "Qwen3_5TextModelTest": {"passed": 1, "failed": 0, "skipped": 1},
+    }
