@@ -140,8 +140,30 @@ def precompile(args) -> None:
         print(f"parallel compile skipped: {exc!r}", flush=True)
 
 
+def _sweep(kind, mod, args, rows, floor, errors, fwd, bwd, autograd_step) -> str | None:
+    """Check then time every preset of `mod` (args.presets filters by name): the forward and backward
+    functions with the preset passed, then forward + backward through autograd, which reads the
+    module's configuration. Returns the name of the fastest forward + backward."""
+    default = mod.TUNING
+    best, best_ms = None, float("inf")
+    for name, tuning in mod.PRESETS.items():
+        if args.presets and name not in args.presets.split(","):
+            continue
+        if not _checked(kind, name, lambda t=tuning: errors(mod, t)):
+            continue
+        _measure(rows, kind, name, "fwd", lambda t=tuning: fwd(t), floor["fwd"], args.repeats)
+        _measure(rows, kind, name, "bwd", lambda t=tuning: bwd(t), floor["bwd"], args.repeats)
+        mod.TUNING = tuning
+        _measure(rows, kind, name, "fwd+bwd", autograd_step, floor["fwd+bwd"], args.repeats)
+        mod.TUNING = default
+        if rows[-1]["gpu_ms"] < best_ms:
+            best, best_ms = name, rows[-1]["gpu_ms"]
+        torch.cuda.empty_cache()
+    return best
+
+
 def sweep_conv(args, bandwidth, rows) -> str | None:
-    """Time every conv preset (args.presets filters by name); returns the fastest forward + backward's name."""
+    """Time every conv preset; returns the fastest forward + backward's name."""
     import importlib
 
     mod = importlib.import_module("patchgen.kernels.triton.causal_conv1d")
@@ -152,31 +174,18 @@ def sweep_conv(args, bandwidth, rows) -> str | None:
     dy = torch.randn_like(x)
     (xg, wg), (cug,) = conv_inputs(True)
     dyg = torch.randn_like(xg)
-    default = mod.TUNING
-    best, best_ms = None, float("inf")
-    for name, tuning in mod.PRESETS.items():
-        if args.presets and name not in args.presets.split(","):
-            continue
-        if not _checked("conv", name, lambda t=tuning: conv_errors(mod, t)):
-            continue
-        _measure(rows, "conv", name, "fwd", lambda t=tuning: mod.conv_fwd(x, w, None, cu, True, t), floor["fwd"],
-                 args.repeats)
-        _measure(rows, "conv", name, "bwd", lambda t=tuning: mod.conv_bwd(x, w, None, dy, cu, True, t), floor["bwd"],
-                 args.repeats)
-        mod.TUNING = tuning  # the autograd op reads the module's configuration
 
-        def step():
-            y = mod.causal_conv1d(xg, wg, cu_seqlens=cug)
-            torch.autograd.grad(y, (xg, wg), dyg)
-        _measure(rows, "conv", name, "fwd+bwd", step, floor["fwd+bwd"], args.repeats)
-        mod.TUNING = default
-        if rows[-1]["gpu_ms"] < best_ms:
-            best, best_ms = name, rows[-1]["gpu_ms"]
-        torch.cuda.empty_cache()
-    return best
+    def step():
+        y = mod.causal_conv1d(xg, wg, cu_seqlens=cug)
+        torch.autograd.grad(y, (xg, wg), dyg)
+
+    return _sweep("conv", mod, args, rows, floor, conv_errors,
+                  lambda t: mod.conv_fwd(x, w, None, cu, True, t),
+                  lambda t: mod.conv_bwd(x, w, None, dy, cu, True, t), step)
 
 
 def sweep_norm(args, bandwidth, rows) -> str | None:
+    """Time every gated-norm preset; returns the fastest forward + backward's name."""
     import importlib
 
     mod = importlib.import_module("patchgen.kernels.triton.rms_norm_gated")
@@ -188,27 +197,14 @@ def sweep_norm(args, bandwidth, rows) -> str | None:
     _, rstd = mod.norm_fwd(x, gate, w, 1e-6)
     (xg, gg, wg), _ = norm_inputs(True)
     dyg = torch.randn_like(xg)
-    default = mod.TUNING
-    best, best_ms = None, float("inf")
-    for name, tuning in mod.PRESETS.items():
-        if args.presets and name not in args.presets.split(","):
-            continue
-        if not _checked("norm", name, lambda t=tuning: norm_errors(mod, t)):
-            continue
-        _measure(rows, "norm", name, "fwd", lambda t=tuning: mod.norm_fwd(x, gate, w, 1e-6, t), floor["fwd"], args.repeats)
-        _measure(rows, "norm", name, "bwd", lambda t=tuning: mod.norm_bwd(x, gate, w, rstd, dy, t), floor["bwd"],
-                 args.repeats)
-        mod.TUNING = tuning
 
-        def step():
-            y = mod.rms_norm_gated(xg, gg, wg, 1e-6)
-            torch.autograd.grad(y, (xg, gg, wg), dyg)
-        _measure(rows, "norm", name, "fwd+bwd", step, floor["fwd+bwd"], args.repeats)
-        mod.TUNING = default
-        if rows[-1]["gpu_ms"] < best_ms:
-            best, best_ms = name, rows[-1]["gpu_ms"]
-        torch.cuda.empty_cache()
-    return best
+    def step():
+        y = mod.rms_norm_gated(xg, gg, wg, 1e-6)
+        torch.autograd.grad(y, (xg, gg, wg), dyg)
+
+    return _sweep("norm", mod, args, rows, floor, norm_errors,
+                  lambda t: mod.norm_fwd(x, gate, w, 1e-6, t),
+                  lambda t: mod.norm_bwd(x, gate, w, rstd, dy, t), step)
 
 
 def launch_costs(rows):
