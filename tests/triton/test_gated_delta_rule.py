@@ -157,6 +157,30 @@ def test_float32_close_to_float64_reference(device):
         assert max_err(a, b) < 1e-4 * max(1.0, b.abs().max().item())
 
 
+def test_strong_decays_stay_finite_in_a_partial_last_chunk(device):
+    """Real checkpoints decay by several nats a token (g = -exp(A_log) * softplus(a + dt_bias)), so a
+    chunk's cumulative log-decay reaches -300 and beyond. Rows past a sequence's end must not enter
+    any exp with it (exp(+300) overflows float32 and inf * 0 is NaN): outputs and every gradient stay
+    finite and match the float64 recurrence, forward and backward, with lengths that end mid-chunk."""
+    x64 = gdn_inputs([70, 5, 120], device=device)  # 120: a last chunk of 56 real rows, 8 past the end
+    with torch.no_grad():
+        x64["g"].mul_(20.0)  # about -10 nats a token
+    x32 = {n: (t.detach().float().requires_grad_() if t is not None and t.is_floating_point() else t)
+           for n, t in x64.items()}
+    names = ("q", "k", "v", "g", "beta")
+    o, f = gated_delta_rule(*(x32[n] for n in names), initial_state=x32["h0"], output_final_state=True,
+                            use_qk_l2norm_in_kernel=True, cu_seqlens=x32["cu"])
+    o_ref, f_ref = reference(x64)
+    assert torch.isfinite(o).all() and torch.isfinite(f).all()
+    assert max_err(o, o_ref) < 1e-4 and max_err(f, f_ref) < 1e-4
+    do, dft = torch.randn_like(o_ref), torch.randn_like(f_ref)
+    ins32 = [x32[n] for n in (*names, "h0")]
+    ins64 = [x64[n] for n in (*names, "h0")]
+    for a, b in zip(grads([o, f], ins32, [do.float(), dft.float()]), grads([o_ref, f_ref], ins64, [do, dft])):
+        assert torch.isfinite(a).all()
+        assert max_err(a, b) < 1e-4 * max(1.0, b.abs().max().item())
+
+
 def test_bfloat16_inputs_keep_fp32_state(device):
     """bf16 inputs (unit roundoff 4e-3 on every stored intermediate): outputs within 5e-2 of the float64
     run on O(1) values; the final state is fp32."""

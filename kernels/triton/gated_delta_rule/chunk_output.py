@@ -51,7 +51,8 @@ def chunk_output_fwd_kernel(q, k, gc, h, v_new, o, cu_seqlens, chunk_indices, sc
                 mask=m_k[:, None] & m_v[None, :], other=0.0)
     U = tl.load(v_new + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_tv, other=0.0)
 
-    causal = o_t[:, None] >= o_t[None, :]
+    # rows past the end load G = 0, where G_i - G_j could overflow exp: both rows must be real
+    causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None] & m_t[None, :]
     P = mm(qq, kT, DOT, PREC, ACC)
     P = tl.where(causal, P * tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0)), 0.0)
     out = mm(qq, S, DOT, PREC, ACC) * tl.exp(G)[:, None] + mm(P, U, DOT, PREC, ACC)
@@ -116,8 +117,9 @@ def chunk_output_bwd_kernel(q, k, gc, h, dh, v_new, do, du, dq, dk, dw, dg, cu_s
     last = tl.minimum(bos + (i_t + 1) * BT, eos) - 1
     G_last = tl.load(gc + last.to(tl.int64) * HV + i_hv).to(ACC)
 
-    causal = o_t[:, None] >= o_t[None, :]
-    causal_t = o_t[:, None] <= o_t[None, :]
+    real = m_t[:, None] & m_t[None, :]  # rows past the end load G = 0: keep them out of every exp
+    causal = (o_t[:, None] >= o_t[None, :]) & real
+    causal_t = (o_t[:, None] <= o_t[None, :]) & real
     D = tl.where(causal, tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0)), 0.0)
     DT = tl.where(causal_t, tl.exp(tl.where(causal_t, G[None, :] - G[:, None], 0.0)), 0.0)
     dS = scale * dP * D        # gradient of Q K^T

@@ -115,7 +115,8 @@ def chunk_state_bwd_kernel(q, k, w, gc, do, dh, du, dht, dh0, cu_seqlens, chunk_
         wT = tl.load(w + (rows[None, :] * HV + i_hv) * K + o_k[:, None], mask=m_kt, other=0.0)
         doo = tl.load(do + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_tv, other=0.0)
         PT = mm(kk, qT, DOT, PREC, ACC)
-        PT = tl.where(causal_t, PT * tl.exp(tl.where(causal_t, G[None, :] - G[:, None], 0.0)), 0.0)
+        live = causal_t & m_t[:, None] & m_t[None, :]  # rows past the end load G = 0: out of every exp
+        PT = tl.where(live, PT * tl.exp(tl.where(live, G[None, :] - G[:, None], 0.0)), 0.0)
         kd = kk * tl.exp(G_last - G)[:, None]
         duu = scale * mm(PT, doo, DOT, PREC, ACC) + mm(kd, dstate, DOT, PREC, ACC)
         tl.store(du + (rows[:, None] * HV + i_hv) * V + o_v[None, :], duu.to(du.dtype.element_ty), mask=m_tv)

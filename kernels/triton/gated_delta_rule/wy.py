@@ -61,7 +61,8 @@ def wy_fwd_kernel(k, v, beta, gc, A, w, u, cu_seqlens, chunk_indices,
     b = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0.0).to(ACC)
     G = tl.load(gc + rows * HV + i_hv, mask=m_t, other=0.0).to(ACC)
 
-    lower = o_t[:, None] > o_t[None, :]
+    # rows past the end load G = 0, where G_i - G_j could overflow exp: both rows must be real
+    lower = (o_t[:, None] > o_t[None, :]) & m_t[:, None] & m_t[None, :]
     decay = tl.exp(tl.where(lower, G[:, None] - G[None, :], 0.0))
     L = tl.where(lower, b[:, None] * decay * mm(kk, kT, DOT, PREC, ACC), 0.0)
     Ainv = unit_lower_inverse(L, BT, LOG2_BT, ACC, SOLVE_PREC)
@@ -142,8 +143,9 @@ def wy_bwd_kernel(k, v, beta, gc, A, dw, du, dk, dv, dbeta, dg, cu_seqlens, chun
         db += tl.sum(vv * dvb, axis=1)
 
     # A = (I + L)^-1  =>  dL = -A^T dA A^T (kept strictly lower); its transpose likewise.
-    lower = o_t[:, None] > o_t[None, :]
-    upper = o_t[:, None] < o_t[None, :]
+    real = m_t[:, None] & m_t[None, :]  # rows past the end load G = 0: keep them out of every exp
+    lower = (o_t[:, None] > o_t[None, :]) & real
+    upper = (o_t[:, None] < o_t[None, :]) & real
     dL = tl.where(lower, -mm(mm(AT, dA, ACC, SOLVE_PREC, ACC), AT, ACC, SOLVE_PREC, ACC), 0.0)
     dLT = tl.where(upper, -mm(mm(Am, dAT, ACC, SOLVE_PREC, ACC), Am, ACC, SOLVE_PREC, ACC), 0.0)
     E = tl.where(lower, tl.exp(tl.where(lower, G[:, None] - G[None, :], 0.0)), 0.0)
