@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from transformers.modeling_utils import slice_logits_to_keep
 
+from ..capabilities import ENTROPY
 from .packing import next_token_labels
 
 IGNORE_INDEX = -100
@@ -149,6 +150,9 @@ def causal_lm_head(
     # Scoring logits / t is scoring the hidden rows / t: the head is a bias-free linear map.
     scale = None if request.temperature == 1.0 else 1.0 / request.temperature
     scored = targets is not None and (labels is not None or kwargs.get("shift_labels") is not None or want_values)
+    # Entropy is asked per call (RL trainers want it on some passes only): a backend without it
+    # (liger's fused head) hands those calls to the first backend of the device's order that has it.
+    cross_entropy = table.serving("cross_entropy", ENTROPY) if request.entropy else table.cross_entropy
 
     if plan is None:
         hidden_states = slice_logits_to_keep(hidden_states, logits_to_keep)
@@ -156,7 +160,7 @@ def causal_lm_head(
         if not scored:
             return HeadOutputs(logits, None, None, None)
         scored_rows = hidden_states.reshape(-1, hidden_states.shape[-1])
-        nll, entropy = table.cross_entropy(
+        nll, entropy = cross_entropy(
             scored_rows if scale is None else scored_rows * scale,
             lm_head.weight,
             targets.reshape(-1).to(hidden_states.device),
@@ -171,7 +175,7 @@ def causal_lm_head(
             return HeadOutputs(logits, None, None, None)
         rows = plan.lm_rows(targets.to(hidden_states.device))
         scored_rows = rows.select(hidden_states)[0]
-        nll_rows, entropy_rows = table.cross_entropy(
+        nll_rows, entropy_rows = cross_entropy(
             scored_rows if scale is None else scored_rows * scale,
             lm_head.weight,
             rows.labels,
