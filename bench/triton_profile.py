@@ -41,7 +41,7 @@ def kernel_bytes(case: Case) -> dict[str, int]:
     norm = c.T * c.HV * c.V * e
     return {
         "l2norm_fwd_kernel": 2 * qk + c.T * c.H * f,
-        "l2norm_bwd_kernel": qk + c.T * c.H * f + c.T * c.H * c.K * f + qk,
+        "l2norm_bwd_kernel": qk + c.T * c.H * f + wk_f + qk,  # dy per value head (fp32), summed in the kernel
         "chunk_cumsum_kernel": 2 * per_head * f,
         "wy_fwd_kernel": qk + vv + per_head * (e + f) + A + w_e + vv,
         "chunk_state_fwd_kernel": qk + w_e + vv + per_head * f + states + vv,

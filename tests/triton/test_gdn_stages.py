@@ -46,6 +46,21 @@ def test_l2norm_forward_and_backward(device):
     assert max_err(l2norm_bwd(y, rstd, dy, x.dtype), dx_ref) < TOL
 
 
+def test_l2norm_backward_sums_the_value_heads_of_each_key_head(device):
+    # dq, dk come per value head (3 value heads per key head here); the backward takes them unsummed
+    x = torch.randn(37, 2, 20, dtype=torch.float64, device=device, requires_grad=True)
+    y, rstd = l2norm_fwd(x.detach())
+    dy = torch.randn(37, 6, 20, dtype=torch.float64, device=device)
+    (dx_ref,) = torch.autograd.grad(ref.l2norm_ref(x), x, dy.view(37, 2, 3, 20).sum(2))
+    assert max_err(l2norm_bwd(y, rstd, dy, x.dtype), dx_ref) < TOL
+
+
+def test_l2norm_backward_refuses_a_gradient_that_is_not_whole_groups(device):
+    y, rstd = l2norm_fwd(torch.randn(5, 2, 8, device=device))
+    with pytest.raises(ValueError, match=r"dy \(5, 3, 8\) must be y's shape \(5, 2, 8\)"):
+        l2norm_bwd(y, rstd, torch.randn(5, 3, 8, device=device), y.dtype)
+
+
 def test_cumsum_is_chunk_local_forward_and_reverse(case):
     gc = chunk_cumsum(case["g"], case["chunking"])
     assert max_err(gc, case["gc"]) < TOL
