@@ -8,12 +8,13 @@
 # up, default 420: with about 40 s of set-up, under 8 minutes), so a hang or a slow compile costs its own part and nothing after it. In order:
 #   1. warm-up, in parallel processes (compiling is CPU work): every conv and norm preset (3.7.1 and
 #      3.6.0), ours and fla at the bench shape once (3.7.1: compiles, fla autotunes into the cache),
-#      ours under 3.6.0; nothing in this part is timed
+#      both WY backward designs, ours under 3.6.0; nothing in this part is timed
 #   2. the conv and norm preset sweep under Triton 3.7.1 (bench/triton_tuning.py --sweep)
 #   3. bench/triton_kernels.py, ours vs fla vs the floor, GPU and host ms, Triton 3.7.1
 #   4. torch.profiler per-kernel times and bandwidth (bench/triton_profile.py), ours and fla, 3.7.1
-#   5. Nsight Compute (ncu) of ours and fla, one forward + backward per op, 3.7.1
-#   6. under the image's Triton 3.6.0, as long as the budget lasts: the sweep, then the bench (ours)
+#   5. our GDN with the WY backward's two designs (bench/triton_tuning.py --sweep --only wy), 3.7.1
+#   6. Nsight Compute (ncu) of ours and fla, one forward + backward per op, 3.7.1
+#   7. under the image's Triton 3.6.0, as long as the budget lasts: the sweep, then the bench (ours)
 # Everything lands in $OUT/r/, packed into $OUT/triton_floor.tar.gz after each part (what comes back
 # is at most 8 files); $OUT/steps.txt says what each part returned and how long it took.
 set -u
@@ -58,6 +59,8 @@ part warm-presets-371 150 env PYTHONPATH=$P371 python bench/triton_tuning.py --s
   --jobs 6 > "$R/warm_presets_371.log" 2>&1 &
 part warm-bench-371 150 env PYTHONPATH=$P371 python bench/triton_kernels.py --arms ours,fla --repeats 1 --warmup 1 \
   --host-calls 5 --csv "$R/warm_371.csv" > "$R/warm_bench_371.log" 2>&1 &
+part warm-wy-371 150 env PYTHONPATH=$P371 python bench/triton_tuning.py --sweep --only wy --jobs 1 --repeats 1 \
+  > "$R/warm_wy_371.log" 2>&1 &
 part warm-presets-360 150 env PYTHONPATH=$P360 python bench/triton_tuning.py --sweep --compile-only --only conv,norm \
   --jobs 4 > "$R/warm_presets_360.log" 2>&1 &
 part warm-bench-360 150 env PYTHONPATH=$P360 python bench/triton_kernels.py --arms ours --repeats 1 --warmup 1 \
@@ -80,7 +83,12 @@ part profile-371 60 env PYTHONPATH=$P371 python bench/triton_profile.py --arms o
   --csv "$R/profile_triton371.csv" > "$R/profile_triton371.txt" 2>&1
 pack
 
-# 5. Nsight Compute, 3.7.1: ours, then fla's GDN
+# 5. the WY backward's two designs (loaded transposes, tl.trans), our GDN fwd+bwd with and without h0
+part wy-371 60 env PYTHONPATH=$P371 python bench/triton_tuning.py --sweep --only wy --jobs 1 --repeats 20 \
+  --tuning "$R/tuning_wy_triton371.json" > "$R/wy_triton371.txt" 2>&1
+pack
+
+# 6. Nsight Compute, 3.7.1: ours, then fla's GDN
 if [ -n "$NCU" ]; then
   NCU_ARGS=(--clock-control none --profile-from-start off --section SpeedOfLight --section LaunchStats
             --section Occupancy --section MemoryWorkloadAnalysis --section WarpStateStats --section ComputeWorkloadAnalysis)
@@ -92,7 +100,7 @@ if [ -n "$NCU" ]; then
   pack
 fi
 
-# 6. Triton 3.6.0 while the budget lasts (fla's GDN backward refuses 3.6 on Hopper: ours only)
+# 7. Triton 3.6.0 while the budget lasts (fla's GDN backward refuses 3.6 on Hopper: ours only)
 part sweep-360 60 env PYTHONPATH=$P360 python bench/triton_tuning.py --sweep --only conv,norm --jobs 1 --repeats 10 \
   --csv "$R/sweep_triton360.csv" --tuning "$R/tuning_triton360.json" > "$R/sweep_triton360.txt" 2>&1
 pack
@@ -103,5 +111,7 @@ cp "$OUT/steps.txt" "$R/steps.txt"
 echo "done in $((SECONDS - START)) s" | tee -a "$R/steps.txt"
 pack && rm -rf "$R"
 cd "$OUT" && tar -xzf triton_floor.tar.gz r/steps.txt r/triton_kernels_triton371.txt r/sweep_triton371.txt 2>/dev/null
-grep -h -E "default becomes|^(causal|rms|gated)" r/sweep_triton371.txt r/triton_kernels_triton371.txt 2>/dev/null | tail -40
+tar -xzf triton_floor.tar.gz r/wy_triton371.txt 2>/dev/null
+grep -h -E "default becomes|^(causal|rms|gated)|WY backward|^wy:|tl.trans design" r/sweep_triton371.txt \
+  r/triton_kernels_triton371.txt r/wy_triton371.txt 2>/dev/null | tail -45
 rm -rf "$OUT/r"

@@ -72,6 +72,10 @@ def sweep(args, bandwidth):
 
         best["state"] = asdict(_sweep_gdn(args, replace, chunk_state))
         save()
+    if "wy" in only:
+        torch.cuda.empty_cache()
+        best["wy"] = asdict(_sweep_wy(args))
+        save()
     print("best:", best)
 
 
@@ -139,6 +143,12 @@ def apply_tuning(path):
             continue
         mod.TUNING = type(mod.DEFAULT if mod.TUNING is None else mod.TUNING)(**best[name])
         print(f"tuning {name}: {mod.TUNING}")
+    if "wy" in best:
+        import importlib
+
+        wy = importlib.import_module("patchgen.kernels.triton.gated_delta_rule.wy")
+        wy.WY_TUNING = wy.WyTuning(**best["wy"])
+        print(f"tuning wy: {wy.WY_TUNING}")
 
 
 def _sweep_gdn(args, replace, chunk_state):
@@ -155,6 +165,40 @@ def _sweep_gdn(args, replace, chunk_state):
             best_ms, best = both, chunk_state.TUNING
     chunk_state.TUNING = default
     return best
+
+
+def _sweep_wy(args):
+    """Our GDN forward + backward (without and with initial states) with the WY backward's two designs
+    (WyTuning.bwd_trans); their gradients compared; the faster by more than the sweep's margin wins."""
+    import importlib
+
+    from triton_kernels import host_ms
+    from triton_presets import MARGIN, rel_err
+
+    wy = importlib.import_module("patchgen.kernels.triton.gated_delta_rule.wy")
+    default = wy.WY_TUNING
+    times, grads = {}, {}
+    try:
+        for trans in (False, True):
+            wy.WY_TUNING = wy.WyTuning(bwd_trans=trans)
+            for with_state in (False, True):
+                step = make_step(gdn_arms(with_state, ("ours",))["ours"],
+                                 lambda b, s=with_state: gdn_inputs(b, with_state=s), True)
+                times[trans, with_state] = ms = timed(step, args.repeats)
+                host = host_ms(step)
+                print(f"gdn ours fwd+bwd{' with h0' if with_state else ''}, WY backward "
+                      f"{'tl.trans' if trans else 'loaded transposes'}: gpu {ms:.3f} ms, host {host:.3f} ms", flush=True)
+                if with_state:
+                    grads[trans] = [g.clone() for g in step()]
+                torch.cuda.empty_cache()
+    finally:
+        wy.WY_TUNING = default
+    names = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
+    print("tl.trans design vs loaded transposes, gradients (max |diff| / max |ref|): "
+          + ", ".join(f"{n} {rel_err(a, b):.1e}" for n, a, b in zip(names, grads[True], grads[False])), flush=True)
+    faster = times[True, False] < times[False, False] * (1 - MARGIN)
+    print(f"wy: bwd_trans={faster} ({times[True, False]:.3f} vs {times[False, False]:.3f} ms)", flush=True)
+    return wy.WyTuning(bwd_trans=faster)
 
 
 def triton_presets_precompile(args):
@@ -249,7 +293,8 @@ def main(argv=None) -> None:
     parser.add_argument("--compile-only", action="store_true", help="--sweep: compile every preset, time nothing")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--tuning", help="where --sweep writes the best launch configurations (JSON)")
-    parser.add_argument("--only", default="conv,norm,gdn", help="--sweep: which of conv, norm, gdn, host")
+    parser.add_argument("--only", default="conv,norm,gdn", help="--sweep: which of conv, norm, gdn (the state kernels' "
+                        "launch shapes), wy (the WY backward's two designs), host")
     parser.add_argument("--presets", help="--sweep: only these preset names (comma-separated)")
     parser.add_argument("--csv", help="--sweep: where to write the preset rows (CSV)")
     parser.add_argument("--jobs", type=int, default=8, help="--sweep: processes compiling the presets first (1: none)")

@@ -54,6 +54,15 @@ def test_varlen_with_initial_state_forward_and_all_gradients(device, l2norm):
     check_all(x, *run_both(x, l2norm=l2norm))
 
 
+def test_the_transposing_wy_backward_gives_every_gradient(device, monkeypatch):
+    import importlib
+
+    wy = importlib.import_module("patchgen.kernels.triton.gated_delta_rule.wy")
+    monkeypatch.setattr(wy, "WY_TUNING", wy.WyTuning(bwd_trans=True))
+    x = gdn_inputs([70, 5, 130], device=device)
+    check_all(x, *run_both(x))
+
+
 def test_without_initial_state_and_final_state(device):
     x = gdn_inputs([100, 29], device=device, with_state=False)
     (o, final), want = run_both(x, with_final=False)

@@ -80,7 +80,9 @@ def test_wy_forward(case, block_v):
     assert max_err(u, u_ref) < TOL
 
 
-def test_wy_backward(case):
+@pytest.mark.parametrize("trans", [False, True])
+def test_wy_backward(case, trans):
+    # trans: the design that takes transposed tiles with tl.trans instead of second loads and products
     HV = case["v"].shape[1]
     k_exp = ref.expand_heads(case["k"], HV).requires_grad_()
     v, beta, gc = (case[n].clone().requires_grad_() for n in ("v", "beta", "gc"))
@@ -88,7 +90,8 @@ def test_wy_backward(case):
     dw, du = torch.randn_like(w_ref), torch.randn_like(u_ref)
     dk_ref, dv_ref, db_ref, dG_ref = torch.autograd.grad((w_ref, u_ref), (k_exp, v, beta, gc), (dw, du))
     A, _, _ = wy_fwd(case["k"], case["v"], case["beta"], case["gc"], case["chunking"])
-    dk, dv, db, dG = wy_bwd(case["k"], case["v"], case["beta"], case["gc"], A, dw, du, case["chunking"], block_v=16)
+    dk, dv, db, dG = wy_bwd(case["k"], case["v"], case["beta"], case["gc"], A, dw, du, case["chunking"], block_v=16,
+                            trans=trans)
     for got, want in ((dk, dk_ref), (dv, dv_ref), (db, db_ref), (dG, dG_ref)):
         assert max_err(got, want) < TOL
 
