@@ -75,11 +75,15 @@ def sweep(args, bandwidth):
     if "wy" in only:
         torch.cuda.empty_cache()
         best["wy"] = asdict(_sweep_wy(args))
+        best["presets"][TABLE_NAMES["wy"]] = "trans" if best["wy"]["bwd_trans"] else "loaded"
         save()
     print("best:", best)
 
 
-TABLE_NAMES = {"conv": "causal_conv1d", "norm": "rms_norm_gated"}  # sweep name -> tuning-table key
+TABLE_NAMES = {"conv": "causal_conv1d", "norm": "rms_norm_gated", "wy": "gated_delta_rule_wy"}  # sweep -> table key
+TABLE_MODULES = {"causal_conv1d": "patchgen.kernels.triton.causal_conv1d",
+                 "rms_norm_gated": "patchgen.kernels.triton.rms_norm_gated",
+                 "gated_delta_rule_wy": "patchgen.kernels.triton.gated_delta_rule.wy"}
 
 
 def write_table(result_path: str, table_path: str | None = None) -> dict:
@@ -120,9 +124,9 @@ def write_table(result_path: str, table_path: str | None = None) -> dict:
 def tuning_module(table_key: str):
     import importlib
 
-    if table_key not in TABLE_NAMES.values():
-        raise SystemExit(f"unknown kernel {table_key!r} in the tuning table; known: {', '.join(TABLE_NAMES.values())}")
-    return importlib.import_module(f"patchgen.kernels.triton.{table_key}")
+    if table_key not in TABLE_MODULES:
+        raise SystemExit(f"unknown kernel {table_key!r} in the tuning table; known: {', '.join(TABLE_MODULES)}")
+    return importlib.import_module(TABLE_MODULES[table_key])
 
 
 def tuning_modules():
@@ -169,7 +173,8 @@ def _sweep_gdn(args, replace, chunk_state):
 
 def _sweep_wy(args):
     """Our GDN forward + backward (without and with initial states) with the WY backward's two designs
-    (WyTuning.bwd_trans); their gradients compared; the faster by more than the sweep's margin wins."""
+    (WyTuning.bwd_trans); their gradients compared; `trans` wins when faster by more than the sweep's
+    margin (`loaded` is the code's default)."""
     import importlib
 
     from triton_kernels import host_ms

@@ -115,12 +115,13 @@ def test_write_table_puts_the_sweeps_presets_under_its_gpu_and_keeps_other_entri
                                  "NVIDIA H200": {"causal_conv1d": "tile-scratch", "rms_norm_gated": "default"}}))
     result = tmp_path / "tuning.json"
     result.write_text(json.dumps({"device": "NVIDIA H200", "triton": "3.7.1",
-                                  "presets": {"causal_conv1d": "window-fast"}}))
+                                  "presets": {"causal_conv1d": "window-fast", "gated_delta_rule_wy": "trans"}}))
     triton_tuning.main(["--write-table", str(result), "--table", str(table)])
     got = json.loads(table.read_text())
     assert got["NVIDIA H100"] == {"rms_norm_gated": "bwd-8sm"}
     assert got["NVIDIA H200"]["causal_conv1d"] == "window-fast"
     assert got["NVIDIA H200"]["rms_norm_gated"] == "default"
+    assert got["NVIDIA H200"]["gated_delta_rule_wy"] == "trans"
     assert "Triton 3.7.1" in got["NVIDIA H200"]["measured"]
 
 

@@ -12,6 +12,7 @@ from patchgen.kernels.triton import launch_config
 # the package re-exports functions of the modules' names: take the modules themselves
 conv_module = importlib.import_module("patchgen.kernels.triton.causal_conv1d")
 norm_module = importlib.import_module("patchgen.kernels.triton.rms_norm_gated")
+wy_module = importlib.import_module("patchgen.kernels.triton.gated_delta_rule.wy")
 
 CPU = torch.device("cpu")
 
@@ -23,6 +24,7 @@ def table(tmp_path, monkeypatch):
     monkeypatch.setattr(launch_config, "TABLE_PATH", str(path))
     monkeypatch.setattr(conv_module, "TUNING", None)
     monkeypatch.setattr(norm_module, "TUNING", None)
+    monkeypatch.setattr(wy_module, "WY_TUNING", None)
     launch_config._reset_table()
     yield path
     launch_config._reset_table()
@@ -33,6 +35,14 @@ def test_a_device_model_in_the_table_gets_its_entry(table):
     conv = conv_module.default_tuning(CPU)
     assert conv.bwd_kernel == "window" and conv.bwd_rows == 8
     assert norm_module.default_tuning(CPU) == norm_module.PRESETS["bwd-8sm"]
+
+
+def test_the_table_picks_the_wy_backward_design(table):
+    table.write_text(json.dumps({"cpu": {"gated_delta_rule_wy": "trans"}}))
+    assert wy_module.wy_tuning(CPU).bwd_trans is True
+    launch_config._reset_table()
+    table.write_text(json.dumps({"cpu": {}}))
+    assert wy_module.wy_tuning(CPU) == wy_module.DEFAULT and not wy_module.DEFAULT.bwd_trans
 
 
 def test_a_device_model_not_in_the_table_gets_the_code_default(table):
@@ -89,7 +99,7 @@ def test_a_call_runs_with_the_tables_preset_and_stays_correct(table, monkeypatch
 def test_the_committed_table_names_only_presets_that_exist():
     with open(launch_config.TABLE_PATH) as fh:
         committed = json.load(fh)
-    modules = {"causal_conv1d": conv_module, "rms_norm_gated": norm_module}
+    modules = {"causal_conv1d": conv_module, "rms_norm_gated": norm_module, "gated_delta_rule_wy": wy_module}
     for model, entry in committed.items():
         for kernel, spec in entry.items():
             if kernel in modules:
