@@ -6,9 +6,9 @@
 #
 # Every part has a time cap, taken from what is left of BUDGET (seconds after the environment is set
 # up, default 420: with about 40 s of set-up, under 8 minutes), so a hang or a slow compile costs its own part and nothing after it. In order:
-#   1. warm-up, in parallel processes (compiling is CPU work): every conv and norm preset (3.7.1 and
-#      3.6.0), ours and fla at the bench shape once (3.7.1: compiles, fla autotunes into the cache),
-#      both WY backward designs, ours under 3.6.0; nothing in this part is timed
+#   1. in parallel processes (compiling is CPU work), nothing timed: every conv and norm preset compiled,
+#      ours and fla at the bench shape once (compiles; fla autotunes into the cache), both WY backward
+#      designs, and tests/triton/test_gpu.py (compiled kernels against float64 at the 4B/9B widths)
 #   2. the conv and norm preset sweep under Triton 3.7.1 (bench/triton_tuning.py --sweep)
 #   3. bench/triton_kernels.py, ours vs fla vs the floor, GPU and host ms, Triton 3.7.1
 #   4. torch.profiler per-kernel times and bandwidth (bench/triton_profile.py), ours and fla, 3.7.1
@@ -54,17 +54,15 @@ python -c "import triton, os; print('3.6.0 proton:', os.path.exists(os.path.join
   | tee -a "$OUT/steps.txt"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu --format=csv >> "$OUT/steps.txt" 2>&1
 
-# 1. warm-up (not timed)
+# 1. warm-up and the GPU correctness tests, in parallel (compiling is CPU work; nothing here is timed)
 part warm-presets-371 150 env PYTHONPATH=$P371 python bench/triton_tuning.py --sweep --compile-only --only conv,norm \
   --jobs 6 > "$R/warm_presets_371.log" 2>&1 &
 part warm-bench-371 150 env PYTHONPATH=$P371 python bench/triton_kernels.py --arms ours,fla --repeats 1 --warmup 1 \
   --host-calls 5 --csv "$R/warm_371.csv" > "$R/warm_bench_371.log" 2>&1 &
 part warm-wy-371 150 env PYTHONPATH=$P371 python bench/triton_tuning.py --sweep --only wy --jobs 1 --repeats 1 \
   > "$R/warm_wy_371.log" 2>&1 &
-part warm-presets-360 150 env PYTHONPATH=$P360 python bench/triton_tuning.py --sweep --compile-only --only conv,norm \
-  --jobs 4 > "$R/warm_presets_360.log" 2>&1 &
-part warm-bench-360 150 env PYTHONPATH=$P360 python bench/triton_kernels.py --arms ours --repeats 1 --warmup 1 \
-  --host-calls 5 --csv "$R/warm_360.csv" > "$R/warm_bench_360.log" 2>&1 &
+part gpu-tests-371 150 env PYTHONPATH=$P371 python -P -m pytest -q -s -rs -p no:cacheprovider tests/triton/test_gpu.py \
+  > "$R/gpu_tests_triton371.txt" 2>&1 &
 wait
 pack
 
@@ -100,8 +98,9 @@ if [ -n "$NCU" ]; then
   pack
 fi
 
-# 7. Triton 3.6.0 while the budget lasts (fla's GDN backward refuses 3.6 on Hopper: ours only)
-part sweep-360 60 env PYTHONPATH=$P360 python bench/triton_tuning.py --sweep --only conv,norm --jobs 1 --repeats 10 \
+# 7. Triton 3.6.0 while the budget lasts (fla's GDN backward refuses 3.6 on Hopper: ours only); the
+#    sweep compiles its presets first in 8 processes
+part sweep-360 90 env PYTHONPATH=$P360 python bench/triton_tuning.py --sweep --only conv,norm --jobs 8 --repeats 10 \
   --csv "$R/sweep_triton360.csv" --tuning "$R/tuning_triton360.json" > "$R/sweep_triton360.txt" 2>&1
 pack
 part bench-360 60 env PYTHONPATH=$P360 python bench/triton_kernels.py --arms ours --repeats 20 \
@@ -112,6 +111,7 @@ echo "done in $((SECONDS - START)) s" | tee -a "$R/steps.txt"
 pack && rm -rf "$R"
 cd "$OUT" && tar -xzf triton_floor.tar.gz r/steps.txt r/triton_kernels_triton371.txt r/sweep_triton371.txt 2>/dev/null
 tar -xzf triton_floor.tar.gz r/wy_triton371.txt 2>/dev/null
-grep -h -E "default becomes|^(causal|rms|gated)|WY backward|^wy:|tl.trans design" r/sweep_triton371.txt \
-  r/triton_kernels_triton371.txt r/wy_triton371.txt 2>/dev/null | tail -45
+tar -xzf triton_floor.tar.gz r/gpu_tests_triton371.txt 2>/dev/null
+grep -h -E "default becomes|^(causal|rms|gated)|WY backward|^wy:|tl.trans design|passed|failed|^E " \
+  r/sweep_triton371.txt r/triton_kernels_triton371.txt r/wy_triton371.txt r/gpu_tests_triton371.txt 2>/dev/null | tail -60
 rm -rf "$OUT/r"
