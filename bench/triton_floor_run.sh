@@ -62,6 +62,7 @@ part warm-bench-371 150 env PYTHONPATH=$P371 python bench/triton_kernels.py --ar
 part warm-wy-371 150 env PYTHONPATH=$P371 python bench/triton_tuning.py --sweep --only wy --jobs 1 --repeats 1 \
   > "$R/warm_wy_371.log" 2>&1 &
 part gpu-tests-371 150 env PYTHONPATH=$P371 python -P -m pytest -q -s -rs -p no:cacheprovider tests/triton/test_gpu.py \
+  tests/bench/test_triton_bench.py::test_the_fla_norm_arm_differentiates_the_weight_it_is_given \
   > "$R/gpu_tests_triton371.txt" 2>&1 &
 wait
 pack

@@ -165,3 +165,17 @@ def test_the_device_script_skips_the_parts_its_budget_cannot_hold(tmp_path):
     assert proc.returncode == 0, proc.stderr
     steps = (out / "steps.txt").read_text()
     assert steps.count("skipped") == 10 and "rc 3" not in steps
+
+
+@pytest.mark.gpu
+def test_the_fla_norm_arm_differentiates_the_weight_it_is_given():
+    # the bench bug of 2026-11-30: fla's module used its own weight, so the passed one got no gradient
+    pytest.importorskip("fla")
+    case = triton_kernels.Case(T=256, N=2, H=2, HV=4, K=16, V=128, device="cuda")
+    arms = triton_kernels.norm_arms(("fla", "torch"))
+    (x, gate, w), _ = triton_kernels.norm_inputs(True, case)
+    dy = torch.randn_like(x)
+    got, want = (torch.autograd.grad(arms[a](x, gate, w), (x, gate, w), dy) for a in ("fla", "torch"))
+    for name, a, b in zip(("dx", "dgate", "dweight"), got, want):
+        err = ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
+        assert err < 8e-3, (name, err)  # one bf16 rounding of each element (tests/triton/test_gpu.py's bound)
