@@ -59,7 +59,7 @@ def test_the_transposing_wy_backward_gives_every_gradient(device, monkeypatch):
 
     wy = importlib.import_module("patchgen.kernels.triton.gated_delta_rule.wy")
     monkeypatch.setattr(wy, "WY_TUNING", wy.WyTuning(bwd_trans=True))
-    x = gdn_inputs([70, 5, 130], device=device)
+    x = gdn_inputs([70, 5], device=device)  # a partial chunk, a sequence shorter than one, initial states
     check_all(x, *run_both(x))
 
 
