@@ -12,7 +12,7 @@
 #   2. the conv and norm preset sweep under Triton 3.7.1 (bench/triton_tuning.py --sweep)
 #   3. bench/triton_kernels.py, ours vs fla vs the floor, GPU and host ms, Triton 3.7.1
 #   4. torch.profiler per-kernel times and bandwidth (bench/triton_profile.py), ours and fla, 3.7.1
-#   5. our GDN with the WY backward's two designs (bench/triton_tuning.py --sweep --only wy), 3.7.1
+#   5. our GDN with the backward's transposes designs (bench/triton_tuning.py --sweep --only transposes), 3.7.1
 #   6. Nsight Compute (ncu) of ours and fla, one forward + backward per op, 3.7.1
 #   7. under the image's Triton 3.6.0, as long as the budget lasts: the sweep, then the bench (ours)
 # Everything lands in $OUT/r/, packed into $OUT/triton_floor.tar.gz after each part (what comes back
@@ -59,8 +59,8 @@ part warm-presets-371 150 env PYTHONPATH=$P371 python bench/triton_tuning.py --s
   --jobs 6 > "$R/warm_presets_371.log" 2>&1 &
 part warm-bench-371 150 env PYTHONPATH=$P371 python bench/triton_kernels.py --arms ours,fla --repeats 1 --warmup 1 \
   --host-calls 5 --csv "$R/warm_371.csv" > "$R/warm_bench_371.log" 2>&1 &
-part warm-wy-371 150 env PYTHONPATH=$P371 python bench/triton_tuning.py --sweep --only wy --jobs 1 --repeats 1 \
-  > "$R/warm_wy_371.log" 2>&1 &
+part warm-transposes-371 150 env PYTHONPATH=$P371 python bench/triton_tuning.py --sweep --only transposes --jobs 1 \
+  --repeats 1 > "$R/warm_transposes_371.log" 2>&1 &
 part gpu-tests-371 150 env PYTHONPATH=$P371 python -P -m pytest -q -s -rs -p no:cacheprovider tests/triton/test_gpu.py \
   tests/bench/test_triton_bench.py::test_the_fla_norm_arm_differentiates_the_weight_it_is_given \
   > "$R/gpu_tests_triton371.txt" 2>&1 &
@@ -82,9 +82,9 @@ part profile-371 60 env PYTHONPATH=$P371 python bench/triton_profile.py --arms o
   --csv "$R/profile_triton371.csv" > "$R/profile_triton371.txt" 2>&1
 pack
 
-# 5. the WY backward's two designs (loaded transposes, tl.trans), our GDN fwd+bwd with and without h0
-part wy-371 60 env PYTHONPATH=$P371 python bench/triton_tuning.py --sweep --only wy --jobs 1 --repeats 20 \
-  --tuning "$R/tuning_wy_triton371.json" > "$R/wy_triton371.txt" 2>&1
+# 5. the GDN backward's transposes designs (loaded, trans-wy, trans), our GDN fwd+bwd with and without h0
+part transposes-371 60 env PYTHONPATH=$P371 python bench/triton_tuning.py --sweep --only transposes --jobs 1 \
+  --repeats 20 --tuning "$R/tuning_transposes_triton371.json" > "$R/transposes_triton371.txt" 2>&1
 pack
 
 # 6. Nsight Compute, 3.7.1: ours, then fla's GDN
@@ -111,8 +111,9 @@ cp "$OUT/steps.txt" "$R/steps.txt"
 echo "done in $((SECONDS - START)) s" | tee -a "$R/steps.txt"
 pack && rm -rf "$R"
 cd "$OUT" && tar -xzf triton_floor.tar.gz r/steps.txt r/triton_kernels_triton371.txt r/sweep_triton371.txt 2>/dev/null
-tar -xzf triton_floor.tar.gz r/wy_triton371.txt 2>/dev/null
+tar -xzf triton_floor.tar.gz r/transposes_triton371.txt 2>/dev/null
 tar -xzf triton_floor.tar.gz r/gpu_tests_triton371.txt 2>/dev/null
-grep -h -E "default becomes|^(causal|rms|gated)|WY backward|^wy:|tl.trans design|passed|failed|^E " \
-  r/sweep_triton371.txt r/triton_kernels_triton371.txt r/wy_triton371.txt r/gpu_tests_triton371.txt 2>/dev/null | tail -60
+grep -h -E "default becomes|^(causal|rms|gated)|transposes|passed|failed|^E " \
+  r/sweep_triton371.txt r/triton_kernels_triton371.txt r/transposes_triton371.txt r/gpu_tests_triton371.txt 2>/dev/null \
+  | tail -60
 rm -rf "$OUT/r"

@@ -72,18 +72,20 @@ def sweep(args, bandwidth):
 
         best["state"] = asdict(_sweep_gdn(args, replace, chunk_state))
         save()
-    if "wy" in only:
+    if "transposes" in only:
         torch.cuda.empty_cache()
-        best["wy"] = asdict(_sweep_wy(args))
-        best["presets"][TABLE_NAMES["wy"]] = "trans" if best["wy"]["bwd_trans"] else "loaded"
+        name = _sweep_transposes(args)
+        best["transposes"] = name
+        best["presets"][TABLE_NAMES["transposes"]] = name
         save()
     print("best:", best)
 
 
-TABLE_NAMES = {"conv": "causal_conv1d", "norm": "rms_norm_gated", "wy": "gated_delta_rule_wy"}  # sweep -> table key
+TABLE_NAMES = {"conv": "causal_conv1d", "norm": "rms_norm_gated",  # sweep name -> table key
+               "transposes": "gated_delta_rule_transposes"}
 TABLE_MODULES = {"causal_conv1d": "patchgen.kernels.triton.causal_conv1d",
                  "rms_norm_gated": "patchgen.kernels.triton.rms_norm_gated",
-                 "gated_delta_rule_wy": "patchgen.kernels.triton.gated_delta_rule.wy"}
+                 "gated_delta_rule_transposes": "patchgen.kernels.triton.gated_delta_rule.transposes"}
 
 
 def write_table(result_path: str, table_path: str | None = None) -> dict:
@@ -147,12 +149,12 @@ def apply_tuning(path):
             continue
         mod.TUNING = type(mod.DEFAULT if mod.TUNING is None else mod.TUNING)(**best[name])
         print(f"tuning {name}: {mod.TUNING}")
-    if "wy" in best:
+    if "transposes" in best:
         import importlib
 
-        wy = importlib.import_module("patchgen.kernels.triton.gated_delta_rule.wy")
-        wy.WY_TUNING = wy.WyTuning(**best["wy"])
-        print(f"tuning wy: {wy.WY_TUNING}")
+        transposes = importlib.import_module("patchgen.kernels.triton.gated_delta_rule.transposes")
+        transposes.TUNING = transposes.PRESETS[best["transposes"]]
+        print(f"tuning transposes: {best['transposes']} {transposes.TUNING}")
 
 
 def _sweep_gdn(args, replace, chunk_state):
@@ -171,39 +173,46 @@ def _sweep_gdn(args, replace, chunk_state):
     return best
 
 
-def _sweep_wy(args):
-    """Our GDN forward + backward (without and with initial states) with the WY backward's two designs
-    (WyTuning.bwd_trans); their gradients compared; `trans` wins when faster by more than the sweep's
-    margin (`loaded` is the code's default)."""
+def _sweep_transposes(args) -> str:
+    """Our GDN forward + backward (without and with initial states) with each transposes preset (the
+    backward kernels' `tl.trans` designs); gradients compared with the first's; returns the preset to make
+    the default (`triton_presets.pick`: the fastest without h0, unless today's is within the margin)."""
     import importlib
 
     from triton_kernels import host_ms
-    from triton_presets import MARGIN, rel_err
+    from triton_presets import pick, rel_err
 
-    wy = importlib.import_module("patchgen.kernels.triton.gated_delta_rule.wy")
-    default = wy.WY_TUNING
+    transposes = importlib.import_module("patchgen.kernels.triton.gated_delta_rule.transposes")
+    override = transposes.TUNING
+    current = transposes.transpose_tuning(torch.device("cuda"))
+    current = next(n for n, t in transposes.PRESETS.items() if t == current)
     times, grads = {}, {}
     try:
-        for trans in (False, True):
-            wy.WY_TUNING = wy.WyTuning(bwd_trans=trans)
+        for name, tuning in transposes.PRESETS.items():
+            transposes.TUNING = tuning
             for with_state in (False, True):
                 step = make_step(gdn_arms(with_state, ("ours",))["ours"],
                                  lambda b, s=with_state: gdn_inputs(b, with_state=s), True)
-                times[trans, with_state] = ms = timed(step, args.repeats)
+                ms = timed(step, args.repeats)
+                if not with_state:
+                    times[name] = ms
                 host = host_ms(step)
-                print(f"gdn ours fwd+bwd{' with h0' if with_state else ''}, WY backward "
-                      f"{'tl.trans' if trans else 'loaded transposes'}: gpu {ms:.3f} ms, host {host:.3f} ms", flush=True)
+                print(f"gdn ours fwd+bwd{' with h0' if with_state else ''}, transposes {name}: gpu {ms:.3f} ms, "
+                      f"host {host:.3f} ms", flush=True)
                 if with_state:
-                    grads[trans] = [g.clone() for g in step()]
+                    grads[name] = [g.clone() for g in step()]
                 torch.cuda.empty_cache()
     finally:
-        wy.WY_TUNING = default
-    names = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
-    print("tl.trans design vs loaded transposes, gradients (max |diff| / max |ref|): "
-          + ", ".join(f"{n} {rel_err(a, b):.1e}" for n, a, b in zip(names, grads[True], grads[False])), flush=True)
-    faster = times[True, False] < times[False, False] * (1 - MARGIN)
-    print(f"wy: bwd_trans={faster} ({times[True, False]:.3f} vs {times[False, False]:.3f} ms)", flush=True)
-    return wy.WyTuning(bwd_trans=faster)
+        transposes.TUNING = override
+    first = next(iter(grads))
+    for name in list(grads)[1:]:
+        print(f"transposes {name} vs {first}, gradients (max |diff| / max |ref|): "
+              + ", ".join(f"{n} {rel_err(a, b):.1e}" for n, a, b in
+                          zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), grads[name], grads[first])), flush=True)
+    best = pick(times, current)
+    print(f"transposes: the default becomes {best} (today {current}; fwd+bwd ms "
+          + ", ".join(f"{n} {ms:.3f}" for n, ms in times.items()) + ")", flush=True)
+    return best
 
 
 def triton_presets_precompile(args):
@@ -299,7 +308,7 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--tuning", help="where --sweep writes the best launch configurations (JSON)")
     parser.add_argument("--only", default="conv,norm,gdn", help="--sweep: which of conv, norm, gdn (the state kernels' "
-                        "launch shapes), wy (the WY backward's two designs), host")
+                        "launch shapes), transposes (the GDN backward's tl.trans designs), host")
     parser.add_argument("--presets", help="--sweep: only these preset names (comma-separated)")
     parser.add_argument("--csv", help="--sweep: where to write the preset rows (CSV)")
     parser.add_argument("--jobs", type=int, default=8, help="--sweep: processes compiling the presets first (1: none)")

@@ -115,13 +115,13 @@ def test_write_table_puts_the_sweeps_presets_under_its_gpu_and_keeps_other_entri
                                  "NVIDIA H200": {"causal_conv1d": "tile-scratch", "rms_norm_gated": "default"}}))
     result = tmp_path / "tuning.json"
     result.write_text(json.dumps({"device": "NVIDIA H200", "triton": "3.7.1",
-                                  "presets": {"causal_conv1d": "window-fast", "gated_delta_rule_wy": "trans"}}))
+                                  "presets": {"causal_conv1d": "window-fast", "gated_delta_rule_transposes": "trans"}}))
     triton_tuning.main(["--write-table", str(result), "--table", str(table)])
     got = json.loads(table.read_text())
     assert got["NVIDIA H100"] == {"rms_norm_gated": "bwd-8sm"}
     assert got["NVIDIA H200"]["causal_conv1d"] == "window-fast"
     assert got["NVIDIA H200"]["rms_norm_gated"] == "default"
-    assert got["NVIDIA H200"]["gated_delta_rule_wy"] == "trans"
+    assert got["NVIDIA H200"]["gated_delta_rule_transposes"] == "trans"
     assert "Triton 3.7.1" in got["NVIDIA H200"]["measured"]
 
 
@@ -154,8 +154,8 @@ def test_the_device_script_reports_every_part_and_packs_one_tarball(tmp_path):
     with tarfile.open(out / "triton_floor.tar.gz") as tar:
         names = set(tar.getnames())
         steps = tar.extractfile("r/steps.txt").read().decode()
-    for part in ("warm-presets-371", "warm-bench-371", "warm-wy-371", "gpu-tests-371", "sweep-371", "bench-371",
-                 "profile-371", "wy-371", "sweep-360", "bench-360"):
+    for part in ("warm-presets-371", "warm-bench-371", "warm-transposes-371", "gpu-tests-371", "sweep-371", "bench-371",
+                 "profile-371", "transposes-371", "sweep-360", "bench-360"):
         assert f"== {part}: rc 3 in" in steps, steps  # ran, and its exit status is said
     assert "r/sweep_triton371.txt" in names and "r/triton_kernels_triton371.txt" in names
 

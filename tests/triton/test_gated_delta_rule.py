@@ -54,11 +54,12 @@ def test_varlen_with_initial_state_forward_and_all_gradients(device, l2norm):
     check_all(x, *run_both(x, l2norm=l2norm))
 
 
-def test_the_transposing_wy_backward_gives_every_gradient(device, monkeypatch):
+def test_the_transposing_backward_gives_every_gradient(device, monkeypatch):
+    # tl.trans for the transposed tiles of the WY and output backwards
     import importlib
 
-    wy = importlib.import_module("patchgen.kernels.triton.gated_delta_rule.wy")
-    monkeypatch.setattr(wy, "WY_TUNING", wy.WyTuning(bwd_trans=True))
+    transposes = importlib.import_module("patchgen.kernels.triton.gated_delta_rule.transposes")
+    monkeypatch.setattr(transposes, "TUNING", transposes.PRESETS["trans"])
     x = gdn_inputs([70, 5], device=device)  # a partial chunk, a sequence shorter than one, initial states
     check_all(x, *run_both(x))
 

@@ -118,9 +118,11 @@ def test_chunk_output_forward(case):
     assert max_err(o, o_ref) < TOL
 
 
-def test_state_and_output_backward(case):
+@pytest.mark.parametrize("trans", [False, True])
+def test_state_and_output_backward(case, trans):
     """chunk_state_bwd (du, dh0) and chunk_output_bwd (dq, dk, dw, dG) against autograd through
-    chunk_state_ref + chunk_output_ref, with a final-state gradient flowing in."""
+    chunk_state_ref + chunk_output_ref, with a final-state gradient flowing in; trans: the output
+    backward's design that transposes the gradient of Q K^T with tl.trans."""
     HV = case["v"].shape[1]
     scale = 0.3
     _, w, u = wy_fwd(case["k"], case["v"], case["beta"], case["gc"], case["chunking"])
@@ -137,7 +139,7 @@ def test_state_and_output_backward(case):
     dh, du, dh0 = chunk_state_bwd(case["q"], case["k"], w, case["gc"], do, scale, chunking, dht=dht,
                                   need_dh0=True, block_v=16)
     dq, dk, dw, dG = chunk_output_bwd(case["q"], case["k"], case["gc"], h, dh, v_new, do, du, scale, chunking,
-                                      block_v=16)
+                                      block_v=16, trans=trans)
     for got, want in ((du, du_ref), (dh0, dh0_ref), (dq, dq_ref), (dk, dk_ref), (dw, dw_ref), (dG, dG_ref)):
         assert max_err(got, want) < TOL
 

@@ -12,7 +12,7 @@ from patchgen.kernels.triton import launch_config
 # the package re-exports functions of the modules' names: take the modules themselves
 conv_module = importlib.import_module("patchgen.kernels.triton.causal_conv1d")
 norm_module = importlib.import_module("patchgen.kernels.triton.rms_norm_gated")
-wy_module = importlib.import_module("patchgen.kernels.triton.gated_delta_rule.wy")
+transposes = importlib.import_module("patchgen.kernels.triton.gated_delta_rule.transposes")
 
 CPU = torch.device("cpu")
 
@@ -24,7 +24,7 @@ def table(tmp_path, monkeypatch):
     monkeypatch.setattr(launch_config, "TABLE_PATH", str(path))
     monkeypatch.setattr(conv_module, "TUNING", None)
     monkeypatch.setattr(norm_module, "TUNING", None)
-    monkeypatch.setattr(wy_module, "WY_TUNING", None)
+    monkeypatch.setattr(transposes, "TUNING", None)
     launch_config._reset_table()
     yield path
     launch_config._reset_table()
@@ -37,12 +37,12 @@ def test_a_device_model_in_the_table_gets_its_entry(table):
     assert norm_module.default_tuning(CPU) == norm_module.PRESETS["bwd-8sm"]
 
 
-def test_the_table_picks_the_wy_backward_design(table):
-    table.write_text(json.dumps({"cpu": {"gated_delta_rule_wy": "trans"}}))
-    assert wy_module.wy_tuning(CPU).bwd_trans is True
+def test_the_table_picks_the_gdn_backwards_transposes_design(table):
+    table.write_text(json.dumps({"cpu": {"gated_delta_rule_transposes": "trans-wy"}}))
+    assert transposes.transpose_tuning(CPU) == transposes.TransposeTuning(wy_bwd=True, output_bwd=False)
     launch_config._reset_table()
     table.write_text(json.dumps({"cpu": {}}))
-    assert wy_module.wy_tuning(CPU) == wy_module.DEFAULT and not wy_module.DEFAULT.bwd_trans
+    assert transposes.transpose_tuning(CPU) == transposes.DEFAULT == transposes.PRESETS["loaded"]
 
 
 def test_a_device_model_not_in_the_table_gets_the_code_default(table):
@@ -99,7 +99,7 @@ def test_a_call_runs_with_the_tables_preset_and_stays_correct(table, monkeypatch
 def test_the_committed_table_names_only_presets_that_exist():
     with open(launch_config.TABLE_PATH) as fh:
         committed = json.load(fh)
-    modules = {"causal_conv1d": conv_module, "rms_norm_gated": norm_module, "gated_delta_rule_wy": wy_module}
+    modules = {"causal_conv1d": conv_module, "rms_norm_gated": norm_module, "gated_delta_rule_transposes": transposes}
     for model, entry in committed.items():
         for kernel, spec in entry.items():
             if kernel in modules:

@@ -13,14 +13,12 @@ The backward maps (dw, du) to (dk, dv, dbeta, dG) through dL = -A^T dA A^T.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
 from .._common import bwd_tuning, head_block, mm, precision_for
-from ..launch_config import table_config
+from .transposes import transpose_tuning
 from .varlen import Chunking
 
 
@@ -184,26 +182,6 @@ def wy_bwd_kernel(k, v, beta, gc, A, dw, du, dk, dv, dbeta, dg, cu_seqlens, chun
     tl.store(dg + rows * HV + i_hv, dG.to(dg.dtype.element_ty), mask=m_t)
 
 
-@dataclass(frozen=True)
-class WyTuning:
-    """bwd_trans: the WY backward takes transposed tiles with `tl.trans` (one load of A, k, v, dw, du
-    and one product each for dA and the inverse's gradient) instead of loading and multiplying them
-    again; off until a GPU run shows it faster (bench/triton_tuning.py --sweep --only gdn times both)."""
-
-    bwd_trans: bool = False
-
-
-# Named designs for the tuning table (key "gated_delta_rule_wy", e.g. "trans"); bench/triton_tuning.py
-# --sweep --only wy times both and names the faster.
-PRESETS = {"loaded": WyTuning(), "trans": WyTuning(bwd_trans=True)}
-DEFAULT = PRESETS["loaded"]
-WY_TUNING: WyTuning | None = None  # a process-wide choice (tests, the bench); None: the table's, else DEFAULT
-
-
-def wy_tuning(device) -> WyTuning:
-    return WY_TUNING or table_config("gated_delta_rule_wy", PRESETS, DEFAULT, device, "WY backward design")
-
-
 def _bv(v: int, dtype, block_v: int | None) -> int:
     return block_v or head_block(v, dtype, cap=64)
 
@@ -229,7 +207,7 @@ def wy_bwd(k, v, beta, gc, A, dw, du, chunking: Chunking, *, dk=None, dg=None, b
     """Gradients of (w, u) = wy(k, v, beta, G). Returns (dk per value head [T, HV, K] fp32, dv, dbeta, dG).
 
     When dk and dg (fp32, per value head) are given, the results are added into them in place.
-    trans: the `tl.trans` design (None: as `wy_tuning(device)` says).
+    trans: the `tl.trans` design (None: as `transposes.transpose_tuning(device)` says).
     """
     T, H, K = k.shape
     HV, V = v.shape[1], v.shape[2]
@@ -245,6 +223,6 @@ def wy_bwd(k, v, beta, gc, A, dw, du, chunking: Chunking, *, dk=None, dg=None, b
         k, v, beta, gc, A, dw, du, dk, dv, dbeta, dg, chunking.cu_seqlens, chunking.chunk_indices,
         H=H, HV=HV, K=K, V=V, BT=chunking.chunk_size, BK=head_block(K, k.dtype), BV=_bv(V, k.dtype, block_v or tuning["block_v"]),
         ACC=prec.acc, DOT=prec.dot, PREC=prec.dot_precision, SOLVE_PREC=prec.solve_precision,
-        ACCUMULATE=accumulate, TRANS=wy_tuning(k.device).bwd_trans if trans is None else trans,
+        ACCUMULATE=accumulate, TRANS=transpose_tuning(k.device).wy_bwd if trans is None else trans,
         num_warps=8, num_stages=tuning["num_stages"])
     return dk, dv, dbeta, dg
