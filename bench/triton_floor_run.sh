@@ -5,10 +5,12 @@
 #   bash bench/triton_floor_run.sh
 #
 # Every part has a time cap, taken from what is left of BUDGET (seconds after the environment is set
-# up, default 420: with about 40 s of set-up, under 8 minutes), so a hang or a slow compile costs its own part and nothing after it. In order:
-#   1. in parallel processes (compiling is CPU work), nothing timed: every conv and norm preset compiled,
-#      ours and fla at the bench shape once (compiles; fla autotunes into the cache), both WY backward
-#      designs, and tests/triton/test_gpu.py (compiled kernels against float64 at the 4B/9B widths)
+# up, default 440: with about 40 s of set-up, 8 minutes), so a hang or a slow compile costs its own part
+# and nothing after it. In order:
+#   1. nothing timed, in parallel processes (compiling is CPU work): a) fla at the bench shape once (it
+#      autotunes into the cache, with nothing heavy beside it on the GPU), ours once, every conv and norm
+#      preset compiled; b) tests/triton/test_gpu.py (compiled kernels against float64 at the 4B/9B
+#      widths) and the GDN transposes presets compiled
 #   2. the conv and norm preset sweep under Triton 3.7.1 (bench/triton_tuning.py --sweep)
 #   3. bench/triton_kernels.py, ours vs fla vs the floor, GPU and host ms, Triton 3.7.1
 #   4. torch.profiler per-kernel times and bandwidth (bench/triton_profile.py), ours and fla, 3.7.1
@@ -19,7 +21,7 @@
 # is at most 8 files); $OUT/steps.txt says what each part returned and how long it took.
 set -u
 : "${OUT:?set OUT to the folder whose files come back}"
-BUDGET=${BUDGET:-420}
+BUDGET=${BUDGET:-440}
 RESERVE=${RESERVE:-8}  # kept for the last pack
 R=$OUT/r
 mkdir -p "$R"
@@ -54,16 +56,22 @@ python -c "import triton, os; print('3.6.0 proton:', os.path.exists(os.path.join
   | tee -a "$OUT/steps.txt"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu --format=csv >> "$OUT/steps.txt" 2>&1
 
-# 1. warm-up and the GPU correctness tests, in parallel (compiling is CPU work; nothing here is timed)
-part warm-presets-371 150 env PYTHONPATH=$P371 python bench/triton_tuning.py --sweep --compile-only --only conv,norm \
+# 1a. compiling (CPU work, in parallel) while fla autotunes: the processes beside fla's run only small
+#     checks and single calls on the GPU, so that its autotuning times its configurations undisturbed
+part warm-fla-371 120 env PYTHONPATH=$P371 python bench/triton_kernels.py --arms fla --repeats 1 --warmup 1 \
+  --host-calls 5 --csv "$R/warm_fla_371.csv" > "$R/warm_fla_371.log" 2>&1 &
+part warm-ours-371 120 env PYTHONPATH=$P371 python bench/triton_kernels.py --arms ours --repeats 1 --warmup 1 \
+  --host-calls 5 --csv "$R/warm_ours_371.csv" > "$R/warm_ours_371.log" 2>&1 &
+part warm-presets-371 120 env PYTHONPATH=$P371 python bench/triton_tuning.py --sweep --compile-only --only conv,norm \
   --jobs 6 > "$R/warm_presets_371.log" 2>&1 &
-part warm-bench-371 150 env PYTHONPATH=$P371 python bench/triton_kernels.py --arms ours,fla --repeats 1 --warmup 1 \
-  --host-calls 5 --csv "$R/warm_371.csv" > "$R/warm_bench_371.log" 2>&1 &
-part warm-transposes-371 150 env PYTHONPATH=$P371 python bench/triton_tuning.py --sweep --only transposes --jobs 1 \
-  --repeats 1 > "$R/warm_transposes_371.log" 2>&1 &
-part gpu-tests-371 150 env PYTHONPATH=$P371 python -P -m pytest -q -s -rs -p no:cacheprovider tests/triton/test_gpu.py \
+wait
+# 1b. the GPU correctness tests (compiled kernels against float64 at the 4B/9B widths, both transposes
+#     designs, bf16 and fp32) beside the compile of the transposes presets
+part gpu-tests-371 120 env PYTHONPATH=$P371 python -P -m pytest -q -s -rs -p no:cacheprovider tests/triton/test_gpu.py \
   tests/bench/test_triton_bench.py::test_the_fla_norm_arm_differentiates_the_weight_it_is_given \
   > "$R/gpu_tests_triton371.txt" 2>&1 &
+part warm-transposes-371 120 env PYTHONPATH=$P371 python bench/triton_tuning.py --sweep --only transposes --jobs 1 \
+  --repeats 1 > "$R/warm_transposes_371.log" 2>&1 &
 wait
 pack
 

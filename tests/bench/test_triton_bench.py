@@ -154,8 +154,8 @@ def test_the_device_script_reports_every_part_and_packs_one_tarball(tmp_path):
     with tarfile.open(out / "triton_floor.tar.gz") as tar:
         names = set(tar.getnames())
         steps = tar.extractfile("r/steps.txt").read().decode()
-    for part in ("warm-presets-371", "warm-bench-371", "warm-transposes-371", "gpu-tests-371", "sweep-371", "bench-371",
-                 "profile-371", "transposes-371", "sweep-360", "bench-360"):
+    for part in ("warm-fla-371", "warm-ours-371", "warm-presets-371", "gpu-tests-371", "warm-transposes-371",
+                 "sweep-371", "bench-371", "profile-371", "transposes-371", "sweep-360", "bench-360"):
         assert f"== {part}: rc 3 in" in steps, steps  # ran, and its exit status is said
     assert "r/sweep_triton371.txt" in names and "r/triton_kernels_triton371.txt" in names
 
@@ -164,7 +164,7 @@ def test_the_device_script_skips_the_parts_its_budget_cannot_hold(tmp_path):
     proc, out = _run_floor_script(tmp_path, budget=20)
     assert proc.returncode == 0, proc.stderr
     steps = (out / "steps.txt").read_text()
-    assert steps.count("skipped") == 10 and "rc 3" not in steps
+    assert steps.count("skipped") == 11 and "rc 3" not in steps
 
 
 @pytest.mark.gpu
