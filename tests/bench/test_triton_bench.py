@@ -45,7 +45,8 @@ def test_the_tiny_bench_times_every_op_pass_and_arm_without_errors(tiny_rows):
     assert [(r["op"], r["pass"], r["arm"]) for r in written] == want
     for r in written:
         assert r["error"] == "" and float(r["ms"]) > 0, r
-        assert float(r["x_floor"]) == pytest.approx(float(r["ms"]) / float(r["floor_ms"]), rel=1e-3)
+        # the CSV keeps 3 decimals of x_floor, 4 of the times
+        assert float(r["x_floor"]) == pytest.approx(float(r["ms"]) / float(r["floor_ms"]), rel=1e-3, abs=6e-4)
         assert r["case"] == triton_kernels.TINY.describe()
 
 
