@@ -43,7 +43,7 @@ def run_targets(
     context = multiprocessing.get_context("fork")
     receive, send = context.Pipe(duplex=False)
     child = context.Process(target=_child, args=(generate_one, there, send), daemon=True)
-    child.start()
+    child.start()  # multiprocessing flushes stdout and stderr first: the child writes no copy of them
     send.close()  # the child holds the sending end: recv() sees EOF if it dies
     try:
         mine = [generate_one(t) for t in here]

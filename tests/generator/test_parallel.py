@@ -1,6 +1,8 @@
 """run_targets: the models split over two processes, with the results and errors of a sequential run."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -66,6 +68,17 @@ def test_a_child_that_dies_without_answering_has_its_share_done_here():
         return target.name
 
     assert parallel.run_targets(die_in_child, TARGETS, jobs=2) == [t.name for t in TARGETS]
+
+
+def test_what_this_process_printed_before_is_not_printed_again_by_the_child():
+    # Into a pipe, stdout is block-buffered: "said once" is still in the buffer when the child forks.
+    script = (
+        "from patchgen import parallel; from patchgen.targets import Target; "
+        "print('said once', end=''); "
+        "parallel.run_targets(str, [Target('a', 'gpu'), Target('b', 'gpu')], jobs=2)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert done.stdout == "said once"
 
 
 def test_the_real_targets_generate_byte_identical_in_two_processes():
