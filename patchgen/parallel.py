@@ -67,7 +67,12 @@ def run_targets(
 def _can_fork() -> bool:
     # A fork copies only the calling thread: with other Python threads running (an embedding program),
     # one of them could hold a lock the child needs. The command line runs one thread.
-    return "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
+    # A daemonic process (a multiprocessing pool's worker) may not start children of its own.
+    return (
+        "fork" in multiprocessing.get_all_start_methods()
+        and threading.active_count() == 1
+        and not multiprocessing.current_process().daemon
+    )
 
 
 def _child(generate_one, targets: list[Target], send) -> None:

@@ -91,3 +91,11 @@ def test_the_real_targets_generate_byte_identical_in_two_processes():
     assert [(r.target, r.python, r.diff, r.upstream_hashes) for r in two] == [
         (r.target, r.python, r.diff, r.upstream_hashes) for r in one
     ]
+
+
+def test_a_pool_worker_generates_in_its_own_process():
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(1) as pool:  # its workers are daemonic
+        results = pool.apply(parallel.run_targets, (where, TARGETS), {"jobs": 2})
+    assert len({pid for _, pid in results}) == 1
