@@ -17,6 +17,18 @@ def where(target):
     return (target.name, os.getpid())
 
 
+@pytest.fixture(autouse=True)
+def one_thread(monkeypatch):
+    """These tests fork: as in the command line, no other Python thread runs (whatever earlier tests
+    of this pytest process left running)."""
+    monkeypatch.setattr(parallel.threading, "active_count", lambda: 1)
+
+
+def test_a_process_running_other_threads_generates_alone(monkeypatch):
+    monkeypatch.setattr(parallel.threading, "active_count", lambda: 2)
+    assert {pid for _, pid in parallel.run_targets(where, TARGETS, jobs=2)} == {os.getpid()}
+
+
 def test_two_jobs_give_the_sequential_results_in_target_order():
     results = parallel.run_targets(where, TARGETS, jobs=2)
     assert [name for name, _ in results] == [t.name for t in TARGETS]
