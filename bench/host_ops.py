@@ -285,6 +285,8 @@ class HostReads(TorchFunctionMode):
         if read and Timer.depth == 0:  # a backend's own reads are the backend's business
             self.sites[(name, _caller())] += 1
         out = func(*args, **(kwargs or {}))
+        if name == "cpu" and out is args[0]:
+            out = out.view_as(out)  # on the CPU `.cpu()` is the tensor itself: mark a stand-in for the copy
         # a host copy, and whatever is computed from one, can be read later at no cost
         if torch.is_tensor(out) and (name == "cpu" or any(getattr(a, _HOST, False) for a in args if torch.is_tensor(a))):
             setattr(out, _HOST, True)
@@ -295,9 +297,9 @@ _HOST = "_host_copy"
 
 
 def _caller() -> str:
-    for frame in reversed(traceback.extract_stack()[:-3]):
+    for frame in reversed(traceback.extract_stack()):
         path = frame.filename
-        if "/torch/" in path or path.endswith("host_ops.py"):
+        if "/torch/" in path or path == __file__:
             continue
         return f"{path.split('/wt/')[-1].split('site-packages/')[-1]}:{frame.lineno} {frame.name}"
     return "?"

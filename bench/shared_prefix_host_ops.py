@@ -60,10 +60,17 @@ def step(model, ids, cu, max_len, labels):
     return out.loss.detach()
 
 
-def measure(model, shared: bool, inputs, repeats: int):
+ARMS = {  # arm -> (shared_prefix_training, shared_prefix_chunk_aligned)
+    "packed": (False, False),
+    "shared": (True, False),
+    "aligned": (True, True),
+}
+
+
+def measure(model, arm: str, inputs, repeats: int):
     ids, cu, max_len = inputs
     labels = boundary_labels(ids, cu)
-    model.config.shared_prefix_training = shared
+    model.config.shared_prefix_training, model.config.shared_prefix_chunk_aligned = ARMS[arm]
     for _ in range(2):
         step(model, ids, cu, max_len, labels)
     walls, glue = [], []
@@ -110,7 +117,8 @@ def parse_shape(text):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", default="4x256x32", help="n rollouts x prompt x response tokens (one group)")
+    parser.add_argument("--shape", default="4x256x32", help="n rollouts x prompt x response tokens of a group")
+    parser.add_argument("--groups", type=int, default=1, help="groups of that shape in the micro-batch (own prompts)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--no-checkpointing", action="store_true")
@@ -118,12 +126,11 @@ def main(argv=None):
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     n, p, r = parse_shape(args.shape)
-    ids, cu, max_len, _ = batch([(n, p, r)], [], TINY["vocab_size"], "cpu")
+    ids, cu, max_len, _ = batch([(n, p, r)] * args.groups, [], TINY["vocab_size"], "cpu")
     results = {}
     for kind, layer_types in MODELS.items():
         model = build(layer_types, not args.no_checkpointing)
-        results[kind] = {arm: measure(model, arm == "shared", (ids, cu, max_len), args.repeats)
-                         for arm in ("packed", "shared")}
+        results[kind] = {arm: measure(model, arm, (ids, cu, max_len), args.repeats) for arm in ARMS}
     lines = report(results, args, n, p, r)
     text = "\n".join(lines)
     print(text)
@@ -133,49 +140,45 @@ def main(argv=None):
 
 
 def report(results, args, n, p, r):
-    lines = [f"shape n={n} P={p} R={r}, tiny widths, float32, torch {torch.__version__}, "
-             f"checkpointing {'off' if args.no_checkpointing else 'on'}, 1 thread",
+    arms = list(ARMS)
+    lines = [f"{args.groups} group(s) of n={n} P={p} R={r}, tiny widths, float32, torch {torch.__version__}, "
+             f"checkpointing {'off' if args.no_checkpointing else 'on'}, 1 thread; arms: packed, shared (default "
+             "plan), aligned (shared_prefix_chunk_aligned)",
              "launches = aten ops outside the op slots that launch a kernel on CUDA; slot calls = backend calls",
-             "", f"{'':34} {'packed':>8} {'shared':>8} {'extra':>8}"]
-
-    def row(label, packed, shared):
-        lines.append(f"{label:34} {packed:>8} {shared:>8} {shared - packed:>+8}")
-
-    for phase in ("forward", "backward"):
-        row(f"per GDN layer, {phase}", *(per_layer(results, "gdn", a, phase) for a in ("packed", "shared")))
-    for phase in ("forward", "backward"):
-        row(f"per attention layer, {phase}", *(per_layer(results, "attn", a, phase) for a in ("packed", "shared")))
+             "", f"{'':34}" + "".join(f" {a:>8}" for a in arms)]
     base = results["base"]
-    for phase in ("forward", "backward"):
-        row(f"step (1 GDN + 1 attn), {phase}", *(base[a]["counts"].launches[phase] for a in ("packed", "shared")))
-    fixed = {a: base[a]["counts"].total() - sum(per_layer(results, k, a, ph) for k in ("gdn", "attn")
-                                                  for ph in ("forward", "backward")) for a in ("packed", "shared")}
-    row("step outside the layers", fixed["packed"], fixed["shared"])
+
+    def row(label, values):
+        lines.append(f"{label:34}" + "".join(f" {values[a]:>8}" for a in arms))
+
+    def layer(kind, phases=("forward", "backward")):
+        return {a: sum(per_layer(results, kind, a, ph) for ph in phases) for a in arms}
+
     for kind, label in (("gdn", "GDN"), ("attn", "attention")):
-        calls = {a: results[kind][a]["counts"].total("slot_calls") - base[a]["counts"].total("slot_calls")
-                 for a in ("packed", "shared")}
-        row(f"slot calls per {label} layer", calls["packed"], calls["shared"])
-    for layers_gdn, layers_attn in ((6, 2), (24, 8)):
-        est = {a: fixed[a] + sum(per_layer(results, "gdn", a, ph) for ph in ("forward", "backward")) * layers_gdn
-               + sum(per_layer(results, "attn", a, ph) for ph in ("forward", "backward")) * layers_attn
-               for a in ("packed", "shared")}
-        row(f"step at {layers_gdn + layers_attn} layers (estimate)", est["packed"], est["shared"])
-    lines.append("")
-    lines.append(f"host ms per step, 2 layers (median of {args.repeats}): packed {base['packed']['wall_ms']:.1f} "
-                 f"(outside slots {base['packed']['glue_ms']:.1f}), shared {base['shared']['wall_ms']:.1f} "
-                 f"(outside slots {base['shared']['glue_ms']:.1f})")
+        for phase in ("forward", "backward"):
+            row(f"per {label} layer, {phase}", layer(kind, (phase,)))
+    fixed = {a: base[a]["counts"].total() - layer("gdn")[a] - layer("attn")[a] for a in arms}
+    row("per step outside the layers", fixed)
     for kind, label in (("gdn", "GDN"), ("attn", "attention")):
-        extra = {a: results[kind][a]["glue_ms"] - base[a]["glue_ms"] for a in ("packed", "shared")}
-        lines.append(f"host ms outside slots per {label} layer: packed {extra['packed']:.2f}, "
-                     f"shared {extra['shared']:.2f}")
+        row(f"slot calls per {label} layer", {a: results[kind][a]["counts"].total("slot_calls")
+                                              - base[a]["counts"].total("slot_calls") for a in arms})
+    for gdn, attn in ((6, 2), (24, 8)):
+        row(f"per step at {gdn + attn} layers (estimate)",
+            {a: fixed[a] + layer("gdn")[a] * gdn + layer("attn")[a] * attn for a in arms})
+    lines += ["", f"host ms per step (CPU time of this thread, median of {args.repeats}), 2-layer model: "
+              + ", ".join(f"{a} {base[a]['wall_ms']:.1f} (outside slots {base[a]['glue_ms']:.1f})" for a in arms)]
     for kind, label in (("gdn", "GDN"), ("attn", "attention")):
-        lines += ["", f"glue launches of one {label} layer by op (shared, packed):"]
-        shared, packed = layer_ops(results, kind, "shared"), layer_ops(results, kind, "packed")
-        for op in sorted(set(shared) | set(packed), key=lambda o: (-shared[o], o))[: args.top]:
-            lines.append(f"  {op:44} {shared[op]:>5} {packed[op]:>5}")
-    lines += ["", "step outside the layers by op (shared, packed): the 2-layer model minus its two layers"]
+        lines.append(f"host ms outside slots per {label} layer: "
+                     + ", ".join(f"{a} {results[kind][a]['glue_ms'] - base[a]['glue_ms']:.2f}" for a in arms))
+    for kind, label in (("gdn", "GDN"), ("attn", "attention")):
+        lines += ["", f"glue launches of one {label} layer by op ({', '.join(arms)}):"]
+        per = {a: layer_ops(results, kind, a) for a in arms}
+        ops = sorted(set().union(*per.values()), key=lambda o: (-per["shared"][o], o))
+        for op in ops[: args.top]:
+            lines.append(f"  {op:44}" + "".join(f" {per[a][op]:>5}" for a in arms))
+    lines += ["", f"per step outside the layers by op ({', '.join(arms)}): the 2-layer model minus its two layers"]
     outside = {}
-    for arm in ("shared", "packed"):
+    for arm in arms:
         c = collections.Counter()
         for phase in ("forward", "backward"):
             for op, k in base[arm]["counts"].by_op[phase].items():
@@ -183,13 +186,13 @@ def report(results, args, n, p, r):
         c.subtract(layer_ops(results, "gdn", arm))
         c.subtract(layer_ops(results, "attn", arm))
         outside[arm] = c
-    for op in sorted(set(outside["shared"]) | set(outside["packed"]), key=lambda o: (-outside["shared"][o], o)):
-        if outside["shared"][op] or outside["packed"][op]:
-            lines.append(f"  {op:44} {outside['shared'][op]:>5} {outside['packed'][op]:>5}")
-    for arm in ("shared", "packed"):
-        reads = results["base"][arm]["reads"]
-        lines += ["", f"host reads in one {arm} step, 2 layers ({sum(reads.values())}; each a sync on a GPU "
-                  "unless the tensor is already on the host):"]
+    for op in sorted(set().union(*outside.values()), key=lambda o: (-outside["shared"][o], o)):
+        if any(outside[a][op] for a in arms):
+            lines.append(f"  {op:44}" + "".join(f" {outside[a][op]:>5}" for a in arms))
+    for arm in arms:
+        reads = base[arm]["reads"]
+        lines += ["", f"host reads in one {arm} step outside the slots ({sum(reads.values())}; each a sync on a GPU "
+                  "unless its tensor is on the host):"]
         for (name, site), k in sorted(reads.items(), key=lambda x: -x[1]):
             lines.append(f"  {k:>3} x .{name}  {site}")
     return lines
