@@ -170,7 +170,8 @@ def causal_lm_head(
         if not scored:
             return HeadOutputs(logits, None, None, None)
         rows = plan.lm_rows(targets.to(hidden_states.device))
-        scored_rows = rows.select(hidden_states)[0]
+        # reshape, not [0]: a view whose backward is a view (select's backward writes a zero-filled copy)
+        scored_rows = rows.select(hidden_states).reshape(-1, hidden_states.shape[-1])
         nll_rows, entropy_rows = table.cross_entropy(
             scored_rows if scale is None else scored_rows * scale,
             lm_head.weight,
