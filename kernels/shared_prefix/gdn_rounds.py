@@ -36,7 +36,7 @@ class RoundKernels(Protocol):
     """A GDN backend's stages on `[1, rows, heads, dim]` tensors of one round (varlen by `rnd`)."""
 
     def l2norm_fwd(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(y, rstd): x normalised over its last dimension."""
+        """(y, rstd): x (contiguous, as every stage's inputs) normalised over its last dimension."""
 
     def l2norm_bwd(self, y: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """dx in `dtype`."""
@@ -71,9 +71,9 @@ class GDNRounds(torch.autograd.Function):
     @staticmethod
     def forward(ctx, kernels: RoundKernels, idx: GDNIndex, scale: float, l2norm: bool, q, k, v, g, beta):
         if idx.src_identity:
-            # the rounds read the compact row in place: only what the kernels need contiguous is
-            # copied (q and k by the l2norm, which writes new rows anyway)
-            qs, ks, vs, gs, bs = (x if l2norm and i < 2 else x.contiguous() for i, x in enumerate((q, k, v, g, beta)))
+            # the rounds read the compact row in place; the stages take contiguous rows (fla's l2norm
+            # views them flat), so q, k, v split from the conv output are copied, g and beta are not
+            qs, ks, vs, gs, bs = (x.contiguous() for x in (q, k, v, g, beta))
         else:
             qs, ks, vs, gs, bs = (x.index_select(1, idx.src) for x in (q, k, v, g, beta))
         q_rstd = k_rstd = None
