@@ -41,7 +41,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="4x2048x256")
     parser.add_argument("--layers", default="8,32")
-    parser.add_argument("--arms", default="packed,shared")
+    parser.add_argument(
+        "--arms", default="packed,shared,aligned", help="packed, shared, aligned (shared, shared_prefix_chunk_aligned)"
+    )
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args(argv)
@@ -76,7 +78,8 @@ def main(argv=None):
         for shape in parse_shapes(args.shapes):
             ids, cu, max_len, _ = shape_batch(shape, WIDTHS["vocab_size"], "cuda")
             for arm in args.arms.split(","):
-                model.config.shared_prefix_training = arm == "shared"
+                model.config.shared_prefix_training = arm in ("shared", "aligned")
+                model.config.shared_prefix_chunk_aligned = arm == "aligned"
                 step = functools.partial(train_step, model, ids, cu, max_len)
                 for _ in range(2):
                     step()

@@ -144,12 +144,12 @@ def bit_equal(row, outputs):
         row[f"loss_{arm}"] = float(loss) if loss is not None else float("nan")
 
 
-def shape_row(shape, layers, vocab, device):
+def shape_row(shape, layers, vocab, device, chunk_aligned=False):
     """The row of one shape (depth, name, packed and compact lengths, bound, levels) and its packed inputs."""
     from patchgen.kernels.shared_prefix import build_plan
 
     ids, cu, max_len, _ = shape_batch(shape, vocab, device)
-    plan = build_plan(ids, cu, **tree_settings(shape))
+    plan = build_plan(ids, cu, **tree_settings(shape), chunk_aligned=chunk_aligned)
     compact = plan.compact_length if plan is not None else ids.shape[1]
     row = {
         "layers": layers,
@@ -363,6 +363,11 @@ def parse_args(argv):
     parser.add_argument(
         "--tiny", action="store_true", help="tiny widths and shapes on the CPU, float32 (script test)"
     )
+    parser.add_argument(
+        "--chunk-aligned",
+        action="store_true",
+        help="shared arm with shared_prefix_chunk_aligned (prefixes cut to whole GDN chunks, read in place)",
+    )
     args = parser.parse_args(argv)
     if args.baselines is None:
         args.baselines = "" if args.tiny else "upstream_liger"
@@ -406,6 +411,7 @@ def main(argv=None):
     for layers in args.layers:
         depth_began = time.perf_counter()
         model = our_model(widths, layers, device, dtype)
+        model.config.shared_prefix_chunk_aligned = args.chunk_aligned
         if layers == args.layers[0]:
             from patchgen.kernels import ops
 
@@ -414,7 +420,7 @@ def main(argv=None):
             for shape in correctness_shapes(args.correctness, args.tiny):
                 checks += correctness(model, device, vocab, shape, layers)
             write(checks, checks_path)
-        depth_rows = [shape_row(shape, layers, vocab, device)[0] for shape in shapes]
+        depth_rows = [shape_row(shape, layers, vocab, device, args.chunk_aligned)[0] for shape in shapes]
         for row in depth_rows:
             row["profiler_cost_us"] = cost_us
         rows += depth_rows

@@ -84,7 +84,8 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
 SHARED_PREFIX_TRAINING = "shared_prefix_training"
 SHARED_PREFIX_MIN_LENGTH = "shared_prefix_min_length"
 SHARED_PREFIX_VERIFY = "shared_prefix_verify"
-BOOL_FIELDS = (SHARED_PREFIX_TRAINING, SHARED_PREFIX_VERIFY)
+SHARED_PREFIX_CHUNK_ALIGNED = "shared_prefix_chunk_aligned"
+BOOL_FIELDS = (SHARED_PREFIX_TRAINING, SHARED_PREFIX_VERIFY, SHARED_PREFIX_CHUNK_ALIGNED)
 SHARED_PREFIX_MAX_DEPTH = "shared_prefix_max_depth"
 SHARED_PREFIX_LEVEL_COST = "shared_prefix_level_cost"
 # Whole-number fields: name -> (default, smallest value allowed, what it counts).

@@ -179,8 +179,10 @@ def causal_lm_head(
         if not scored:
             return HeadOutputs(logits, None, None, None)
         rows = plan.lm_rows(targets.to(hidden_states.device))
+        # reshape, not [0]: a view whose backward is a view (select's backward writes a zero-filled copy)
+        scored_rows = rows.select(hidden_states).reshape(-1, hidden_states.shape[-1])
         nll_rows, entropy_rows = _score_rows(
-            cross_entropy, rows.select(hidden_states)[0], lm_head.weight, rows.labels, scale, request
+            cross_entropy, scored_rows, lm_head.weight, rows.labels, scale, request
         )
         # A position whose own label is ignored scores nothing, even if its shared entry was scored
         # for another member of the group.

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from ..config import (
+    SHARED_PREFIX_CHUNK_ALIGNED,
     SHARED_PREFIX_LEVEL_COST,
     SHARED_PREFIX_MAX_DEPTH,
     field,
@@ -86,6 +87,7 @@ def plan_for(config, table, *, input_ids, position_ids, cache, use_cache, kwargs
         min_prefix=shared_prefix_min_length(config),
         max_depth=int_field(config, SHARED_PREFIX_MAX_DEPTH),
         level_cost=int_field(config, SHARED_PREFIX_LEVEL_COST),
+        chunk_aligned=bool(field(config, SHARED_PREFIX_CHUNK_ALIGNED, False)),
     )
     for observer in _observers:
         observer(plan, input_ids.shape[-1])

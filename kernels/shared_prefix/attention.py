@@ -59,9 +59,11 @@ def shared_prefix_attention(plan, attn_fn, q, k, v, *, scale: float) -> torch.Te
     `q: [1, C, H, D]`, `k, v: [1, C, Hkv, D]` (compact rows, after RoPE); returns `[1, C, H, D]`.
     """
     idx: AttentionIndex = plan.attention
-    k_all, v_all = attention_kv(plan, k[0], v[0])
+    # squeeze, not [0]: a view whose backward is a view (select's backward writes a zero-filled copy)
+    q, k, v = (x.squeeze(0) for x in (q, k, v))
+    k_all, v_all = attention_kv(plan, k, v)
     o = attn_fn(
-        q[0],
+        q,
         k_all,
         v_all,
         cu_seqlens_q=idx.cu_seqlens_q,

@@ -26,7 +26,7 @@ import torch
 
 from .gdn_rounds import gated_delta_rule_rounds, round_kernels
 from .layout import Layout, ranges
-from .rows import Arena
+from .rows import Arena, counting
 
 CHUNK = 64  # chunk size of the chunked GDN kernels (fla, ours); the split aligns to it
 
@@ -52,6 +52,11 @@ class GDNIndex:
     rounds: tuple[GDNRound | None, ...]  # round 0 is None when no root reaches 64 and there is no singleton
     out_index: torch.Tensor  # [C] row of cat(every round's outputs) for each compact row
     src: torch.Tensor  # [rows] cat(every round's src): one gather per input serves every round
+    # The rounds read the compact row as it is (`src` is 0..C-1) and their outputs are it
+    # (`out_index` is 0..C-1): no gather, no scatter. Known on the host when the plan is built;
+    # true for chunk-aligned prefixes of one group (every tail empty, rounds in compact order).
+    src_identity: bool = False
+    out_identity: bool = False
 
     @property
     def round_a(self) -> GDNRound | None:
@@ -155,7 +160,13 @@ def gdn_host_index(layout: Layout, arena: Arena | None = None) -> dict:
             host[f"state{r}"] = arena.put(np.where(state < 0, 0, state + zero))
     # every round's rows in order: one gather per input serves all rounds (gdn_rounds)
     host["src"] = arena.put(np.concatenate([host[f"src{r}"] for r in range(len(rounds)) if f"src{r}" in host]))
+    host["src_identity"] = _is_identity(host["src"], layout.compact_length)
+    host["out_identity"] = _is_identity(out, layout.compact_length)
     return host
+
+
+def _is_identity(index: np.ndarray, length: int) -> bool:
+    return len(index) == length and bool(np.array_equal(index, counting(length)))
 
 
 def gdn_index(host: dict, dev: dict) -> GDNIndex:
@@ -179,7 +190,13 @@ def gdn_index(host: dict, dev: dict) -> GDNIndex:
                 export_state=host[f"export{r}"],
             )
         )
-    return GDNIndex(rounds=tuple(rounds), out_index=dev["out_index"], src=dev["src"])
+    return GDNIndex(
+        rounds=tuple(rounds),
+        out_index=dev["out_index"],
+        src=dev["src"],
+        src_identity=host["src_identity"],
+        out_identity=host["out_identity"],
+    )
 
 
 def shared_prefix_gated_delta_rule(
@@ -196,7 +213,7 @@ def shared_prefix_gated_delta_rule(
         return gated_delta_rule_rounds(kernels, idx, q, k, v, g, beta, scale, use_qk_l2norm_in_kernel)
     inputs = (q, k, v, g, beta)
     common = {"scale": scale, "use_qk_l2norm_in_kernel": use_qk_l2norm_in_kernel}
-    outputs, states = [], None
+    outputs, states, start = [], None, 0
     for r, rnd in enumerate(idx.rounds):
         if rnd is None:
             continue
@@ -209,8 +226,10 @@ def shared_prefix_gated_delta_rule(
             if rnd.zero_state:
                 states = torch.cat([states.new_zeros((1, *states.shape[1:])), states])
             h0 = states.index_select(0, rnd.state_index)
+        rows = slice(start, start + rnd.rows)
+        start += rnd.rows
         o, states = gdn_fn(
-            *(x.index_select(1, rnd.src) for x in inputs),
+            *(x[:, rows] if idx.src_identity else x.index_select(1, rnd.src) for x in inputs),
             initial_state=h0,
             output_final_state=rnd.export_state,
             cu_seqlens=rnd.cu_seqlens,
@@ -220,4 +239,4 @@ def shared_prefix_gated_delta_rule(
         )
         outputs.append(o)
     o = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
-    return o.index_select(1, idx.out_index)
+    return o if idx.out_identity else o.index_select(1, idx.out_index)

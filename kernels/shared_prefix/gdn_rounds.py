@@ -10,6 +10,10 @@ autograd node, whose backward scatters five gradients again. Here the whole laye
   backward: rounds in reverse, each round's `dh0` scattered onto the previous round's final states
             as its `dht`, one l2norm backward each for q and k, one scatter-add per input.
 
+When the plan says the rounds read the compact row in order (`GDNIndex.src_identity`: chunk-aligned
+prefixes of one group) and their outputs are it (`out_identity`), the gathers and scatters are left
+out: each round is a slice of the row, each gradient the rounds' own.
+
 Every round runs the very kernels the public function runs on the very rows, and l2norm is a
 per-row operation, so the forward is bit-identical to the loop's; gradients differ from it only in
 the order in which a replayed tail row's contributions are summed.
@@ -32,7 +36,7 @@ class RoundKernels(Protocol):
     """A GDN backend's stages on `[1, rows, heads, dim]` tensors of one round (varlen by `rnd`)."""
 
     def l2norm_fwd(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(y, rstd): x normalised over its last dimension."""
+        """(y, rstd): x (contiguous, as every stage's inputs) normalised over its last dimension."""
 
     def l2norm_bwd(self, y: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """dx in `dtype`."""
@@ -66,7 +70,12 @@ def _initial_state(rnd: GDNRound, states, like: torch.Tensor, k_dim: int) -> tor
 class GDNRounds(torch.autograd.Function):
     @staticmethod
     def forward(ctx, kernels: RoundKernels, idx: GDNIndex, scale: float, l2norm: bool, q, k, v, g, beta):
-        qs, ks, vs, gs, bs = (x.index_select(1, idx.src) for x in (q, k, v, g, beta))
+        if idx.src_identity:
+            # the rounds read the compact row in place; the stages take contiguous rows (fla's l2norm
+            # views them flat), so q, k, v split from the conv output are copied, g and beta are not
+            qs, ks, vs, gs, bs = (x.contiguous() for x in (q, k, v, g, beta))
+        else:
+            qs, ks, vs, gs, bs = (x.index_select(1, idx.src) for x in (q, k, v, g, beta))
         q_rstd = k_rstd = None
         if l2norm:
             qs, q_rstd = kernels.l2norm_fwd(qs)
@@ -92,7 +101,7 @@ class GDNRounds(torch.autograd.Function):
         ctx.kernels, ctx.idx, ctx.scale, ctx.l2norm = kernels, idx, scale, l2norm
         ctx.dtypes = (q.dtype, k.dtype)
         ctx.shapes = (q.shape, k.shape, v.shape, g.shape, beta.shape)
-        return o.index_select(1, idx.out_index)
+        return o if idx.out_identity else o.index_select(1, idx.out_index)
 
     @staticmethod
     def backward(ctx, do):
@@ -105,7 +114,10 @@ class GDNRounds(torch.autograd.Function):
             saved.append(tuple(flat[at : at + n]))
             at += n
         # outputs of replayed tail rows were dropped: their gradient is zero
-        d_out = do.new_zeros((1, qs.shape[1], *do.shape[2:])).index_copy_(1, idx.out_index, do.contiguous())
+        if idx.out_identity:
+            d_out = do.contiguous()
+        else:
+            d_out = do.new_zeros((1, qs.shape[1], *do.shape[2:])).index_copy_(1, idx.out_index, do.contiguous())
         grads = [None] * len(rounds)
         dht, end = None, qs.shape[1]
         for i in range(len(rounds) - 1, -1, -1):
@@ -130,6 +142,9 @@ class GDNRounds(torch.autograd.Function):
             dk = kernels.l2norm_bwd(ks, k_rstd, dk, ctx.dtypes[1])
         out = []
         for grad, shape, like in zip((dq, dk, dv, dg, db), ctx.shapes, (qs, ks, vs, gs, bs)):
+            if idx.src_identity:  # every compact row fed exactly one round row: its gradient is that row's
+                out.append(grad.to(like.dtype).reshape(shape))
+                continue
             full = grad.new_zeros(shape, dtype=like.dtype)
             out.append(full.index_add_(1, idx.src, grad.to(like.dtype)))
         return (None, None, None, None, *out)

@@ -3,7 +3,8 @@
 Host code. Depth first from each root: `[node | child subtrees...]`, children ordered by their
 first member, where a child is a nested node or a member's own remainder (a leaf); sequences in no
 node stay whole (singletons); roots and singletons in packed order. With one level this is
-`[prefix | suffix_1 | ... | suffix_n]` per group. Everything the mixers index is derived from
+`[prefix | suffix_1 | ... | suffix_n]` per group. Level by level (`by_level`, for chunk-aligned
+plans), the roots and singletons come first, then every level-1 segment, and so on. Everything the mixers index is derived from
 this one description (one numpy array per segment field), so they cannot disagree about the
 layout; the builders work on whole arrays, never row by row or member by member.
 """
@@ -112,9 +113,13 @@ class Layout:
         return [self.segments[i] for i in self.ancestry[index].tolist() if i >= 0]
 
 
-def build_layout(nodes: list[Node], cu: list[int], arena: Arena | None = None) -> Layout:
+def build_layout(nodes: list[Node], cu: list[int], arena: Arena | None = None, by_level: bool = False) -> Layout:
     """Lay out the nodes (parents before children, as `find_tree` returns them) and every sequence;
-    `compact_src` and `expand_index` are written into `arena` when given."""
+    `compact_src` and `expand_index` are written into `arena` when given.
+
+    `by_level`: every root and singleton first, then every level-1 segment, and so on (each level
+    in the depth-first order), instead of each root followed by its subtree: the order of the GDN
+    rounds, which then read the row in place when no node has a tail (`aligned.py`)."""
     arena = arena or Arena()
     cu_arr = np.asarray(cu, dtype=np.int64)
     n_seq, n_nodes = len(cu) - 1, len(nodes)
@@ -158,7 +163,7 @@ def build_layout(nodes: list[Node], cu: list[int], arena: Arena | None = None) -
         has = up >= 0
         key[rows[has], node_level[up[has]]] = node_first[up[has]]
         up[has] = node_parent[up[has]]
-    order = np.lexsort(key.T[::-1])
+    order = np.lexsort((*key.T[::-1], u_level) if by_level else key.T[::-1])
     seg_of = np.empty(n_seg, dtype=np.int64)
     seg_of[order] = np.arange(n_seg, dtype=np.int64)
     # unsorted index of each node is the node index, so a parent node's segment is seg_of[node]

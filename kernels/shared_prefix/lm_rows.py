@@ -36,9 +36,13 @@ def lm_host_index(layout: Layout, arena: Arena | None = None) -> dict:
     c = layout.compact_length
     cu = np.asarray(layout.cu, dtype=np.int64)
     parent, end = layout.parent, layout.end
-    # a node's last row is scored once more for every child after its first (the segment right
-    # after the node, depth first); entries ordered by node, then child
-    later = np.flatnonzero((parent >= 0) & (np.arange(len(parent)) != parent + 1))
+    # a node's last row is scored once more for every child after its first (in compact order);
+    # entries ordered by node, then child
+    segment = np.arange(len(parent), dtype=np.int64)
+    has_parent = parent >= 0
+    first_child = np.full(len(parent), len(parent), dtype=np.int64)
+    np.minimum.at(first_child, parent[has_parent], segment[has_parent])
+    later = np.flatnonzero(has_parent & (segment != first_child[np.maximum(parent, 0)]))
     later = later[np.argsort(parent[later], kind="stable")]
     node_of = parent[later]
     entry_of = np.full(len(parent), -1, dtype=np.int64)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .aligned import align_to_chunks
 from .attention import AttentionIndex, attention_host_index, attention_index
 from .conv import ConvIndex, conv_host_index, conv_index
 from .gdn import CHUNK, GDNIndex, gdn_host_index, gdn_index
@@ -37,7 +38,8 @@ class Plan:
     compact_src: torch.Tensor  # [C] packed row of each compact row
     expand_index: torch.Tensor  # [T] compact row of each packed row
     position_ids: torch.Tensor  # compact positions, `[1, C]` or `[R, 1, C]` like the input
-    cu_seqlens: torch.Tensor  # int32 boundaries of the compact blocks (a root with its subtree is one block)
+    cu_seqlens: torch.Tensor  # int32 boundaries of the compact blocks (a root with its subtree is one
+    # block; every segment is one in a chunk-aligned plan, whose row is laid out level by level)
     gdn: GDNIndex
     conv: ConvIndex
     attention: AttentionIndex
@@ -96,6 +98,7 @@ def build_plan(
     min_prefix: int = 64,
     max_depth: int = 1,
     level_cost: int = LEVEL_COST_TOKENS,
+    chunk_aligned: bool = False,
 ) -> Plan | None:
     """Plan shared-prefix execution of one packed row, or `None` when no sequences share a prefix.
 
@@ -103,7 +106,8 @@ def build_plan(
     `None` (per-sequence positions). Sequences share a prefix only where token ids and every
     position row agree; a root needs at least `min_prefix` tokens, a nested node at least 64 (the
     GDN chunk). `max_depth` levels of nesting at most (1: one level, the groups); a deeper level
-    is used only where it saves more than `level_cost` rows.
+    is used only where it saves more than `level_cost` rows. `chunk_aligned`: share only whole GDN
+    chunks and lay the row out level by level, so the GDN rounds read it in place (`aligned.py`).
     """
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"input_ids must be one packed row [1, T], got {tuple(input_ids.shape)}")
@@ -146,11 +150,14 @@ def build_plan(
         nested_min=max(CHUNK, conv_kernel_size - 1),
         level_cost=level_cost,
     )
+    if chunk_aligned:
+        nodes = align_to_chunks(nodes, min_prefix, max(CHUNK, conv_kernel_size - 1))
     if not nodes:
         return None
 
     arena = _arena(nodes, cu, 1 if pos is None else len(pos), device)
-    layout = build_layout(nodes, cu, arena)
+    layout = build_layout(nodes, cu, arena, by_level=chunk_aligned)
+    blocks = layout.start if chunk_aligned else layout.start[layout.parent < 0]
     # built on the host, where the rows already are: cheaper than a strided index_select
     shape = (
         (1, layout.compact_length)
@@ -168,7 +175,7 @@ def build_plan(
             "compact_src": layout.compact_src,
             "expand_index": layout.expand_index,
             # one block per root with its subtree and per singleton
-            "cu_seqlens": arena.put(np.append(layout.start[layout.parent < 0], layout.compact_length), np.int32),
+            "cu_seqlens": arena.put(np.append(blocks, layout.compact_length), np.int32),
             "positions": positions,
         },
         "gdn": gdn_host_index(layout, arena),

@@ -135,3 +135,64 @@ def test_our_triton_stages_equal_their_loop(ref):
     assert torch.equal(fused, looped)
     for a, b in zip(fused_grads, looped_grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _group(prompt, suffixes, first=0):
+    return [list(range(first, first + prompt)) + [1000 + 10 * i + j for j in range(n)] for i, n in enumerate(suffixes)]
+
+
+def test_a_chunk_aligned_group_is_read_in_place():
+    """Prefix a multiple of 64, one group: the rounds are the compact row in order, nothing to gather."""
+    plan = build_plan(*pack(_group(128, [5, 9, 3])))
+    assert plan.gdn.src_identity and plan.gdn.out_identity
+
+
+@pytest.mark.parametrize(
+    "seqs",
+    [
+        _group(130, [5, 9, 3]),  # unaligned: the tail is replayed per member
+        _group(128, [5, 9]) + _group(64, [4, 4], first=500),  # two groups: rounds regroup the row
+        _group(128, [5, 9]) + [list(range(700, 740))],  # a singleton after the group runs in round 0
+    ],
+    ids=["unaligned", "two-groups", "singleton"],
+)
+def test_rows_are_gathered_when_the_rounds_reorder_or_replay_them(seqs):
+    plan = build_plan(*pack(seqs))
+    assert not plan.gdn.src_identity
+
+
+class _ContiguousOnly(ReferenceRounds):
+    """Stages that refuse strided rows, as fla's do (its l2norm views its input flat)."""
+
+    def l2norm_fwd(self, x):
+        assert x.is_contiguous()
+        return super().l2norm_fwd(x)
+
+    def forward(self, *args):
+        assert all(t.is_contiguous() for t in args[:5])
+        return super().forward(*args)
+
+
+@pytest.mark.parametrize("stages", [True, False], ids=["one-node", "loop"])
+def test_read_in_place_matches_packed_with_q_k_v_split_from_one_row(ref, stages):
+    """As in the model, q, k and v are strided views of the conv output; float64, outputs and gradients."""
+    ids, cu = pack(_group(128, [5, 9, 3]))
+    plan = build_plan(ids, cu)
+    assert plan.gdn.src_identity
+    gdn = _with_rounds(ref.gdn_chunked, _ContiguousOnly(ref.gdn_chunked)) if stages else ref.gdn_chunked
+    h, hv, k, v = 2, 4, 4, 3
+
+    def split(mixed):
+        q, kk, vv = torch.split(mixed, [h * k, h * k, hv * v], dim=-1)
+        return q.reshape(1, -1, h, k), kk.reshape(1, -1, h, k), vv.reshape(1, -1, hv, v)
+
+    c = plan.compact_length
+    mixed = torch.randn(1, c, 2 * h * k + hv * v, **F64).requires_grad_()
+    g = F.logsigmoid(torch.randn(1, c, hv, **F64)).requires_grad_()
+    beta = torch.rand(1, c, hv, **F64).requires_grad_()
+    ref.assert_matches_packed(
+        plan,
+        lambda m, g, b: shared_prefix_gated_delta_rule(plan, gdn, *split(m), g, b, use_qk_l2norm_in_kernel=True),
+        lambda m, g, b: ref.gdn_chunked(*split(m), g, b, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)[0],
+        [mixed, g, beta],
+    )
