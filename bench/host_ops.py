@@ -31,28 +31,117 @@ BACKWARD_PREFIX = "autograd::engine::evaluate_function"
 # aten ops that launch no kernel on CUDA (metadata, views, allocation without fill)
 NO_KERNEL = frozenset(
     "aten::" + name
-    for name in (
-        "empty empty_strided empty_like new_empty new_empty_strided view reshape _reshape_alias _unsafe_view "
-        "as_strided transpose t permute slice select unsqueeze squeeze expand expand_as detach alias split "
-        "split_with_sizes chunk narrow unbind lift_fresh resize_ set_ result_type size stride is_nonzero "
-        "view_as unflatten flatten contiguous numpy_T _local_scalar_dense item is_same_size movedim "
-        "unfold diagonal real imag _to_copy to _has_compatible_shallow_copy_type type_as clone resolve_conj "
-        "resolve_neg"
-    ).split()
+    for name in [
+        "empty",
+        "empty_strided",
+        "empty_like",
+        "new_empty",
+        "new_empty_strided",
+        "view",
+        "reshape",
+        "_reshape_alias",
+        "_unsafe_view",
+        "as_strided",
+        "transpose",
+        "t",
+        "permute",
+        "slice",
+        "select",
+        "unsqueeze",
+        "squeeze",
+        "expand",
+        "expand_as",
+        "detach",
+        "alias",
+        "split",
+        "split_with_sizes",
+        "chunk",
+        "narrow",
+        "unbind",
+        "lift_fresh",
+        "resize_",
+        "set_",
+        "result_type",
+        "size",
+        "stride",
+        "is_nonzero",
+        "view_as",
+        "unflatten",
+        "flatten",
+        "contiguous",
+        "numpy_T",
+        "_local_scalar_dense",
+        "item",
+        "is_same_size",
+        "movedim",
+        "unfold",
+        "diagonal",
+        "real",
+        "imag",
+        "_to_copy",
+        "to",
+        "_has_compatible_shallow_copy_type",
+        "type_as",
+        "clone",
+        "resolve_conj",
+        "resolve_neg",
+    ]
 )
 # ops that are one kernel on CUDA whatever their CPU implementation calls underneath (CPU index_add_
 # loops over rows with select/add_, CPU cat and copies may split work)
 ONE_KERNEL = frozenset(
     "aten::" + name
-    for name in (
-        "index_select index_add_ index_add index_copy_ index_copy index_fill_ index_fill scatter_reduce "
-        "scatter_reduce_ scatter_add_ scatter_add gather masked_fill_ masked_fill cat copy_ fill_ zero_ mm "
-        "addmm bmm baddbmm where sum mean add add_ mul mul_ sub sub_ div div_ neg exp sigmoid softplus "
-        "sigmoid_backward softplus_backward rsqrt pow embedding_dense_backward index_put_ _index_put_impl_"
-    ).split()
+    for name in [
+        "index_select",
+        "index_add_",
+        "index_add",
+        "index_copy_",
+        "index_copy",
+        "index_fill_",
+        "index_fill",
+        "scatter_reduce",
+        "scatter_reduce_",
+        "scatter_add_",
+        "scatter_add",
+        "gather",
+        "masked_fill_",
+        "masked_fill",
+        "cat",
+        "copy_",
+        "fill_",
+        "zero_",
+        "mm",
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "where",
+        "sum",
+        "mean",
+        "add",
+        "add_",
+        "mul",
+        "mul_",
+        "sub",
+        "sub_",
+        "div",
+        "div_",
+        "neg",
+        "exp",
+        "sigmoid",
+        "softplus",
+        "sigmoid_backward",
+        "softplus_backward",
+        "rsqrt",
+        "pow",
+        "embedding_dense_backward",
+        "index_put_",
+        "_index_put_impl_",
+    ]
 )
 # a contiguous call on a contiguous tensor, clone and _to_copy run copy_ underneath: counted there
-HOST_READS = frozenset({"item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__", "nonzero"})
+HOST_READS = frozenset(
+    {"item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__", "nonzero"}
+)
 
 
 class OpaqueSlot(torch.autograd.Function):
@@ -227,8 +316,12 @@ class Counts:
 
     launches: dict = field(default_factory=lambda: {"forward": 0, "backward": 0})
     slot_calls: dict = field(default_factory=lambda: {"forward": 0, "backward": 0})
-    by_op: dict = field(default_factory=lambda: {"forward": collections.Counter(), "backward": collections.Counter()})
-    by_slot: dict = field(default_factory=lambda: {"forward": collections.Counter(), "backward": collections.Counter()})
+    by_op: dict = field(
+        default_factory=lambda: {"forward": collections.Counter(), "backward": collections.Counter()}
+    )
+    by_slot: dict = field(
+        default_factory=lambda: {"forward": collections.Counter(), "backward": collections.Counter()}
+    )
 
     def total(self, what="launches"):
         return sum(getattr(self, what).values())
@@ -249,7 +342,7 @@ def _walk(event, phase, counts):
         phase = "backward"
     if name.startswith(SLOT_PREFIX):
         counts.slot_calls[phase] += 1
-        counts.by_slot[phase][name[len(SLOT_PREFIX):]] += 1
+        counts.by_slot[phase][name[len(SLOT_PREFIX) :]] += 1
         return
     if name.startswith("aten::"):
         n = _launches(event)
@@ -288,7 +381,9 @@ class HostReads(TorchFunctionMode):
         if name == "cpu" and out is args[0]:
             out = out.view_as(out)  # on the CPU `.cpu()` is the tensor itself: mark a stand-in for the copy
         # a host copy, and whatever is computed from one, can be read later at no cost
-        if torch.is_tensor(out) and (name == "cpu" or any(getattr(a, _HOST, False) for a in args if torch.is_tensor(a))):
+        if torch.is_tensor(out) and (
+            name == "cpu" or any(getattr(a, _HOST, False) for a in args if torch.is_tensor(a))
+        ):
             setattr(out, _HOST, True)
         return out
 

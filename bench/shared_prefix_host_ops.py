@@ -24,9 +24,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from host_ops import HostReads, Timer, count_events, scope_slots  # noqa: E402
-from shared_prefix_arms import MODULE, TINY, boundary_labels, packed_kwargs  # noqa: E402
-from shared_prefix_shapes import batch  # noqa: E402
+from host_ops import HostReads, Timer, count_events, scope_slots
+from shared_prefix_arms import MODULE, TINY, boundary_labels, packed_kwargs
+from shared_prefix_shapes import batch
 
 SLOTS = ("gated_delta_rule", "causal_conv1d", "rms_norm_gated", "rms_norm", "rotary", "swiglu_mlp", "attention",
          "cross_entropy")
@@ -141,9 +141,9 @@ def main(argv=None):
 
 def report(results, args, n, p, r):
     arms = list(ARMS)
-    lines = [f"{args.groups} group(s) of n={n} P={p} R={r}, tiny widths, float32, torch {torch.__version__}, "
+    lines = [(f"{args.groups} group(s) of n={n} P={p} R={r}, tiny widths, float32, torch {torch.__version__}, "
              f"checkpointing {'off' if args.no_checkpointing else 'on'}, 1 thread; arms: packed, shared (default "
-             "plan), aligned (shared_prefix_chunk_aligned)",
+             "plan), aligned (shared_prefix_chunk_aligned)"),
              "launches = aten ops outside the op slots that launch a kernel on CUDA; slot calls = backend calls",
              "", f"{'':34}" + "".join(f" {a:>8}" for a in arms)]
     base = results["base"]
@@ -190,8 +190,8 @@ def report(results, args, n, p, r):
             lines.append(f"  {op:44}" + "".join(f" {outside[a][op]:>5}" for a in arms))
     for arm in arms:
         reads = base[arm]["reads"]
-        lines += ["", f"host reads in one {arm} step outside the slots ({sum(reads.values())}; each a sync on a GPU "
-                  "unless its tensor is on the host):"]
+        lines += ["", (f"host reads in one {arm} step outside the slots ({sum(reads.values())}; each a sync on a GPU "
+                  "unless its tensor is on the host):")]
         for (name, site), k in sorted(reads.items(), key=lambda x: -x[1]):
             lines.append(f"  {k:>3} x .{name}  {site}")
     return lines

@@ -9,8 +9,8 @@ import torch
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
-import host_ops  # noqa: E402
-import shared_prefix_host_ops  # noqa: E402
+import host_ops
+import shared_prefix_host_ops
 
 
 def _counts(fn, *args):
