@@ -38,9 +38,8 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (
 )
 
 from patchgen.kernels import ops
-from patchgen.kernels.modeling import shared_prefix, verify
+from patchgen.kernels.modeling import fields, shared_prefix, verify
 from patchgen.kernels.modeling.boundaries import resolve_packed
-from patchgen.kernels.modeling.fields import apply_fields, pop_fields
 from patchgen.kernels.modeling.generation import cache_only_when_asked, prefill_rows, starts_from_zero_state
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
 from patchgen.kernels.modeling.packing import (
@@ -69,10 +68,16 @@ class Qwen3_5PreTrainedModel(upstream.Qwen3_5PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
-        # patchgen's config fields as keywords (shared_prefix_training=True, ops_implementation=...), set on
-        # the text config the model reads; transformers would pass them to __init__, which refuses them.
-        fields = pop_fields(kwargs)
-        return apply_fields(super().from_pretrained(*args, **kwargs), fields, defaults=PATCHGEN_OP_DEFAULTS)
+        # patchgen's config fields set on the text config the model reads: given as keywords
+        # (shared_prefix_training=True), which transformers would pass to __init__, or on a composite config
+        # (config= or the checkpoint's config.json), of which a text class would keep only the text section.
+        return fields.from_pretrained(cls, super().from_pretrained, args, kwargs, defaults=PATCHGEN_OP_DEFAULTS)
+
+    @classmethod
+    def _from_config(cls, config, **kwargs):
+        # A composite config given to a text class builds from its text_config, with the patchgen fields set
+        # on the composite moved there (transformers' auto classes would drop them).
+        return super()._from_config(fields.text_config_for(cls, config), **kwargs)
 
     @classmethod
     def is_custom_code(cls) -> bool:
