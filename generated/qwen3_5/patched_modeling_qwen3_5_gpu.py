@@ -1339,10 +1339,12 @@ class Qwen3_5TextModel(Qwen3_5PreTrainedModel):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
 
         plan = kwargs.get("shared_prefix")
+        decided_above = plan is not None or kwargs.get(PACKED_ROW) is not None  # the top model saw this packed row
         if plan is None:
             # Checked boundaries, or boundaries from restarting position_ids (a no-op below the top model).
             kwargs = resolve_packed(kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache)
         packed = plan is not None or kwargs.get("cu_seq_lens_q") is not None
+        shared_prefix.warn_if_nothing_shared(self, packed=packed, decided_above=decided_above)
         if packed and isinstance(attention_mask, torch.Tensor) and not bool(attention_mask.all()):
             raise ValueError(
                 "attention_mask with padding on a packed row (cu_seq_lens_q): packed rows carry no padding, "
