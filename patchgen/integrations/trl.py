@@ -223,6 +223,16 @@ class SharedPrefixGRPOTrainer(GRPOTrainer):
 
     def _warn_grouped_micro_batches(self) -> None:
         # With one micro-batch per generation batch the rows are the same as stock TRL's, whatever their order.
+        accumulation, splits = self.args.gradient_accumulation_steps, self.args.steps_per_generation
+        if splits > 1 and accumulation % splits:
+            warnings.warn(
+                f"SharedPrefixGRPOTrainer keeps each prompt's rollouts in one micro-batch, and gradient_accumulation_steps="
+                f"{accumulation} is not a multiple of steps_per_generation={splits}: an optimizer step then sees part of a "
+                "generation batch, whole groups here where stock GRPOTrainer takes a random subset of rows, so the "
+                "updates differ from a stock run. For stock TRL's updates, make gradient_accumulation_steps a multiple "
+                "of steps_per_generation",
+                GroupedMicroBatches, stacklevel=3,
+            )
         terms = self.micro_batch_terms()
         if self.args.steps_per_generation > 1 and terms:
             warnings.warn(

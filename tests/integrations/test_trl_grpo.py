@@ -280,3 +280,11 @@ def test_a_micro_batch_that_shares_its_prompt_is_not_warned(tmp_path, recwarn):
     _score_policy(trainer)
     assert trainer.shared_prefix_tokens["compact"] < trainer.shared_prefix_tokens["packed"]
     assert not [w for w in recwarn if issubclass(w.category, PrefixesNotShared)]
+
+
+def test_optimizer_steps_over_part_of_a_generation_batch_are_warned(tmp_path):
+    """gradient_accumulation_steps=1 with steps_per_generation=2: each step sees whole groups, not TRL's random rows."""
+    from patchgen.integrations.trl import GroupedMicroBatches
+
+    with pytest.warns(GroupedMicroBatches, match="gradient_accumulation_steps=1 is not a multiple of steps_per_generation=2"):
+        _trainer(tmp_path, gradient_accumulation_steps=1, steps_per_generation=2)
