@@ -115,7 +115,7 @@ class SharedPrefixGRPOTrainer(GRPOTrainer):
                 )
             extra = {"output_router_logits": True} if compute_aux_loss else {}
             plans = []
-            with self.accelerator.autocast(), observe_plans(lambda plan, tokens: plans.append(plan)):
+            with self.accelerator.autocast(), observe_plans(lambda plan, tokens, found=plans: found.append(plan)):
                 out = model(
                     **packed.model_kwargs(), return_log_probs=True, return_entropy=compute_entropy,
                     return_logits=False, temperature=self.temperature, use_cache=False, **extra,

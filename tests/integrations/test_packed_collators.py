@@ -126,9 +126,8 @@ def _grouped_sequences(groups=4, rollouts=3, prompt=20, seed=0):
 @pytest.mark.parametrize("flash_kwargs", [False, True])
 def test_hf_trainer_with_the_flattening_collator_shares_prefixes_and_equals_the_flag_off(tmp_path, flash_kwargs):
     """Gradient accumulation over two flattened micro-batches of two groups each; the flag on vs off."""
-    from transformers import DataCollatorWithFlattening
-
     from patchgen.kernels.modeling.shared_prefix import observe_plans
+    from transformers import DataCollatorWithFlattening
 
     def run(flag):
         collator = DataCollatorWithFlattening(return_tensors="pt", return_flash_attn_kwargs=flash_kwargs)
@@ -151,9 +150,8 @@ def test_hf_trainer_with_the_flattening_collator_shares_prefixes_and_equals_the_
 def test_trl_sft_padding_free_with_the_flag_on_warns_that_nothing_is_shared(tmp_path):
     """TRL's SFTTrainer calls the backbone through its own LM head: the plan is never built, and the model says so."""
     from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
-
     from patchgen.kernels.modeling.shared_prefix import SharedPrefixUnused
+    from trl import SFTConfig, SFTTrainer
 
     text = [" ".join(f"w{t}" for t in s) for s in _grouped_sequences()]
     args = SFTConfig(
