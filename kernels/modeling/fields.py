@@ -97,7 +97,12 @@ def saved_composite_fields(cls, args: tuple, kwargs: dict) -> dict:
     from transformers import PreTrainedConfig
 
     hub = {name: kwargs[name] for name in HUB_KEYWORDS if kwargs.get(name) is not None}
-    saved, _ = PreTrainedConfig.get_config_dict(path, **hub)
+    try:
+        saved, _ = PreTrainedConfig.get_config_dict(path, **hub)
+    except OSError:
+        # No config file at `path` although the load succeeded: its config came from elsewhere (a PEFT
+        # adapter folder points transformers at its base model), so there is no composite file to read here.
+        return {}
     inner = saved.get(section)
     if not isinstance(inner, dict):
         return {}

@@ -186,3 +186,10 @@ def test_the_model_built_from_a_composite_config_shares_prefixes(model, device, 
     with observe_plans(lambda plan, tokens: plans.append(plan)):
         net(input_ids=ids, **tiny.packed_kwargs(cu))
     assert len(plans) == 1 and plans[0] is not None and plans[0].compact_length < ids.shape[1]
+
+
+def test_a_load_whose_path_holds_no_config_file_reads_no_composite_fields(tmp_path):
+    """A PEFT adapter folder has no config.json (transformers loads its base model's): nothing to read, no error."""
+    from patchgen.kernels.modeling.fields import saved_composite_fields
+
+    assert saved_composite_fields(ckpt.generated_class("qwen3_5", "gpu", "ForCausalLM"), (str(tmp_path),), {}) == {}
