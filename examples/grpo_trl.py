@@ -4,8 +4,10 @@ Runs a few GRPO steps on the CPU (random weights, a word-level tokenizer made he
 the share of even word ids in a completion), first with stock ``trl.GRPOTrainer`` and the model's
 ``shared_prefix_training`` off, then with ``SharedPrefixGRPOTrainer`` and the flag on, from the same
 seed. Prints the tokens scored per packed row (T) against the compact row (C), the time per step
-and the losses and rewards of both runs (they match: same completions, same loss). The same model
-generates the rollouts and trains on them; nothing is toggled between the two.
+and the losses, KL and rewards of both runs (they match: same completions, same loss). The same model
+generates the rollouts and trains on them; nothing is toggled between the two. By default the run
+has what a real one has: a reference model (``--beta``), a sampling temperature other than 1 and
+gradient accumulation over a generation batch that TRL shuffles (``steps_per_generation`` 2).
 
 With a published checkpoint, load it through a generated class instead of building one here:
 
@@ -77,10 +79,16 @@ def train(shared: bool, args) -> dict:
             output_dir=out_dir, per_device_train_batch_size=args.rollouts * 2, num_generations=args.rollouts,
             gradient_accumulation_steps=2, max_completion_length=args.completion_len, max_steps=args.steps,
             learning_rate=1e-3, logging_steps=1, report_to="none", use_cpu=True, seed=0, save_strategy="no",
-            disable_tqdm=True, bf16=False, gradient_checkpointing=False,
+            disable_tqdm=True, bf16=False, gradient_checkpointing=False, beta=args.beta, temperature=args.temperature,
         )
+        model = build_model(shared)
+        if args.beta:
+            # Stock TRL loads the reference model from the policy's path (SharedPrefixGRPOTrainer then
+            # replaces it by a copy of the policy); a published checkpoint has its path already.
+            model.save_pretrained(os.path.join(out_dir, "policy"))
+            model.config._name_or_path = os.path.join(out_dir, "policy")
         cls = SharedPrefixGRPOTrainer if shared else GRPOTrainer
-        trainer = cls(model=build_model(shared), reward_funcs=even_words, args=config,
+        trainer = cls(model=model, reward_funcs=even_words, args=config,
                       train_dataset=prompts(args.steps * 4, args.prompt_len), processing_class=tokenizer())
         start = time.perf_counter()
         trainer.train()
@@ -98,6 +106,8 @@ def main(argv=None) -> None:
     parser.add_argument("--rollouts", type=int, default=4)
     parser.add_argument("--prompt-len", type=int, default=192)
     parser.add_argument("--completion-len", type=int, default=24)
+    parser.add_argument("--beta", type=float, default=0.04, help="KL coefficient (0: no reference model)")
+    parser.add_argument("--temperature", type=float, default=0.8)
     args = parser.parse_args(argv)
     os.environ.setdefault("PATCHGEN_DEVICE_TARGET", "cpu")  # the torch backends, whatever the machine
 
@@ -105,13 +115,15 @@ def main(argv=None) -> None:
     ours = train(True, args)
     tokens = ours["tokens"]
     print(f"GRPO, tiny Qwen3.5 on the CPU: {args.steps} steps, 2 prompts x {args.rollouts} rollouts per micro-batch, "
-          f"prompt {args.prompt_len} tokens, completions <= {args.completion_len}")
+          f"prompt {args.prompt_len} tokens, completions <= {args.completion_len}, beta {args.beta}, "
+          f"temperature {args.temperature}")
     print(f"  tokens scored: packed T {tokens['packed']}, compact C {tokens['compact']}, "
           f"T/C {tokens['packed'] / max(tokens['compact'], 1):.2f}")
-    print(f"  {'step':>4} {'stock loss':>12} {'shared loss':>12} {'reward':>8} {'stock s':>8} {'shared s':>9}")
+    print(f"  {'step':>4} {'stock loss':>12} {'shared loss':>12} {'stock kl':>10} {'shared kl':>10} {'reward':>8} "
+          f"{'stock s':>8} {'shared s':>9}")
     for i, (a, b) in enumerate(zip(stock["logs"], ours["logs"]), 1):
-        print(f"  {i:>4} {a['loss']:>12.6f} {b['loss']:>12.6f} {b['reward']:>8.4f} {a['step_time']:>8.2f} "
-              f"{b['step_time']:>9.2f}")
+        print(f"  {i:>4} {a['loss']:>12.6f} {b['loss']:>12.6f} {a.get('kl', 0.0):>10.3g} {b.get('kl', 0.0):>10.3g} "
+              f"{b['reward']:>8.4f} {a['step_time']:>8.2f} {b['step_time']:>9.2f}")
     print(f"  wall time per step (generation included): stock {stock['seconds']:.2f} s, shared {ours['seconds']:.2f} s")
 
 

@@ -5,9 +5,10 @@
 # sha256:     aa3caec05ddf172964b6cfe9b19d333dde892ee99b75bc629c4c18169860f5d6
 # config:     patchgen/configs/qwen3_5_moe/npu.py
 # device:     npu
-# patches (18):
+# patches (19):
 #   add_method Qwen3_5MoePreTrainedModel.post_init [upstream fe04537fe740]: resolve the op slots once per model build (ops.bind)
-#   add_method Qwen3_5MoePreTrainedModel.from_pretrained [upstream fe04537fe740]: patchgen's config fields as from_pretrained keywords, set on the text config the model reads
+#   add_method Qwen3_5MoePreTrainedModel.from_pretrained [upstream fe04537fe740]: patchgen's config fields as from_pretrained keywords or on a composite config, set on the text config the model reads
+#   add_method Qwen3_5MoePreTrainedModel._from_config [upstream fe04537fe740]: a composite config given to a text class: its patchgen fields moved to the text config it builds from
 #   add_method Qwen3_5MoePreTrainedModel.is_custom_code [upstream fe04537fe740]: upstream's weights and names: transformers' checkpoint conversions and weight init apply
 #   override_method Qwen3_5MoeRMSNorm.forward [upstream 41de6124ddef]: zero-centred RMSNorm through ops.rms_norm
 #   override_method Qwen3_5MoeRMSNormGated.forward [upstream f314ae42d4e4]: gated RMSNorm through ops.rms_norm_gated
@@ -111,9 +112,8 @@ from transformers.models.auto import AutoModel
 from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeConfig, Qwen3_5MoeTextConfig, Qwen3_5MoeVisionConfig
 
 from patchgen.kernels import ops
-from patchgen.kernels.modeling import shared_prefix, verify
+from patchgen.kernels.modeling import fields, shared_prefix, verify
 from patchgen.kernels.modeling.boundaries import resolve_packed
-from patchgen.kernels.modeling.fields import apply_fields, pop_fields
 from patchgen.kernels.modeling.generation import cache_only_when_asked, prefill_rows, starts_from_zero_state
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
 from patchgen.kernels.modeling.packing import PACKED_ROW, packed_max_lengths, packed_row, varlen_attention, without_packed
@@ -1118,13 +1118,20 @@ class Qwen3_5MoePreTrainedModel(PreTrainedModel):
         # Resolve the op slots once per model build; every submodule reads them with ops.of(self).
         ops.bind(self, self.config, defaults=PATCHGEN_OP_DEFAULTS)
     
-    # patchgen[add_method]: patchgen's config fields as from_pretrained keywords, set on the text config the model reads
+    # patchgen[add_method]: patchgen's config fields as from_pretrained keywords or on a composite config, set on the text config the model reads
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
-        # patchgen's config fields as keywords (shared_prefix_training=True, ops_implementation=...), set on
-        # the text config the model reads; transformers would pass them to __init__, which refuses them.
-        fields = pop_fields(kwargs)
-        return apply_fields(super().from_pretrained(*args, **kwargs), fields, defaults=PATCHGEN_OP_DEFAULTS)
+        # patchgen's config fields set on the text config the model reads: given as keywords
+        # (shared_prefix_training=True), which transformers would pass to __init__, or on a composite config
+        # (config= or the checkpoint's config.json), of which a text class would keep only the text section.
+        return fields.from_pretrained(cls, super().from_pretrained, args, kwargs, defaults=PATCHGEN_OP_DEFAULTS)
+    
+    # patchgen[add_method]: a composite config given to a text class: its patchgen fields moved to the text config it builds from
+    @classmethod
+    def _from_config(cls, config, **kwargs):
+        # A composite config given to a text class builds from its text_config, with the patchgen fields set
+        # on the composite moved there (transformers' auto classes would drop them).
+        return super()._from_config(fields.text_config_for(cls, config), **kwargs)
     
     # patchgen[add_method]: upstream's weights and names: transformers' checkpoint conversions and weight init apply
     @classmethod
@@ -1453,10 +1460,12 @@ class Qwen3_5MoeTextModel(Qwen3_5MoePreTrainedModel):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
 
         plan = kwargs.get("shared_prefix")
+        decided_above = plan is not None or kwargs.get(PACKED_ROW) is not None  # the top model saw this packed row
         if plan is None:
             # Checked boundaries, or boundaries from restarting position_ids (a no-op below the top model).
             kwargs = resolve_packed(kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache)
         packed = plan is not None or kwargs.get("cu_seq_lens_q") is not None
+        shared_prefix.warn_if_nothing_shared(self, packed=packed, decided_above=decided_above)
         if packed and isinstance(attention_mask, torch.Tensor) and not bool(attention_mask.all()):
             raise ValueError(
                 "attention_mask with padding on a packed row (cu_seq_lens_q): packed rows carry no padding, "

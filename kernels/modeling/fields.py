@@ -1,20 +1,118 @@
-"""patchgen's config fields as ``from_pretrained`` keywords, as transformers takes any config field.
+"""patchgen's config fields on the text config the model reads, however the user handed them over.
 
-transformers hands a keyword its config class does not know to the model's ``__init__``, which
-refuses ``shared_prefix_training=True`` with a bare ``TypeError``; a vision-language config would
-also hold it on the composite config rather than on the text config the model reads. The generated
-``from_pretrained`` takes these keywords out, loads, then sets them on the text config and
-re-resolves the op slots (which also checks the values).
+Three ways transformers would lose or refuse them:
+
+- keywords: transformers hands ``from_pretrained(path, shared_prefix_training=True)``'s unknown
+  keyword to the model's ``__init__``, which refuses it with a bare ``TypeError``;
+- a composite (vision-language) config given to a text class (``ForCausalLM``): transformers' auto
+  classes, and the text class itself, build from its ``text_config`` only, so fields set on the
+  composite config were dropped;
+- a checkpoint whose ``config.json`` holds the fields at the composite level (saved from a
+  ``ForConditionalGeneration`` with ``model.config.shared_prefix_training = True``): a text class
+  loads only the ``text_config`` section of it.
+
+The generated ``from_pretrained`` and ``_from_config`` route all three onto the text config (a field
+set to different values in two places is a ``SettingError``) and bind the op slots from there.
 """
 
 from __future__ import annotations
 
-from ..config import FIELDS
+from types import SimpleNamespace
+from typing import Any
+
+from ..config import FIELDS, field
+
+# from_pretrained keywords that say where a checkpoint's config.json is read from (not force_download:
+# the load just read it).
+HUB_KEYWORDS = ("cache_dir", "proxies", "token", "local_files_only", "revision", "subfolder", "gguf_file")
 
 
 def pop_fields(kwargs: dict) -> dict:
     """Remove and return the patchgen config fields among ``from_pretrained``'s keywords."""
     return {name: kwargs.pop(name) for name in FIELDS if name in kwargs}
+
+
+def composite_fields(config: Any) -> dict:
+    """The patchgen fields set on a composite config itself (not on its ``text_config``), read with ``field``.
+
+    ``field`` raises when the composite and its text config hold different values of one field.
+    """
+    if getattr(config, "text_config", None) is None:
+        return {}
+    return {name: field(config, name) for name in FIELDS if name in vars(config)}
+
+
+def builds_from_text_config(cls, config: Any) -> bool:
+    """Whether ``cls`` (a text class: ``ForCausalLM``, ``TextModel``) is given a composite config around its own."""
+    wanted = getattr(cls, "config_class", None)
+    text = getattr(config, "text_config", None)
+    return wanted is not None and text is not None and not isinstance(config, wanted) and isinstance(text, wanted)
+
+
+def text_config_for(cls, config: Any) -> Any:
+    """The config ``cls`` builds from: ``config`` itself, or, for a composite config given to a text class, its
+    ``text_config`` holding the patchgen fields (and the quantization config) set on the composite.
+
+    transformers' auto classes make the same swap but keep only the quantization config; upstream's text
+    classes given a composite config fail on a missing attribute.
+    """
+    if not builds_from_text_config(cls, config):
+        return config
+    text = config.text_config
+    for name, value in composite_fields(config).items():
+        setattr(text, name, value)
+    quantization = getattr(config, "quantization_config", None)
+    if quantization is not None:
+        text.quantization_config = quantization
+    return text
+
+
+def from_pretrained(cls, load, args: tuple, kwargs: dict, defaults):
+    """``load(*args, **kwargs)`` (transformers' ``from_pretrained``) with patchgen's fields routed to the text config.
+
+    Keyword fields are taken out before loading and set afterwards; a composite ``config=`` given to a text
+    class is swapped for its text config (``text_config_for``); fields a composite ``config.json`` holds
+    outside the text section a text class loads are set too (keywords win over the file).
+    """
+    fields = pop_fields(kwargs)
+    config = kwargs.get("config")
+    if config is not None and not _is_path(config):
+        kwargs["config"] = text_config_for(cls, config)
+    loaded = load(*args, **kwargs)
+    saved = saved_composite_fields(cls, args, kwargs)
+    return apply_fields(loaded, {**saved, **fields}, defaults)
+
+
+def saved_composite_fields(cls, args: tuple, kwargs: dict) -> dict:
+    """The patchgen fields at the composite level of the ``config.json`` a text class ``cls`` was loaded from.
+
+    ``args`` and ``kwargs`` are ``from_pretrained``'s. Empty when a config object was given (then
+    ``text_config_for`` has moved its fields) or the file is not a composite config.
+    """
+    section = getattr(getattr(cls, "config_class", None), "base_config_key", "")
+    config = kwargs.get("config")
+    path = config if config is not None else (args[0] if args else kwargs.get("pretrained_model_name_or_path"))
+    if not section or path is None or not _is_path(path):
+        return {}
+    from transformers import PreTrainedConfig
+
+    hub = {name: kwargs[name] for name in HUB_KEYWORDS if kwargs.get(name) is not None}
+    try:
+        saved, _ = PreTrainedConfig.get_config_dict(path, **hub)
+    except OSError:
+        # No config file at `path` although the load succeeded: its config came from elsewhere (a PEFT
+        # adapter folder points transformers at its base model), so there is no composite file to read here.
+        return {}
+    inner = saved.get(section)
+    if not isinstance(inner, dict):
+        return {}
+    # Read as field() reads a live composite config, so a conflict with the text section is the same error.
+    text = SimpleNamespace(**{name: inner[name] for name in FIELDS if name in inner})
+    return composite_fields(SimpleNamespace(text_config=text, **{name: saved[name] for name in FIELDS if name in saved}))
+
+
+def _is_path(value: Any) -> bool:
+    return isinstance(value, (str, bytes)) or hasattr(value, "__fspath__")
 
 
 def apply_fields(loaded, fields: dict, defaults):

@@ -8,6 +8,7 @@ Section 4 of shared_prefix.md is the table of guards implemented here.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -48,6 +49,42 @@ def text_config(config):
 def enabled(config) -> bool:
     """``text_config.shared_prefix_training`` (default False; also read on a composite config itself)."""
     return bool(field(config, FLAG, False))
+
+
+class SharedPrefixUnused(UserWarning):
+    """``shared_prefix_training`` is on, but a training forward reached the text model in a form that cannot share."""
+
+
+_WARNED = "_patchgen_nothing_shared_warned"
+
+
+def warn_if_nothing_shared(text_model, *, packed: bool, decided_above: bool) -> None:
+    """Warn once per text model when the flag is on and a training forward (train mode, grad on) cannot share.
+
+    ``decided_above``: the model's own forward (ForCausalLM / ForConditionalGeneration) saw this packed
+    row and built the plan or found nothing to share; only rows it never saw are warned about: a padded
+    ``[B, L]`` batch, and a packed row given to the backbone by a trainer with its own LM head.
+    """
+    if decided_above or not (text_model.training and torch.is_grad_enabled()) or getattr(text_model, _WARNED, False):
+        return
+    if not enabled(text_model.config):
+        return
+    object.__setattr__(text_model, _WARNED, True)
+    name = type(text_model).__name__
+    if packed:
+        reason = (
+            f"a packed row reached {name} without the model's own forward (ForCausalLM / ForConditionalGeneration), "
+            "which builds the plan: a trainer that calls the backbone through its own LM head (TRL's SFTTrainer and "
+            "GRPOTrainer do) never shares, and a batch with images or video never does. Call model(...) itself; "
+            "for GRPO use patchgen.integrations.trl.SharedPrefixGRPOTrainer"
+        )
+    else:
+        reason = (
+            f"{name} got a batch that is not one packed row (a padded [B, L] batch, as TRL's GRPOTrainer scores): "
+            "prefixes are shared only between the sequences of one packed row (cu_seq_lens_q, or position_ids that "
+            "restart at 0). Pack the micro-batch; for GRPO use patchgen.integrations.trl.SharedPrefixGRPOTrainer"
+        )
+    warnings.warn(f"shared_prefix_training is on, but this training forward shares nothing: {reason}", SharedPrefixUnused, stacklevel=3)
 
 
 def packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs):

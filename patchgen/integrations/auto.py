@@ -51,11 +51,51 @@ def register(device: str = "gpu") -> dict[str, dict[str, str]]:
                 class_name = names.get(model_type)
                 if class_name not in ours:
                     continue
+                config_cls, model_cls = CONFIG_MAPPING[model_type], getattr(module, class_name)
+                if model_cls.config_class is not config_cls:
+                    model_cls = composite_loader(model_cls, config_cls)  # e.g. AutoModelForCausalLM of `qwen3_5`
                 # The mapping's own register: AutoModelForCausalLM maps the VL config `qwen3_5` to
                 # ForCausalLM (built from its text config), which the auto class's config check refuses.
-                auto_cls._model_mapping.register(CONFIG_MAPPING[model_type], getattr(module, class_name), exist_ok=True)
+                auto_cls._model_mapping.register(config_cls, model_cls, exist_ok=True)
                 registered.setdefault(auto_name, {})[model_type] = f"{module.__name__}.{class_name}"
     return registered
+
+
+class CompositeConfigLoader:
+    """Stands in an auto-class mapping for a text class (``ForCausalLM``) keyed by a composite config.
+
+    transformers' auto classes build such a class from ``config.get_text_config()``, dropping the patchgen
+    fields set on the composite config (``shared_prefix_training``, ``ops_implementation``...). A loader
+    declares the composite config as its own, so the auto class hands it the whole config, and builds the
+    text class itself, whose ``_from_config`` / ``from_pretrained`` move those fields to the text config.
+    The model built is an instance of the text class, never of the loader.
+    """
+
+    text_class: type
+
+    @classmethod
+    def _from_config(cls, config, **kwargs):
+        return cls.text_class._from_config(config, **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        return cls.text_class.from_pretrained(*args, **kwargs)
+
+
+_LOADERS: dict[tuple[type, type], type] = {}
+
+
+def composite_loader(text_class: type, composite_config: type) -> type:
+    """The ``CompositeConfigLoader`` of ``text_class`` for ``composite_config`` (one class per pair)."""
+    key = (text_class, composite_config)
+    if key not in _LOADERS:
+        _LOADERS[key] = type(
+            text_class.__name__,  # the name transformers' pipelines compare with a model's class name
+            (CompositeConfigLoader, text_class),
+            {"config_class": composite_config, "text_class": text_class, "__module__": __name__,
+             "__doc__": f"{text_class.__module__}.{text_class.__name__} built from a {composite_config.__name__}"},
+        )
+    return _LOADERS[key]
 
 
 def unregister() -> None:
@@ -66,5 +106,8 @@ def unregister() -> None:
     for auto_cls in auto_classes().values():
         extra = auto_cls._model_mapping._extra_content
         for config_cls in configs:
-            if getattr(extra.get(config_cls), "__module__", "").startswith("patchgen.generated."):
+            value = extra.get(config_cls)
+            if getattr(value, "__module__", "").startswith("patchgen.generated.") or (
+                isinstance(value, type) and issubclass(value, CompositeConfigLoader)
+            ):
                 del extra[config_cls]

@@ -25,7 +25,10 @@ from trl.trainer.utils import (
 )
 
 from patchgen.kernels import ops
+from patchgen.kernels.config import shared_prefix_min_length
+from patchgen.kernels.modeling.shared_prefix import enabled as shared_prefix_enabled
 from patchgen.kernels.modeling.shared_prefix import observe_plans
+from patchgen.kernels.modeling.verify import sharing_allowed
 
 from .packed_rows import pack_rows
 
@@ -39,6 +42,13 @@ MEDIA_KEYS = (
 
 class GroupedMicroBatches(UserWarning):
     """A loss term TRL normalises per micro-batch sees other rows than in stock TRL (a prompt's rollouts kept together)."""
+
+
+class PrefixesNotShared(UserWarning):
+    """A setting or a batch under which SharedPrefixGRPOTrainer computes prompts more often than it could.
+
+    The results are those of stock ``GRPOTrainer`` all the same; only the time saved is lost.
+    """
 
 
 def is_patchgen_model(model) -> bool:
@@ -68,8 +78,10 @@ class SharedPrefixGRPOTrainer(GRPOTrainer):
         self.packed_tokens = {"policy": 0, "old": 0, "ref": 0}
         self.shared_prefix_tokens = {"packed": 0, "compact": 0}
         self._fallback_warned = False
+        self._unshared_warned = False
         self._share_reference_model()
         self._warn_grouped_micro_batches()
+        self._warn_less_sharing()
 
     # ---- scoring -------------------------------------------------------------------------------
     def _get_per_token_logps_and_entropies(
@@ -102,13 +114,18 @@ class SharedPrefixGRPOTrainer(GRPOTrainer):
                     compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **media,
                 )
             extra = {"output_router_logits": True} if compute_aux_loss else {}
-            with self.accelerator.autocast(), observe_plans(self._count_plan):
+            plans = []
+            with self.accelerator.autocast(), observe_plans(lambda plan, tokens, found=plans: found.append(plan)):
                 out = model(
                     **packed.model_kwargs(), return_log_probs=True, return_entropy=compute_entropy,
                     return_logits=False, temperature=self.temperature, use_cache=False,
                     labelled_positions_only=True, **extra,
                 )
+            for plan in plans:
+                self._count_plan(plan, packed.tokens)
             self.packed_tokens[self._pass_name(model)] += packed.tokens
+            if self._pass_name(model) == "policy" and not any(plan is not None for plan in plans):
+                self._warn_nothing_shared(model, attention_mask[start:end], logits_to_keep, packed)
             entropy = packed.scatter(out.entropy) if compute_entropy else None
             chunks.append((packed.scatter(out.log_probs), entropy, out.get("aux_loss") if compute_aux_loss else None))
         logps = torch.cat([c[0] for c in chunks])
@@ -145,6 +162,42 @@ class SharedPrefixGRPOTrainer(GRPOTrainer):
             )
             self._fallback_warned = True
 
+    def _warn_nothing_shared(self, model, attention_mask, logits_to_keep, packed) -> None:
+        """Once: a training micro-batch shared no prompt although the flag is on (T/C = 1 for it)."""
+        unwrapped = self.accelerator.unwrap_model(model)
+        if self._unshared_warned or not shared_prefix_enabled(unwrapped.config) or not sharing_allowed(unwrapped):
+            return  # flag off: warned at construction; verification turned sharing off: it warned
+        self._unshared_warned = True
+        prompts = attention_mask[:, :-logits_to_keep].sum(1) if logits_to_keep else attention_mask.sum(1)
+        warnings.warn(
+            f"SharedPrefixGRPOTrainer: shared_prefix_training is on, but a training micro-batch "
+            f"({attention_mask.shape[0]} rollouts, {packed.tokens} packed tokens) shared no prompt: its longest prompt "
+            f"has {int(prompts.max())} tokens and shared_prefix_min_length is {shared_prefix_min_length(unwrapped.config)}, "
+            "or no two rollouts of one prompt are in it. Set model.config.shared_prefix_min_length below your prompt "
+            "length, and per_device_train_batch_size to a multiple of num_generations",
+            PrefixesNotShared, stacklevel=3,
+        )
+
+    def _warn_less_sharing(self) -> None:
+        """At construction: the flag is off, or micro-batches cut through a prompt's rollouts."""
+        policy = self.accelerator.unwrap_model(self.model)
+        if is_patchgen_model(policy) and not shared_prefix_enabled(policy.config):
+            warnings.warn(
+                "SharedPrefixGRPOTrainer: the model's shared_prefix_training is off, so each micro-batch is scored as "
+                "one packed row but every rollout computes its prompt again (T/C = 1). Set "
+                "model.config.shared_prefix_training = True to compute each prompt once",
+                PrefixesNotShared, stacklevel=3,
+            )
+        size, group = self.args.per_device_train_batch_size, self.num_generations
+        if size % group and group % size:
+            warnings.warn(
+                f"SharedPrefixGRPOTrainer: per_device_train_batch_size={size} is neither a multiple nor a divisor of "
+                f"num_generations={group}, so some prompts' rollouts are split over two micro-batches and those prompts "
+                f"are computed once in each. Use a multiple of {group} (or a divisor) to compute each prompt once per "
+                "micro-batch",
+                PrefixesNotShared, stacklevel=3,
+            )
+
     # ---- a prompt's rollouts in one micro-batch ------------------------------------------------
     def _prepare_inputs(self, generation_batch):
         if not self.model.training:
@@ -171,6 +224,16 @@ class SharedPrefixGRPOTrainer(GRPOTrainer):
 
     def _warn_grouped_micro_batches(self) -> None:
         # With one micro-batch per generation batch the rows are the same as stock TRL's, whatever their order.
+        accumulation, splits = self.args.gradient_accumulation_steps, self.args.steps_per_generation
+        if splits > 1 and accumulation % splits:
+            warnings.warn(
+                f"SharedPrefixGRPOTrainer keeps each prompt's rollouts in one micro-batch, and gradient_accumulation_steps="
+                f"{accumulation} is not a multiple of steps_per_generation={splits}: an optimizer step then sees part of a "
+                "generation batch, whole groups here where stock GRPOTrainer takes a random subset of rows, so the "
+                "updates differ from a stock run. For stock TRL's updates, make gradient_accumulation_steps a multiple "
+                "of steps_per_generation",
+                GroupedMicroBatches, stacklevel=3,
+            )
         terms = self.micro_batch_terms()
         if self.args.steps_per_generation > 1 and terms:
             warnings.warn(

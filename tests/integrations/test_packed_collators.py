@@ -50,17 +50,18 @@ def _padded(features):
     return {"input_ids": ids, "labels": labels, "attention_mask": mask}
 
 
-def _hf_run(collator, tmp_path):
+def _hf_run(collator, tmp_path, flag=False, sequences=None, **extra):
     from datasets import Dataset
     from transformers import Trainer, TrainingArguments
 
-    net = tiny_trl.model(False)
-    args = TrainingArguments(
+    net = tiny_trl.model(flag)
+    settings = dict(
         output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=2, learning_rate=0.1, optim="sgd",
         logging_steps=1, report_to="none", use_cpu=True, seed=0, save_strategy="no", disable_tqdm=True,
         remove_unused_columns=False,
     )
-    data = Dataset.from_dict({"input_ids": _sequences(8)})
+    args = TrainingArguments(**{**settings, **extra})
+    data = Dataset.from_dict({"input_ids": sequences or _sequences(8)})
     trainer = Trainer(model=net, args=args, train_dataset=data, data_collator=collator)
     trainer.train()
     return [e for e in trainer.state.log_history if "loss" in e], net
@@ -108,3 +109,57 @@ def test_trl_sft_padding_free_equals_padded_sft(tmp_path):
     padded_weights = dict(net_padded.named_parameters())
     for name, p in net_free.named_parameters():
         assert torch.allclose(p, padded_weights[name], atol=1e-7, rtol=0), name
+
+
+def _grouped_sequences(groups=4, rollouts=3, prompt=20, seed=0):
+    """Prompt + response sequences, `rollouts` per prompt (what shared prefixes are for)."""
+    gen = torch.Generator().manual_seed(seed)
+    seqs = []
+    for _ in range(groups):
+        head = torch.randint(2, tiny.VOCAB, (prompt,), generator=gen).tolist()
+        for _ in range(rollouts):
+            length = int(torch.randint(3, 10, (1,), generator=gen))
+            seqs.append(head + torch.randint(2, tiny.VOCAB, (length,), generator=gen).tolist())
+    return seqs
+
+
+@pytest.mark.parametrize("flash_kwargs", [False, True])
+def test_hf_trainer_with_the_flattening_collator_shares_prefixes_and_equals_the_flag_off(tmp_path, flash_kwargs):
+    """Gradient accumulation over two flattened micro-batches of two groups each; the flag on vs off."""
+    from patchgen.kernels.modeling.shared_prefix import observe_plans
+    from transformers import DataCollatorWithFlattening
+
+    def run(flag):
+        collator = DataCollatorWithFlattening(return_tensors="pt", return_flash_attn_kwargs=flash_kwargs)
+        return _hf_run(collator, tmp_path / str(flag), flag=flag, sequences=_grouped_sequences(),
+                       per_device_train_batch_size=6, gradient_accumulation_steps=2)
+
+    plans = []
+    off, net_off = run(False)
+    with observe_plans(lambda plan, tokens: plans.append(plan)):
+        on, net_on = run(True)
+    assert len(plans) == 4 and all(p is not None and p.compact_length < p.packed_length for p in plans)
+    for a, b in zip(on, off):
+        assert a["loss"] == pytest.approx(b["loss"], rel=4 * torch.finfo(torch.float32).eps)  # logged through float32
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-9)
+    weights_off = dict(net_off.named_parameters())
+    for name, p in net_on.named_parameters():
+        assert torch.allclose(p, weights_off[name], atol=1e-10, rtol=0), name
+
+
+def test_trl_sft_padding_free_with_the_flag_on_warns_that_nothing_is_shared(tmp_path):
+    """TRL's SFTTrainer calls the backbone through its own LM head: the plan is never built, and the model says so."""
+    from datasets import Dataset
+    from patchgen.kernels.modeling.shared_prefix import SharedPrefixUnused
+    from trl import SFTConfig, SFTTrainer
+
+    text = [" ".join(f"w{t}" for t in s) for s in _grouped_sequences()]
+    args = SFTConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=6, max_steps=1, learning_rate=0.1, optim="sgd",
+        report_to="none", use_cpu=True, seed=0, save_strategy="no", disable_tqdm=True, padding_free=True, bf16=False,
+        max_length=None,
+    )
+    trainer = SFTTrainer(model=tiny_trl.model(True), args=args, train_dataset=Dataset.from_dict({"text": text}),
+                         processing_class=tiny_trl.tokenizer())
+    with pytest.warns(SharedPrefixUnused, match="through its own LM head"):
+        trainer.train()

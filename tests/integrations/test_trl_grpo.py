@@ -22,6 +22,10 @@ def _config(tmp_path, **extra):
 
 def _train(trainer_class, flag, tmp_path, family="qwen3_5", **extra):
     net = tiny_trl.model(flag, family=family)
+    if extra.get("beta"):
+        # Stock TRL loads its reference model from the policy's path (transformers' own class).
+        net.save_pretrained(tmp_path / "policy")
+        net.config._name_or_path = str(tmp_path / "policy")
     trainer = trainer_class(
         model=net, reward_funcs=tiny_trl.even_word_reward, args=_config(tmp_path, **extra),
         train_dataset=tiny_trl.prompts(8, 12), processing_class=tiny_trl.tokenizer(),
@@ -200,3 +204,87 @@ def test_no_grouping_warning_for_losses_normalised_over_the_generation_batch(tmp
         train_dataset=tiny_trl.prompts(8, 12), processing_class=tiny_trl.tokenizer(),
     )
     assert not [w for w in recwarn if issubclass(w.category, GroupedMicroBatches)]
+
+
+def test_equal_to_stock_with_reference_model_temperature_and_accumulation_over_shuffled_generations(tmp_path):
+    """beta > 0 (reference pass), temperature 0.8, gradient accumulation over steps_per_generation=2 (TRL shuffles)."""
+    from trl import GRPOTrainer
+
+    from patchgen.integrations.trl import SharedPrefixGRPOTrainer
+
+    extra = dict(beta=0.04, temperature=0.8, steps_per_generation=2, gradient_accumulation_steps=2)
+    stock = _train(GRPOTrainer, False, tmp_path / "stock", **extra)
+    ours = _train(SharedPrefixGRPOTrainer, True, tmp_path / "ours", **extra)
+    _assert_same_run(stock, ours)
+    assert ours[2] and ours[0].packed_tokens["ref"] > 0
+    kls = [(a["kl"], b["kl"]) for a, b in zip(stock[1], ours[1])]
+    assert kls[0] == (0.0, 0.0) and kls[1][0] > 0  # the second step's policy has moved away from the reference
+    # KL is a difference of log-probs that stock TRL rounds to float32: equal to that rounding, not to float64's.
+    assert kls[1][1] == pytest.approx(kls[1][0], rel=1e-3)
+
+
+def _trainer(tmp_path, flag=True, min_prefix=4, **extra):
+    from patchgen.integrations.trl import SharedPrefixGRPOTrainer
+
+    return SharedPrefixGRPOTrainer(
+        model=tiny_trl.model(flag, min_prefix=min_prefix), reward_funcs=tiny_trl.even_word_reward,
+        args=_config(tmp_path, **extra), train_dataset=tiny_trl.prompts(8, 12), processing_class=tiny_trl.tokenizer(),
+    )
+
+
+def test_the_flag_off_is_warned_at_construction(tmp_path):
+    from patchgen.integrations.trl import PrefixesNotShared
+
+    with pytest.warns(PrefixesNotShared, match="shared_prefix_training is off"):
+        _trainer(tmp_path, flag=False)
+
+
+def test_micro_batches_that_cut_through_a_group_are_warned_at_construction(tmp_path):
+    from patchgen.integrations.trl import PrefixesNotShared
+
+    with pytest.warns(PrefixesNotShared, match="per_device_train_batch_size=6 is neither a multiple nor a divisor of num_generations=4"):
+        _trainer(tmp_path, per_device_train_batch_size=6)
+
+
+def test_no_sharing_warning_for_whole_groups_per_micro_batch(tmp_path, recwarn):
+    from patchgen.integrations.trl import PrefixesNotShared
+
+    _trainer(tmp_path, per_device_train_batch_size=8)
+    _trainer(tmp_path, per_device_train_batch_size=2)
+    assert not [w for w in recwarn if issubclass(w.category, PrefixesNotShared)]
+
+
+def _score_policy(trainer, prompt_length=12):
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(2, 100, (prompt_length,), generator=gen)
+    input_ids = torch.stack([torch.cat([prompt, torch.randint(2, 100, (4,), generator=gen)]) for _ in range(4)])
+    trainer.model.train()
+    return trainer._get_per_token_logps_and_entropies(trainer.model, input_ids, torch.ones_like(input_ids), 4)
+
+
+def test_a_training_micro_batch_that_shares_nothing_with_the_flag_on_is_warned_once(tmp_path, recwarn):
+    from patchgen.integrations.trl import PrefixesNotShared
+
+    trainer = _trainer(tmp_path, min_prefix=64)  # longer than the 12-token prompt
+    _score_policy(trainer)
+    _score_policy(trainer)
+    warned = [w for w in recwarn if issubclass(w.category, PrefixesNotShared)]
+    assert len(warned) == 1
+    assert "longest prompt has 12 tokens and shared_prefix_min_length is 64" in str(warned[0].message)
+
+
+def test_a_micro_batch_that_shares_its_prompt_is_not_warned(tmp_path, recwarn):
+    from patchgen.integrations.trl import PrefixesNotShared
+
+    trainer = _trainer(tmp_path, min_prefix=8)
+    _score_policy(trainer)
+    assert trainer.shared_prefix_tokens["compact"] < trainer.shared_prefix_tokens["packed"]
+    assert not [w for w in recwarn if issubclass(w.category, PrefixesNotShared)]
+
+
+def test_optimizer_steps_over_part_of_a_generation_batch_are_warned(tmp_path):
+    """gradient_accumulation_steps=1 with steps_per_generation=2: each step sees whole groups, not TRL's random rows."""
+    from patchgen.integrations.trl import GroupedMicroBatches
+
+    with pytest.warns(GroupedMicroBatches, match="gradient_accumulation_steps=1 is not a multiple of steps_per_generation=2"):
+        _trainer(tmp_path, gradient_accumulation_steps=1, steps_per_generation=2)

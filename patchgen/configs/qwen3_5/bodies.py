@@ -38,9 +38,8 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (
 )
 
 from patchgen.kernels import ops
-from patchgen.kernels.modeling import shared_prefix, verify
+from patchgen.kernels.modeling import fields, shared_prefix, verify
 from patchgen.kernels.modeling.boundaries import resolve_packed
-from patchgen.kernels.modeling.fields import apply_fields, pop_fields
 from patchgen.kernels.modeling.generation import cache_only_when_asked, prefill_rows, starts_from_zero_state
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
 from patchgen.kernels.modeling.packing import (
@@ -69,10 +68,16 @@ class Qwen3_5PreTrainedModel(upstream.Qwen3_5PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
-        # patchgen's config fields as keywords (shared_prefix_training=True, ops_implementation=...), set on
-        # the text config the model reads; transformers would pass them to __init__, which refuses them.
-        fields = pop_fields(kwargs)
-        return apply_fields(super().from_pretrained(*args, **kwargs), fields, defaults=PATCHGEN_OP_DEFAULTS)
+        # patchgen's config fields set on the text config the model reads: given as keywords
+        # (shared_prefix_training=True), which transformers would pass to __init__, or on a composite config
+        # (config= or the checkpoint's config.json), of which a text class would keep only the text section.
+        return fields.from_pretrained(cls, super().from_pretrained, args, kwargs, defaults=PATCHGEN_OP_DEFAULTS)
+
+    @classmethod
+    def _from_config(cls, config, **kwargs):
+        # A composite config given to a text class builds from its text_config, with the patchgen fields set
+        # on the composite moved there (transformers' auto classes would drop them).
+        return super()._from_config(fields.text_config_for(cls, config), **kwargs)
 
     @classmethod
     def is_custom_code(cls) -> bool:
@@ -351,10 +356,12 @@ class Qwen3_5TextModel(upstream.Qwen3_5TextModel):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
 
         plan = kwargs.get("shared_prefix")
+        decided_above = plan is not None or kwargs.get(PACKED_ROW) is not None  # the top model saw this packed row
         if plan is None:
             # Checked boundaries, or boundaries from restarting position_ids (a no-op below the top model).
             kwargs = resolve_packed(kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache)
         packed = plan is not None or kwargs.get("cu_seq_lens_q") is not None
+        shared_prefix.warn_if_nothing_shared(self, packed=packed, decided_above=decided_above)
         if packed and isinstance(attention_mask, torch.Tensor) and not bool(attention_mask.all()):
             raise ValueError(
                 "attention_mask with padding on a packed row (cu_seq_lens_q): packed rows carry no padding, "

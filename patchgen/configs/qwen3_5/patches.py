@@ -12,7 +12,11 @@ def dense_config(device: str, op_defaults: dict[str, str]) -> PatchConfig:
     config.add_method("Qwen3_5PreTrainedModel.post_init", reason="resolve the op slots once per model build (ops.bind)")
     config.add_method(
         "Qwen3_5PreTrainedModel.from_pretrained",
-        reason="patchgen's config fields as from_pretrained keywords, set on the text config the model reads",
+        reason="patchgen's config fields as from_pretrained keywords or on a composite config, set on the text config the model reads",
+    )
+    config.add_method(
+        "Qwen3_5PreTrainedModel._from_config",
+        reason="a composite config given to a text class: its patchgen fields moved to the text config it builds from",
     )
     config.add_method(
         "Qwen3_5PreTrainedModel.is_custom_code",
