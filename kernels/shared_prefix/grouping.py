@@ -90,8 +90,8 @@ def _sorted_buckets(ids: np.ndarray, cu: np.ndarray, candidates: np.ndarray, key
     """Buckets of `_buckets`, each in lexicographic order, when a sequence's symbols are its ids:
     one sort of every candidate by its bytes, whose runs of equal first `key_len` ids are the
     buckets (the bucket key is a prefix of the sort key)."""
-    raw, at = ids.tobytes(), (cu * ids.itemsize).tolist()  # one copy, then byte slices as sort keys
-    order = sorted(candidates.tolist(), key=lambda s: raw[at[s] : at[s + 1]])
+    bounds = cu.tolist()
+    order = sorted(candidates.tolist(), key=lambda s: ids[bounds[s] : bounds[s + 1]].tobytes())
     starts = cu[order]
     heads = ids[starts[:, None] + counting(key_len)]
     edges = np.flatnonzero((heads[1:] != heads[:-1]).any(axis=1)) + 1
