@@ -12,6 +12,7 @@ varlen case at the same widths (a miscompiled preset prints WRONG and is not tim
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 
@@ -140,12 +141,34 @@ def precompile(args) -> None:
         print(f"parallel compile skipped: {exc!r}", flush=True)
 
 
+MARGIN = 0.03  # a preset replaces the device's current default only when faster by more than this
+
+
+def current_preset(mod) -> str | None:
+    """The name of the preset a call on this GPU gets today (the tuning table's, or the code's default)."""
+    current = mod.default_tuning(torch.device(DEVICE))
+    return next((name for name, t in mod.PRESETS.items() if t == current), None)
+
+
+def pick(times: dict[str, float], current: str | None, margin: float = MARGIN) -> str | None:
+    """The fastest preset by forward + backward ms, unless the current one is within `margin` of it
+    (run-to-run noise must not flip the defaults); None when nothing was timed."""
+    timed_ok = {name: ms for name, ms in times.items() if not math.isnan(ms)}  # NaN: failed
+    if not timed_ok:
+        return None
+    best = min(timed_ok, key=timed_ok.get)
+    if current in timed_ok and timed_ok[best] > timed_ok[current] * (1 - margin):
+        return current
+    return best
+
+
 def _sweep(kind, mod, args, rows, floor, errors, fwd, bwd, autograd_step) -> str | None:
     """Check then time every preset of `mod` (args.presets filters by name): the forward and backward
     functions with the preset passed, then forward + backward through autograd, which reads the
-    module's configuration. Returns the name of the fastest forward + backward."""
-    default = mod.TUNING
-    best, best_ms = None, float("inf")
+    module's configuration. Returns the preset to make the default (`pick`)."""
+    override = mod.TUNING
+    current = current_preset(mod)
+    times = {}
     for name, tuning in mod.PRESETS.items():
         if args.presets and name not in args.presets.split(","):
             continue
@@ -154,11 +177,17 @@ def _sweep(kind, mod, args, rows, floor, errors, fwd, bwd, autograd_step) -> str
         _measure(rows, kind, name, "fwd", lambda t=tuning: fwd(t), floor["fwd"], args.repeats)
         _measure(rows, kind, name, "bwd", lambda t=tuning: bwd(t), floor["bwd"], args.repeats)
         mod.TUNING = tuning
-        _measure(rows, kind, name, "fwd+bwd", autograd_step, floor["fwd+bwd"], args.repeats)
-        mod.TUNING = default
-        if rows[-1]["gpu_ms"] < best_ms:
-            best, best_ms = name, rows[-1]["gpu_ms"]
+        try:
+            _measure(rows, kind, name, "fwd+bwd", autograd_step, floor["fwd+bwd"], args.repeats)
+        finally:
+            mod.TUNING = override
+        times[name] = rows[-1]["gpu_ms"]
         torch.cuda.empty_cache()
+    best = pick(times, current)
+    if best is not None:
+        print(f"{kind}: current default {current} ({times.get(current, float('nan')):.3f} ms fwd+bwd), fastest "
+              f"{min(times, key=times.get)} ({min(times.values()):.3f} ms); the default becomes {best} "
+              f"(a change needs more than {MARGIN:.0%})", flush=True)
     return best
 
 
@@ -217,7 +246,8 @@ def launch_costs(rows):
     (x, w), (cu,) = conv_inputs(False)
     x = x[0]
     y = torch.empty_like(x)
-    kernel, grid, meta, n_iter = conv._fwd_launch(T, CONV_D, CONV_W, 4, x.dtype, x.device, False, True, conv.TUNING)
+    kernel, grid, meta, n_iter = conv._fwd_launch(T, CONV_D, CONV_W, 4, x.dtype, x.device, False, True,
+                                                  conv.default_tuning(x.device))
     pieces = {
         "torch.empty_like (one output)": lambda: torch.empty_like(x),
         "one Triton launch (conv fwd, shapes cached)": lambda: kernel[grid](x, w, None, y, cu, n_iter, 4, T, **meta),

@@ -17,6 +17,12 @@ afterwards (``.double()``, ``.to(torch.bfloat16)``), and autocast changes what a
 table reads the dtype of each call's first tensor: a dtype the chosen backend cannot compute in is
 resolved once more, by the same order, and cached per (slot, dtype). An explicit choice that cannot
 compute in that dtype raises; a device default or ``auto`` moves to the first backend that can.
+
+Per-call capabilities: some capabilities are asked for by a call, not by the model (the per-token
+entropy of ``cross_entropy``, which RL trainers ask for on some passes only). ``table.serving(slot,
+capability)`` is the function for such calls: the bound backend when it has the capability, else,
+for a device default or ``auto``, the first backend of the same order that has it (resolved once,
+cached, shown by ``describe()``); an explicit choice without it raises.
 """
 
 from __future__ import annotations
@@ -145,7 +151,8 @@ class OpTable:
         object.__setattr__(self, "choices", dict(choices))
         object.__setattr__(self, "device_target", device_target)
         object.__setattr__(self, "require", {slot: frozenset(caps) for slot, caps in (require or {}).items()})
-        object.__setattr__(self, "by_dtype", {})  # (slot, dtype name) -> Choice, for dtypes resolved again
+        object.__setattr__(self, "by_dtype", {})  # (slot, dtype name, extra caps) -> Choice, resolved again
+        object.__setattr__(self, "by_capability", {})  # (slot, capability) -> (Choice, callable)
         object.__setattr__(self, "_lock", threading.Lock())
         for slot, choice in choices.items():
             fn = choice.handle.load()
@@ -162,23 +169,61 @@ class OpTable:
     def backend(self, slot: str) -> str:
         return self.choices[slot].backend
 
-    def choice_for(self, slot: str, dtype) -> Choice:
-        """The backend that runs ``slot`` for inputs of ``dtype`` (resolved on first ask, then cached)."""
-        primary = self.choices[slot]
+    def choice_for(self, slot: str, dtype, extra: frozenset[str] = frozenset()) -> Choice:
+        """The backend that runs ``slot`` for inputs of ``dtype`` (resolved on first ask, then cached);
+        ``extra``: capabilities the call asks for beyond the model's (see ``serving``)."""
+        primary = self._capable(slot, extra)
         if primary.handle.serves(dtype):
             return primary
-        key = (slot, dtype_name(dtype))
+        key = (slot, dtype_name(dtype), extra)
         found = self.by_dtype.get(key)
         if found is None:
             with self._lock:
-                found = self.by_dtype.get(key) or _for_dtype(primary, key[1], self.device_target, self.require)
+                needed = self.require.get(slot, frozenset()) | extra
+                found = self.by_dtype.get(key) or _for_dtype(primary, key[1], self.device_target, needed)
                 self.by_dtype[key] = found
         return found
+
+    def serving(self, slot: str, capability: str) -> Callable:
+        """The function for calls of ``slot`` that need ``capability`` (one dict lookup once resolved)."""
+        found = self.by_capability.get((slot, capability))
+        if found is None:
+            with self._lock:
+                found = self.by_capability.get((slot, capability)) or self._resolve_capability(slot, capability)
+                self.by_capability[(slot, capability)] = found
+        return found[1]
+
+    def _capable(self, slot: str, extra: frozenset[str]) -> Choice:
+        primary = self.choices[slot]
+        for capability in sorted(extra - primary.handle.capabilities):
+            self.serving(slot, capability)
+            primary = self.by_capability[(slot, capability)][0]
+        return primary
+
+    def _resolve_capability(self, slot: str, capability: str) -> tuple[Choice, Callable]:
+        primary = self.choices[slot]
+        if capability in primary.handle.capabilities:
+            return primary, getattr(self, slot)
+        needed = self.require.get(slot, frozenset()) | {capability}
+        lacks = f"lacks {capability!r}, which this call asks for"
+        if primary.explicit:
+            raise BackendUnavailable(slot, primary.backend, lacks, working(slot, needed))
+        fallback = _auto(slot, self.device_target, needed)
+        choice = Choice(slot, fallback.handle, f"{primary.backend!r} {lacks}; {fallback.why}")
+        fn = choice.handle.load()
+        if not FLOATING <= choice.handle.dtypes:
+            fn = DtypeDispatch(self, slot, fn, frozenset({capability}), choice.handle)
+        return choice, fn
 
     def describe(self) -> str:
         """A printable table: slot, backend, why (and any slot resolved again for another dtype)."""
         choices = list(self.choices.values()) + [
-            Choice(f"{slot} [{dtype}]", c.handle, c.why) for (slot, dtype), c in sorted(self.by_dtype.items())
+            Choice(f"{slot} [{capability}]", c.handle, c.why)
+            for (slot, capability), (c, _) in sorted(self.by_capability.items(), key=lambda item: item[0])
+            if c is not self.choices[slot]
+        ] + [
+            Choice(f"{slot} [{', '.join([dtype, *sorted(extra)])}]", c.handle, c.why)
+            for (slot, dtype, extra), c in sorted(self.by_dtype.items(), key=lambda item: item[0][:2])
         ]
         rows = [("slot", "backend", "why")] + [(c.slot, c.backend, c.why) for c in choices]
         widths = [max(len(row[i]) for row in rows) for i in range(2)]
@@ -211,19 +256,19 @@ class DtypeDispatch:
     after the first call in a dtype.
     """
 
-    __slots__ = ("by_dtype", "slot", "table")
+    __slots__ = ("by_dtype", "extra", "slot", "table")
 
-    def __init__(self, table: OpTable, slot: str, fn: Callable):
+    def __init__(self, table: OpTable, slot: str, fn: Callable, extra=frozenset(), handle: KernelHandle | None = None):
         import torch
 
-        self.table, self.slot = table, slot
-        handle = table.choices[slot].handle
+        self.table, self.slot, self.extra = table, slot, extra
+        handle = handle or table.choices[slot].handle
         self.by_dtype = {d: fn for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64) if handle.serves(d)}
 
     def __call__(self, x, *args, **kwargs):
         fn = self.by_dtype.get(x.dtype)
         if fn is None:
-            fn = self.table.choice_for(self.slot, x.dtype).handle.load()
+            fn = self.table.choice_for(self.slot, x.dtype, self.extra).handle.load()
             self.by_dtype[x.dtype] = fn
         return fn(x, *args, **kwargs)
 
@@ -231,10 +276,9 @@ class DtypeDispatch:
         return f"DtypeDispatch({self.slot}: {self.table.backend(self.slot)})"
 
 
-def _for_dtype(primary: Choice, dtype: str, target: str, require: Mapping[str, frozenset[str]]) -> Choice:
+def _for_dtype(primary: Choice, dtype: str, target: str, needed: frozenset[str]) -> Choice:
     slot, name = primary.slot, primary.backend
     cannot = f"cannot compute in {dtype} (it computes in {', '.join(sorted(primary.handle.dtypes))})"
-    needed = require.get(slot, frozenset())
     if primary.explicit:
         raise BackendUnavailable(slot, name, cannot, working(slot, needed, dtype))
     fallback = _auto(slot, target, needed, dtype)

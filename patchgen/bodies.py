@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import functools
 from pathlib import Path
 
 import libcst as cst
-from libcst.metadata import Access, BuiltinScope, GlobalScope, MetadataWrapper, ScopeProvider
 
 from patchgen.codemods.absolute_imports import AbsoluteImports
-from patchgen.codemods.names import import_bindings, subtree_ids, top_level_import_nodes
+from patchgen.codemods.names import import_bindings, top_level_import_nodes
 from patchgen.errors import ConfigError
+from patchgen.scopes import ModuleScope, global_reads
 from patchgen.source import module_file, read_source
 
 
@@ -28,7 +29,8 @@ class Body:
 @dataclasses.dataclass
 class _ParsedBodies:
     module: cst.Module
-    accesses: list[Access]  # every name read anywhere in the module, with what it resolves to
+    scope: ModuleScope  # what the module binds at module level
+    unguarded: set[int]  # ids of the imports that stand at module level outside any if/try block
     path: Path
 
 
@@ -40,16 +42,14 @@ def _parse(module_name: str) -> _ParsedBodies:
     except cst.ParserSyntaxError as exc:
         raise ConfigError(f"bodies module {module_name} ({path}) does not parse: {exc}") from None
     tree = tree.visit(AbsoluteImports(module_name, is_package=path.name == "__init__.py"))
-    wrapper = MetadataWrapper(tree, unsafe_skip_copy=True)  # the tree is ours alone: no defensive deep copy
-    scopes = {scope for scope in wrapper.resolve(ScopeProvider).values() if scope is not None}
-    return _ParsedBodies(wrapper.module, [access for scope in scopes for access in scope.accesses], path)
+    return _ParsedBodies(tree, ModuleScope.of(tree), top_level_import_nodes(tree), path)
 
 
 @functools.cache  # the gpu and npu targets (and a renamed sibling model) share their bodies
 def load_body(module_name: str, qualname: str, expected: str) -> Body:
     """The class, function or method `qualname` of `module_name`; `expected` is its kind."""
     parsed = _parse(module_name)
-    node = _find(parsed.module, qualname)
+    node, enclosing_class = _find(parsed.module, qualname)
     where = f"{module_name}:{qualname}"
     if node is None:
         raise ConfigError(f"body {where} not found in {parsed.path}: define it there, or point body= at it")
@@ -58,35 +58,25 @@ def load_body(module_name: str, qualname: str, expected: str) -> Body:
     if kind != expected and "class" in (kind, expected):
         raise ConfigError(f"body {where} is a {kind}, but the patch needs a {expected}")
 
-    inside = subtree_ids(node)
     imports: dict[str, cst.Import | cst.ImportFrom] = {}
     unresolved: set[str] = set()
-    unguarded = top_level_import_nodes(parsed.module)
-    for access in parsed.accesses:
-        if id(access.node) not in inside:
+    for read in global_reads(node, enclosing_class, parsed.scope):
+        bound = read.name
+        bindings = parsed.scope.bindings.get(bound)
+        if not bindings:
+            if not read.in_string and not hasattr(builtins, bound):
+                unresolved.add(bound)
             continue
-        name = access.node.value if isinstance(access.node, cst.Name) else None
-        referents = list(access.referents)
-        if not referents:
-            if name:
-                unresolved.add(name)
-            continue
-        if all(isinstance(r.scope, BuiltinScope) for r in referents):
-            continue
-        for referent in referents:
-            if not isinstance(referent.scope, GlobalScope):
-                continue
-            bound = referent.name
-            statement = referent.node
-            if isinstance(statement, (cst.Import, cst.ImportFrom)):
-                if id(statement) not in unguarded:
+        for binding in bindings:
+            if isinstance(binding, (cst.Import, cst.ImportFrom)):
+                if id(binding) not in parsed.unguarded:
                     raise ConfigError(
                         f"body {where} reads {bound!r}, which {module_name} imports inside a block (try/if): "
                         "the generated module would import it unguarded; import it at the top of the bodies "
                         "module, or put the fallback in patchgen.kernels and import that"
                     )
-                imports[bound.split(".")[0]] = _single_alias(statement, bound)
-            elif id(referent.node) not in inside:
+                imports[bound.split(".")[0]] = _single_alias(binding, bound)
+            elif binding is not node:
                 # Defined by the bodies module itself (usually the upstream-named class a method sits in):
                 # the generated module must define it too, which the pipeline checks.
                 unresolved.add(bound)
@@ -102,15 +92,16 @@ def _single_alias(statement: cst.Import | cst.ImportFrom, bound: str) -> cst.Imp
     raise AssertionError(f"{bound} not bound by its import")
 
 
-def _find(module: cst.Module, qualname: str) -> cst.ClassDef | cst.FunctionDef | None:
+def _find(module: cst.Module, qualname: str) -> tuple[cst.ClassDef | cst.FunctionDef | None, cst.ClassDef | None]:
+    """The definition `qualname` names and, for a method, the class it sits in."""
     head, _, method = qualname.partition(".")
     for stmt in module.body:
         if isinstance(stmt, (cst.ClassDef, cst.FunctionDef)) and stmt.name.value == head:
             if not method:
-                return stmt
+                return stmt, None
             if isinstance(stmt, cst.ClassDef):
                 for inner in stmt.body.body:
                     if isinstance(inner, cst.FunctionDef) and inner.name.value == method:
-                        return inner
-            return None
-    return None
+                        return inner, stmt
+            return None, None
+    return None, None

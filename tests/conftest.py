@@ -9,9 +9,17 @@ import torch
 # An explicit TRITON_INTERPRET (or PATCHGEN_TRITON_INTERPRET=1) wins; tests marked `gpu` then skip,
 # since the interpreter is not what they check.
 _HAS_CUDA = torch.cuda.is_available()
-if os.environ.get("PATCHGEN_TRITON_INTERPRET") == "1":
-    os.environ["TRITON_INTERPRET"] = "1"
-os.environ.setdefault("TRITON_INTERPRET", "0" if _HAS_CUDA else "1")
+
+
+def triton_interpret_setting(environ, has_cuda: bool) -> str:
+    """TRITON_INTERPRET for this run: "1" (the CPU interpreter) only where there is no CUDA device or
+    where it was asked for."""
+    if environ.get("PATCHGEN_TRITON_INTERPRET") == "1":
+        return "1"
+    return environ.get("TRITON_INTERPRET", "0" if has_cuda else "1")
+
+
+os.environ["TRITON_INTERPRET"] = triton_interpret_setting(os.environ, _HAS_CUDA)
 INTERPRETING = os.environ["TRITON_INTERPRET"] == "1"
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from transformers.modeling_utils import slice_logits_to_keep
 
+from ..capabilities import ENTROPY
 from .packing import next_token_labels
 
 IGNORE_INDEX = -100
@@ -27,6 +28,9 @@ class HeadRequest:
     entropy: bool = False  # ``return_entropy=True``: ``output.entropy [1, T]``
     logits: bool = True  # ``return_logits=False`` skips the ``[1, T, vocab]`` logits
     temperature: float = 1.0  # ``temperature=t``: loss, log-probs and entropy of ``logits / t`` (logits unscaled)
+    # ``labelled_positions_only=True``: log-probs and entropy wanted where a label is scored only
+    # (0 elsewhere), so rows without a label skip the head even when entropy is asked for
+    labelled_only: bool = False
 
     @classmethod
     def pop(cls, kwargs: dict) -> HeadRequest:
@@ -39,7 +43,13 @@ class HeadRequest:
             entropy=bool(kwargs.pop("return_entropy", False)),
             logits=bool(kwargs.pop("return_logits", True)),
             temperature=temperature,
+            labelled_only=bool(kwargs.pop("labelled_positions_only", False)),
         )
+
+    @property
+    def skips_unlabelled_rows(self) -> bool:
+        """Rows whose label is ignored are owed nothing: no log-prob, no loss, and entropy only on request."""
+        return not self.entropy or self.labelled_only
 
 
 @dataclass
@@ -149,6 +159,9 @@ def causal_lm_head(
     # Scoring logits / t is scoring the hidden rows / t: the head is a bias-free linear map.
     scale = None if request.temperature == 1.0 else 1.0 / request.temperature
     scored = targets is not None and (labels is not None or kwargs.get("shift_labels") is not None or want_values)
+    # Entropy is asked per call (RL trainers want it on some passes only): a backend without it
+    # (liger's fused head) hands those calls to the first backend of the device's order that has it.
+    cross_entropy = table.serving("cross_entropy", ENTROPY) if request.entropy else table.cross_entropy
 
     if plan is None:
         hidden_states = slice_logits_to_keep(hidden_states, logits_to_keep)
@@ -156,12 +169,8 @@ def causal_lm_head(
         if not scored:
             return HeadOutputs(logits, None, None, None)
         scored_rows = hidden_states.reshape(-1, hidden_states.shape[-1])
-        nll, entropy = table.cross_entropy(
-            scored_rows if scale is None else scored_rows * scale,
-            lm_head.weight,
-            targets.reshape(-1).to(hidden_states.device),
-            ignore_index=IGNORE_INDEX,
-            return_entropy=request.entropy,
+        nll, entropy = _score_rows(
+            cross_entropy, scored_rows, lm_head.weight, targets.reshape(-1).to(hidden_states.device), scale, request
         )
         nll = nll.view(targets.shape)
         entropy = entropy.view(targets.shape) if entropy is not None else None
@@ -170,21 +179,40 @@ def causal_lm_head(
         if not scored:
             return HeadOutputs(logits, None, None, None)
         rows = plan.lm_rows(targets.to(hidden_states.device))
-        scored_rows = rows.select(hidden_states)[0]
-        nll_rows, entropy_rows = table.cross_entropy(
-            scored_rows if scale is None else scored_rows * scale,
-            lm_head.weight,
-            rows.labels,
-            ignore_index=IGNORE_INDEX,
-            return_entropy=request.entropy,
+        nll_rows, entropy_rows = _score_rows(
+            cross_entropy, rows.select(hidden_states)[0], lm_head.weight, rows.labels, scale, request
         )
         # A position whose own label is ignored scores nothing, even if its shared entry was scored
         # for another member of the group.
         nll = rows.expand(nll_rows).masked_fill(targets.to(nll_rows.device) == IGNORE_INDEX, 0.0)
         entropy = rows.expand(entropy_rows) if entropy_rows is not None else None
+        if entropy is not None and request.labelled_only:
+            entropy = entropy.masked_fill(targets.to(entropy.device) == IGNORE_INDEX, 0.0)
 
     loss = None
     if labels is not None or kwargs.get("shift_labels") is not None:
         loss = reduce_loss(nll, targets.to(nll.device), kwargs.get("num_items_in_batch"))
     log_probs = -nll if request.log_probs else None
     return HeadOutputs(logits, loss, log_probs, entropy if request.entropy else None)
+
+
+def _score_rows(cross_entropy, rows, weight, labels, scale, request: HeadRequest):
+    """``(nll [N], entropy [N] or None)`` of hidden ``rows`` against ``labels``, through the slot.
+
+    The head's cost is per row (a ``[rows, vocab]`` product), and RL and SFT rows are mostly prompt,
+    whose labels are ignored: when nothing is owed to those rows they are left out, at the price of
+    one sync to count the rest. Their nll is 0 either way; their entropy, when asked for with
+    ``labelled_only``, is 0 by that request's contract.
+    """
+    scored = (lambda r, y: cross_entropy(
+        r if scale is None else r * scale, weight, y, ignore_index=IGNORE_INDEX, return_entropy=request.entropy
+    ))
+    if request.skips_unlabelled_rows:
+        keep = (labels != IGNORE_INDEX).nonzero().squeeze(1)
+        if 0 < keep.numel() < labels.numel():
+            nll, entropy = scored(rows.index_select(0, keep), labels.index_select(0, keep))
+            nll = nll.new_zeros(labels.shape).index_copy(0, keep, nll)
+            if entropy is not None:
+                entropy = entropy.new_zeros(labels.shape).index_copy(0, keep, entropy)
+            return nll, entropy
+    return scored(rows, labels)

@@ -28,7 +28,7 @@ import triton.language as tl
 
 from ._common import next_pow2, precision_for, search_steps, sequence_of, shape_cache_get, sum_partials
 from .causal_conv1d_window import causal_conv1d_bwd_window_kernel, causal_conv1d_fwd_window_kernel
-from .launch_config import config_from_env
+from .launch_config import config_from_env, table_config
 
 _ACTIVATIONS = {None: False, "identity": False, "silu": True, "swish": True}
 
@@ -226,7 +226,17 @@ PRESETS = {
     "window-c256-fast": _window(fwd_chunk=256, bwd_chunk=256, fwd_fast=True, bwd_fast=True),
     "window-r8": _window(fwd_rows=8, bwd_rows=8),  # last: the largest unrolled code, the longest compile
 }
-TUNING = config_from_env("PATCHGEN_TRITON_CONV", PRESETS, PRESETS["tile-scratch"], "causal_conv1d launch")
+DEFAULT = PRESETS["tile-scratch"]
+# A process-wide choice (the environment variable, or a bench assigning it); None: per device, the
+# tuning table's entry, else DEFAULT.
+TUNING: ConvTuning | None = config_from_env("PATCHGEN_TRITON_CONV", PRESETS, None, "causal_conv1d launch")
+
+
+def default_tuning(device: torch.device) -> ConvTuning:
+    """The configuration a call on `device` gets when it passes none."""
+    return TUNING or table_config("causal_conv1d", PRESETS, DEFAULT, device, "causal_conv1d launch")
+
+
 _SM_COUNT: dict[int, int] = {}
 
 
@@ -288,7 +298,7 @@ def conv_fwd(x, weight, bias, cu_seqlens, silu: bool, tuning: ConvTuning | None 
     T, D = x.shape
     N = cu_seqlens.shape[0] - 1
     kernel, grid, meta, n_iter = _fwd_launch(T, D, weight.shape[1], N, x.dtype, x.device, bias is not None, silu,
-                                             tuning or TUNING)
+                                             tuning or default_tuning(x.device))
     y = torch.empty_like(x)
     kernel[grid](x, weight, bias, y, cu_seqlens, n_iter, N, T, **meta)
     return y
@@ -329,7 +339,7 @@ def conv_bwd(x, weight, bias, dy, cu_seqlens, silu: bool, tuning: ConvTuning | N
     W = weight.shape[1]
     N = cu_seqlens.shape[0] - 1
     design, kernel, grid, meta, n_part, n_iter, extra = _bwd_launch(T, D, W, N, x.dtype, x.device, bias is not None,
-                                                                    silu, tuning or TUNING)
+                                                                    silu, tuning or default_tuning(x.device))
     dx = torch.empty_like(x)
     part = torch.empty(n_part, meta["PS"], dtype=torch.float64 if x.dtype == torch.float64 else torch.float32,
                        device=x.device)

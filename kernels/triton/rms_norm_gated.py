@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ._common import next_pow2, precision_for, sum_partials
-from .launch_config import config_from_env
+from .launch_config import config_from_env, table_config
 
 
 @triton.jit
@@ -94,7 +94,15 @@ PRESETS = {
     "fwd-4096": NormTuning(fwd_elements=4096),
     "bwd-512-1w": NormTuning(bwd_elements=512, bwd_warps=1, bwd_programs_per_sm=32),
 }
-TUNING = config_from_env("PATCHGEN_TRITON_NORM", PRESETS, PRESETS["default"], "rms_norm_gated launch")
+DEFAULT = PRESETS["default"]
+# A process-wide choice (the environment variable, or a bench assigning it); None: per device, the
+# tuning table's entry, else DEFAULT.
+TUNING: NormTuning | None = config_from_env("PATCHGEN_TRITON_NORM", PRESETS, None, "rms_norm_gated launch")
+
+
+def default_tuning(device: torch.device) -> NormTuning:
+    """The configuration a call on `device` gets when it passes none."""
+    return TUNING or table_config("rms_norm_gated", PRESETS, DEFAULT, device, "rms_norm_gated launch")
 _SM_COUNT: dict[int, int] = {}
 
 
@@ -126,7 +134,7 @@ def _fwd_launch(n_rows, D, dtype, tuning):
 def norm_fwd(x, gate, weight, eps, tuning: NormTuning | None = None):
     D = x.shape[-1]
     n_rows = x.numel() // D
-    grid, meta = _fwd_launch(n_rows, D, x.dtype, tuning or TUNING)
+    grid, meta = _fwd_launch(n_rows, D, x.dtype, tuning or default_tuning(x.device))
     y = torch.empty_like(x)
     rstd = torch.empty(n_rows, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32, device=x.device)
     rms_norm_gated_fwd_kernel[grid](x, gate, weight, y, rstd, n_rows, eps, **meta)
@@ -147,7 +155,7 @@ def norm_bwd(x, gate, weight, rstd, dy, tuning: NormTuning | None = None):
     """(dx, dgate, dweight)."""
     D = x.shape[-1]
     n_rows = x.numel() // D
-    P, n_blocks, meta = _bwd_launch(n_rows, D, x.dtype, x.device, tuning or TUNING)
+    P, n_blocks, meta = _bwd_launch(n_rows, D, x.dtype, x.device, tuning or default_tuning(x.device))
     dx = torch.empty_like(x)
     dgate = torch.empty_like(gate)
     dw_part = torch.empty(P, D, dtype=rstd.dtype, device=x.device)

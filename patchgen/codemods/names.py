@@ -186,17 +186,6 @@ def child_nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
     return found
 
 
-def subtree_ids(node: cst.CSTNode) -> set[int]:
-    """ids of `node` and of every node under it."""
-    found: set[int] = set()
-    pending = [node]
-    while pending:
-        current = pending.pop()
-        found.add(id(current))
-        pending.extend(child_nodes(current))
-    return found
-
-
 def top_level_import_nodes(module: cst.Module) -> set[int]:
     """ids of Import/ImportFrom nodes that stand unguarded at module level."""
     return {

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import libcst as cst
 
-from patchgen.codemods.names import dotted_name, dotted_node
+from patchgen.codemods.names import child_nodes, dotted_name, dotted_node
 from patchgen.spec import Renames
 
 
 class RenameIdentifiers(cst.CSTTransformer):
     """Each Name node renamed once by prefix; import module paths renamed by component."""
 
-    def __init__(self, renames: Renames):
+    def __init__(self, renames: Renames, on_path: set[int]):
         self.renames = renames
+        self.on_path = on_path
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        # Only the nodes on the way to a name or an import that changes are walked, and so rebuilt (a
+        # transformer rebuilds every node it walks); the nodes beside the way stay the same objects.
+        return id(node) in self.on_path and super().on_visit(node)
 
     def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.Name:
         renamed = self.renames.identifier(updated.value)
@@ -42,4 +48,27 @@ class RenameIdentifiers(cst.CSTTransformer):
 
 
 def rename_tree(node: cst.CSTNode, renames: Renames) -> cst.CSTNode:
-    return node.visit(RenameIdentifiers(renames)) if renames else node
+    if not renames:
+        return node
+    on_path = _paths_to_changes(node, renames)
+    return node.visit(RenameIdentifiers(renames, on_path)) if id(node) in on_path else node
+
+
+def _paths_to_changes(root: cst.CSTNode, renames: Renames) -> set[int]:
+    """ids of every Name the renames change, every import (its module path may change), and their ancestors."""
+    on_path: set[int] = set()
+
+    def walk(node: cst.CSTNode) -> bool:
+        kind = type(node)
+        if kind is cst.Name:
+            changes = renames.identifier(node.value) != node.value
+        else:
+            changes = kind is cst.Import or kind is cst.ImportFrom
+            for child in child_nodes(node):
+                changes = walk(child) or changes
+        if changes:
+            on_path.add(id(node))
+        return changes
+
+    walk(root)
+    return on_path

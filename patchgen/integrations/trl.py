@@ -105,7 +105,8 @@ class SharedPrefixGRPOTrainer(GRPOTrainer):
             with self.accelerator.autocast(), observe_plans(self._count_plan):
                 out = model(
                     **packed.model_kwargs(), return_log_probs=True, return_entropy=compute_entropy,
-                    return_logits=False, temperature=self.temperature, use_cache=False, **extra,
+                    return_logits=False, temperature=self.temperature, use_cache=False,
+                    labelled_positions_only=True, **extra,
                 )
             self.packed_tokens[self._pass_name(model)] += packed.tokens
             entropy = packed.scatter(out.entropy) if compute_entropy else None

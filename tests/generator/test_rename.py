@@ -34,3 +34,16 @@ def test_identifiers_and_import_paths_are_renamed_attributes_keywords_strings_co
 def test_already_renamed_identifiers_stay():
     source = "Qwen3_5MoeSparseMoeBlock(Qwen3_5MoeTextConfig)\n"
     assert rename_tree(cst.parse_module(source), RENAMES).code == source
+
+
+def test_statements_without_a_renamed_name_are_kept_as_the_same_objects():
+    module = cst.parse_module("def f(x):\n    y = torch.relu(x)\n    return Qwen3_5Norm(y)\n")
+    renamed = rename_tree(module, RENAMES)
+    before, after = module.body[0].body.body, renamed.body[0].body.body
+    assert after[0] is before[0]  # nothing renamed there: not rebuilt
+    assert cst.Module(body=[after[1]]).code == "return Qwen3_5MoeNorm(y)\n"
+
+
+def test_a_tree_with_nothing_to_rename_is_returned_as_it_is():
+    module = cst.parse_module("def f(x):\n    return x + 1\n")
+    assert rename_tree(module, RENAMES) is module

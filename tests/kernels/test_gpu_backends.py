@@ -165,6 +165,24 @@ def test_liger_cross_entropy():
     compare(nll_only(fn), nll_only(ce_ref.chunked), [cuda(256, 512), cuda(4096, 512, scale=0.05)])
 
 
+def test_entropy_calls_reach_a_backend_with_entropy_when_liger_is_bound():
+    """TRL asks for the entropy on its policy pass; liger's fused head has none."""
+    from patchgen.kernels import capabilities as caps
+    from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
+    from patchgen.kernels.selection import resolve
+
+    backend("cross_entropy", "liger")
+    table = resolve(None, "gpu")
+    assert table.backend("cross_entropy") == "liger"
+    head = torch.nn.Linear(512, 4096, bias=False, device="cuda", dtype=torch.bfloat16)
+    hidden, labels = cuda(1, 256, 512), torch.randint(0, 4096, (1, 256), device="cuda")
+    out = causal_lm_head(head, table, hidden, labels=labels, request=HeadRequest(log_probs=True, entropy=True))
+    logits = head(hidden)[0, :-1].float()
+    expected = torch.special.entr(logits.softmax(-1)).sum(-1)
+    assert relative_error(out.entropy[0, :-1], expected) < FORWARD_BOUND
+    assert table.serving("cross_entropy", caps.ENTROPY) is not table.cross_entropy
+
+
 @pytest.mark.parametrize("name", ["liger", "grouped_mm"])
 def test_moe_experts(name):
     fn = backend("moe_experts", name)

@@ -54,6 +54,16 @@ def test_varlen_with_initial_state_forward_and_all_gradients(device, l2norm):
     check_all(x, *run_both(x, l2norm=l2norm))
 
 
+def test_the_transposing_backward_gives_every_gradient(device, monkeypatch):
+    # tl.trans for the transposed tiles of the WY and output backwards
+    import importlib
+
+    transposes = importlib.import_module("patchgen.kernels.triton.gated_delta_rule.transposes")
+    monkeypatch.setattr(transposes, "TUNING", transposes.PRESETS["trans"])
+    x = gdn_inputs([70, 5], device=device)  # a partial chunk, a sequence shorter than one, initial states
+    check_all(x, *run_both(x))
+
+
 def test_without_initial_state_and_final_state(device):
     x = gdn_inputs([100, 29], device=device, with_state=False)
     (o, final), want = run_both(x, with_final=False)

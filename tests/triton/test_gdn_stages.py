@@ -46,6 +46,21 @@ def test_l2norm_forward_and_backward(device):
     assert max_err(l2norm_bwd(y, rstd, dy, x.dtype), dx_ref) < TOL
 
 
+def test_l2norm_backward_sums_the_value_heads_of_each_key_head(device):
+    # dq, dk come per value head (3 value heads per key head here); the backward takes them unsummed
+    x = torch.randn(37, 2, 20, dtype=torch.float64, device=device, requires_grad=True)
+    y, rstd = l2norm_fwd(x.detach())
+    dy = torch.randn(37, 6, 20, dtype=torch.float64, device=device)
+    (dx_ref,) = torch.autograd.grad(ref.l2norm_ref(x), x, dy.view(37, 2, 3, 20).sum(2))
+    assert max_err(l2norm_bwd(y, rstd, dy, x.dtype), dx_ref) < TOL
+
+
+def test_l2norm_backward_refuses_a_gradient_that_is_not_whole_groups(device):
+    y, rstd = l2norm_fwd(torch.randn(5, 2, 8, device=device))
+    with pytest.raises(ValueError, match=r"dy \(5, 3, 8\) must be y's shape \(5, 2, 8\)"):
+        l2norm_bwd(y, rstd, torch.randn(5, 3, 8, device=device), y.dtype)
+
+
 def test_cumsum_is_chunk_local_forward_and_reverse(case):
     gc = chunk_cumsum(case["g"], case["chunking"])
     assert max_err(gc, case["gc"]) < TOL
@@ -65,7 +80,9 @@ def test_wy_forward(case, block_v):
     assert max_err(u, u_ref) < TOL
 
 
-def test_wy_backward(case):
+@pytest.mark.parametrize("trans", [False, True])
+def test_wy_backward(case, trans):
+    # trans: the design that takes transposed tiles with tl.trans instead of second loads and products
     HV = case["v"].shape[1]
     k_exp = ref.expand_heads(case["k"], HV).requires_grad_()
     v, beta, gc = (case[n].clone().requires_grad_() for n in ("v", "beta", "gc"))
@@ -73,7 +90,8 @@ def test_wy_backward(case):
     dw, du = torch.randn_like(w_ref), torch.randn_like(u_ref)
     dk_ref, dv_ref, db_ref, dG_ref = torch.autograd.grad((w_ref, u_ref), (k_exp, v, beta, gc), (dw, du))
     A, _, _ = wy_fwd(case["k"], case["v"], case["beta"], case["gc"], case["chunking"])
-    dk, dv, db, dG = wy_bwd(case["k"], case["v"], case["beta"], case["gc"], A, dw, du, case["chunking"], block_v=16)
+    dk, dv, db, dG = wy_bwd(case["k"], case["v"], case["beta"], case["gc"], A, dw, du, case["chunking"], block_v=16,
+                            trans=trans)
     for got, want in ((dk, dk_ref), (dv, dv_ref), (db, db_ref), (dG, dG_ref)):
         assert max_err(got, want) < TOL
 
@@ -100,9 +118,11 @@ def test_chunk_output_forward(case):
     assert max_err(o, o_ref) < TOL
 
 
-def test_state_and_output_backward(case):
+@pytest.mark.parametrize("trans", [False, True])
+def test_state_and_output_backward(case, trans):
     """chunk_state_bwd (du, dh0) and chunk_output_bwd (dq, dk, dw, dG) against autograd through
-    chunk_state_ref + chunk_output_ref, with a final-state gradient flowing in."""
+    chunk_state_ref + chunk_output_ref, with a final-state gradient flowing in; trans: the output
+    backward's design that transposes the gradient of Q K^T with tl.trans."""
     HV = case["v"].shape[1]
     scale = 0.3
     _, w, u = wy_fwd(case["k"], case["v"], case["beta"], case["gc"], case["chunking"])
@@ -119,7 +139,7 @@ def test_state_and_output_backward(case):
     dh, du, dh0 = chunk_state_bwd(case["q"], case["k"], w, case["gc"], do, scale, chunking, dht=dht,
                                   need_dh0=True, block_v=16)
     dq, dk, dw, dG = chunk_output_bwd(case["q"], case["k"], case["gc"], h, dh, v_new, do, du, scale, chunking,
-                                      block_v=16)
+                                      block_v=16, trans=trans)
     for got, want in ((du, du_ref), (dh0, dh0_ref), (dq, dq_ref), (dk, dk_ref), (dw, dw_ref), (dG, dG_ref)):
         assert max_err(got, want) < TOL
 

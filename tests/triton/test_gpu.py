@@ -35,7 +35,13 @@ def rel_err(a, b) -> float:
 
 
 @DTYPES
-def test_gdn_varlen_with_initial_state_against_float64_reference(dtype, value_heads=32):
+@pytest.mark.parametrize("transposes", ["loaded", "trans"])
+def test_gdn_varlen_with_initial_state_against_float64_reference(dtype, transposes, monkeypatch, value_heads=32):
+    # both designs of the backward's transposed tiles (the tuning table picks one per GPU model)
+    import importlib
+
+    module = importlib.import_module("patchgen.kernels.triton.gated_delta_rule.transposes")
+    monkeypatch.setattr(module, "TUNING", module.PRESETS[transposes])
     x = gdn_inputs(LENGTHS, H=16, HV=value_heads, K=128, V=128, dtype=torch.float64, device="cuda")
     names = ("q", "k", "v", "g", "beta")
     ins = [x[n].detach().to(dtype).requires_grad_() for n in names]
@@ -52,7 +58,7 @@ def test_gdn_varlen_with_initial_state_against_float64_reference(dtype, value_he
     got = grads([o[0], f], [*ins, h0], [do.to(dtype), dft.float()])
     want = grads([o_ref, f_ref], [*ref_ins, h0_ref], [do.to(dtype).double(), dft.float().double()])
     errors.update({f"d{name}": rel_err(a, b) for name, a, b in zip((*names, "h0"), got, want)})
-    print(dtype, value_heads, {name: f"{err:.1e}" for name, err in errors.items()})
+    print(dtype, value_heads, transposes, {name: f"{err:.1e}" for name, err in errors.items()})
     fwd_bound, grad_bound = GDN_BOUNDS[dtype]
     assert errors["o"] < fwd_bound and errors["final_state"] < fwd_bound, errors
     assert all(err < grad_bound for name, err in errors.items() if name.startswith("d")), errors

@@ -3,7 +3,8 @@
 Forward:  [l2norm] -> cumsum(g) -> wy (A, w, u) -> chunk_state (h, v_new, final) -> chunk_output (o).
 Backward: chunk_state again (h, v_new are recomputed rather than stored) -> chunk_state_bwd
 (dh, du, dh0) -> chunk_output_bwd (dq, dk, dw, dG) -> wy_bwd (dk, dv, dbeta, dG) ->
-reverse cumsum (dg) -> value heads summed onto key heads -> [l2norm backward].
+reverse cumsum (dg) -> value heads summed onto key heads (inside the l2norm backward when there is one)
+-> [l2norm backward].
 """
 
 from __future__ import annotations
@@ -34,14 +35,17 @@ def gdn_forward(q, k, v, g, beta, scale, initial_state, output_final_state, chun
 
 
 def gdn_backward(q, k, v, g, beta, scale, initial_state, gc, A, w, u, do, dht, need_dh0, chunking: Chunking,
-                 block_v=None):
-    """Returns (dq, dk [T, H, K] fp32, dv, dg, dbeta [T, HV], dh0 or None)."""
+                 block_v=None, sum_value_heads: bool = True):
+    """Returns (dq, dk [T, H, K] fp32, dv, dg, dbeta [T, HV], dh0 or None); dq, dk per value head
+    ([T, HV, K]) when `sum_value_heads` is False (the l2norm backward then sums them)."""
     H = q.shape[1]
     h, v_new, _ = chunk_state_fwd(k, w, u, gc, chunking, initial_state=initial_state, block_v=block_v)
     dh, du, dh0 = chunk_state_bwd(q, k, w, gc, do, scale, chunking, dht=dht, need_dh0=need_dh0, block_v=block_v)
     dq, dk, dw, dG = chunk_output_bwd(q, k, gc, h, dh, v_new, do, du, scale, chunking, block_v=block_v)
     dk, dv, dbeta, dG = wy_bwd(k, v, beta, gc, A, dw, du, chunking, dk=dk, dg=dG, block_v=block_v)
     dg = chunk_cumsum(dG, chunking, reverse=True)
+    if not sum_value_heads:
+        return dq, dk, dv, dg, dbeta, dh0
     return _sum_value_heads(dq, H), _sum_value_heads(dk, H), dv, dg, dbeta, dh0
 
 
@@ -70,8 +74,9 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         need_dh0 = initial_state is not None and ctx.needs_input_grad[6]
         dq, dk, dv, dg, dbeta, dh0 = gdn_backward(
             q, k, v, g, beta, ctx.scale, initial_state, gc, A, w, u, do.contiguous(),
-            None if dht is None else dht.contiguous(), need_dh0, ctx.chunking, ctx.block_v)
-        if ctx.use_qk_l2norm:
+            None if dht is None else dht.contiguous(), need_dh0, ctx.chunking, ctx.block_v,
+            sum_value_heads=not ctx.use_qk_l2norm)
+        if ctx.use_qk_l2norm:  # dq, dk per value head: the l2norm backward sums them onto the key heads
             dq = l2norm_bwd(q, q_rstd, dq, ctx.in_dtypes[0])
             dk = l2norm_bwd(k, k_rstd, dk, ctx.in_dtypes[1])
         else:

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from .._common import bwd_tuning, head_block, mm, precision_for, scale_arg
+from .transposes import transpose_tuning
 from .varlen import Chunking
 
 
@@ -63,7 +64,9 @@ def chunk_output_fwd_kernel(q, k, gc, h, v_new, o, cu_seqlens, chunk_indices, sc
 def chunk_output_bwd_kernel(q, k, gc, h, dh, v_new, do, du, dq, dk, dw, dg, cu_seqlens, chunk_indices, scale_ptr,
                             H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                             BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                            ACC: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
+                            ACC: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, TRANS: tl.constexpr):
+    """TRANS: the gradient of K Q^T is `tl.trans` of that of Q K^T (no dO^T, U^T reloads, no U dO^T
+    product); else computed on its own (the first design)."""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_h = i_hv // (HV // H)
@@ -97,17 +100,20 @@ def chunk_output_bwd_kernel(q, k, gc, h, dh, v_new, do, du, dq, dk, dw, dg, cu_s
         tT_offs = (rows[None, :] * HV + i_hv) * V + o_v[:, None]
         sT_offs = h_base + o_k[None, :] * V + o_v[:, None]
         doo = tl.load(do + t_offs, mask=m_tv, other=0.0)
-        doT = tl.load(do + tT_offs, mask=m_vt, other=0.0)
         U = tl.load(v_new + t_offs, mask=m_tv, other=0.0)
-        UT = tl.load(v_new + tT_offs, mask=m_vt, other=0.0)
         duu = tl.load(du + t_offs, mask=m_tv, other=0.0)
         ST = tl.load(h + sT_offs, mask=m_vk, other=0.0)
         dST = tl.load(dh + sT_offs, mask=m_vk, other=0.0)
         dq_state += mm(doo, ST, DOT, PREC, ACC)
         dk_state += mm(U, dST, DOT, PREC, ACC)
         dww -= mm(duu, ST, DOT, PREC, ACC)
-        dP += mm(doo, UT, DOT, PREC, ACC)
-        dPT += mm(U, doT, DOT, PREC, ACC)
+        if TRANS:
+            dP += mm(doo, tl.trans(U), DOT, PREC, ACC)
+        else:
+            doT = tl.load(do + tT_offs, mask=m_vt, other=0.0)
+            UT = tl.load(v_new + tT_offs, mask=m_vt, other=0.0)
+            dP += mm(doo, UT, DOT, PREC, ACC)
+            dPT += mm(U, doT, DOT, PREC, ACC)
         s_ds += tl.sum(ST.to(ACC) * dST.to(ACC), axis=0)
 
     qq = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0).to(ACC)
@@ -121,9 +127,12 @@ def chunk_output_bwd_kernel(q, k, gc, h, dh, v_new, do, du, dq, dk, dw, dg, cu_s
     causal = (o_t[:, None] >= o_t[None, :]) & real
     causal_t = (o_t[:, None] <= o_t[None, :]) & real
     D = tl.where(causal, tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0)), 0.0)
-    DT = tl.where(causal_t, tl.exp(tl.where(causal_t, G[None, :] - G[:, None], 0.0)), 0.0)
     dS = scale * dP * D        # gradient of Q K^T
-    dST = scale * dPT * DT     # its transpose, computed rather than transposed
+    if TRANS:
+        dST = tl.trans(dS)
+    else:  # its transpose, computed rather than transposed
+        DT = tl.where(causal_t, tl.exp(tl.where(causal_t, G[None, :] - G[:, None], 0.0)), 0.0)
+        dST = scale * dPT * DT
 
     dq_out = dq_state * (scale * tl.exp(G))[:, None]
     dqq = dq_out + mm(dS, kk, DOT, PREC, ACC)
@@ -162,8 +171,10 @@ def chunk_output_fwd(q, k, gc, h, v_new, scale, chunking: Chunking, *, out_dtype
     return o
 
 
-def chunk_output_bwd(q, k, gc, h, dh, v_new, do, du, scale, chunking: Chunking, *, block_v: int | None = None):
-    """Returns (dq, dk, dw [T, HV, K], dG [T, HV]), all fp32 and per value head."""
+def chunk_output_bwd(q, k, gc, h, dh, v_new, do, du, scale, chunking: Chunking, *, block_v: int | None = None,
+                     trans: bool | None = None):
+    """Returns (dq, dk, dw [T, HV, K], dG [T, HV]), all fp32 and per value head.
+    trans: the `tl.trans` design (None: as `transposes.transpose_tuning(device)` says)."""
     T, H, K = q.shape
     HV, V = v_new.shape[1], v_new.shape[2]
     prec = precision_for(q.dtype)
@@ -175,5 +186,7 @@ def chunk_output_bwd(q, k, gc, h, dh, v_new, do, du, scale, chunking: Chunking, 
     chunk_output_bwd_kernel[(chunking.num_chunks, HV)](
         q, k, gc, h, dh, v_new, do, du, dq, dk, dw, dg, chunking.cu_seqlens, chunking.chunk_indices, scale_arg(scale, prec, q.device),
         H=H, HV=HV, K=K, V=V, BT=chunking.chunk_size, BK=head_block(K, q.dtype), BV=_bv(V, q.dtype, block_v or tuning["block_v"]),
-        ACC=prec.acc, DOT=prec.dot, PREC=prec.dot_precision, num_warps=8, num_stages=tuning["num_stages"])
+        ACC=prec.acc, DOT=prec.dot, PREC=prec.dot_precision,
+        TRANS=transpose_tuning(q.device).output_bwd if trans is None else trans,
+        num_warps=8, num_stages=tuning["num_stages"])
     return dq, dk, dw, dg

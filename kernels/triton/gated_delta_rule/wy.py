@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from .._common import bwd_tuning, head_block, mm, precision_for
+from .transposes import transpose_tuning
 from .varlen import Chunking
 
 
@@ -85,8 +86,11 @@ def wy_bwd_kernel(k, v, beta, gc, A, dw, du, dk, dv, dbeta, dg, cu_seqlens, chun
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   ACC: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, SOLVE_PREC: tl.constexpr,
-                  ACCUMULATE: tl.constexpr):
-    """dk, dg are per value head ([T, HV, K], [T, HV]); with ACCUMULATE they are added to."""
+                  ACCUMULATE: tl.constexpr, TRANS: tl.constexpr):
+    """dk, dg are per value head ([T, HV, K], [T, HV]); with ACCUMULATE they are added to.
+
+    TRANS: every transposed tile is `tl.trans` of its tile (A, k, v, dA, dL, dKK loaded or computed
+    once); else the transposes are loaded or computed as products of their own (the first design)."""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_h = i_hv // (HV // H)
@@ -103,21 +107,26 @@ def wy_bwd_kernel(k, v, beta, gc, A, dw, du, dk, dv, dbeta, dg, cu_seqlens, chun
     m_kt = m_k[:, None] & m_t[None, :]
 
     kk = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0).to(ACC)
-    kT = tl.load(k + (rows[None, :] * H + i_h) * K + o_k[:, None], mask=m_kt, other=0.0).to(ACC)
     b = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0.0).to(ACC)
     G = tl.load(gc + rows * HV + i_hv, mask=m_t, other=0.0).to(ACC)
     eG = tl.exp(G)
     a_offs = (rows[:, None] * HV + i_hv) * BT + o_t[None, :]
-    aT_offs = (rows[None, :] * HV + i_hv) * BT + o_t[:, None]
     Am = tl.load(A + a_offs, mask=m_t[:, None], other=0.0).to(ACC)
-    AT = tl.load(A + aT_offs, mask=m_t[None, :], other=0.0).to(ACC)
     dww = tl.load(dw + (rows[:, None] * HV + i_hv) * K + o_k[None, :], mask=m_tk, other=0.0).to(ACC)
-    dwT = tl.load(dw + (rows[None, :] * HV + i_hv) * K + o_k[:, None], mask=m_kt, other=0.0).to(ACC)
+    if TRANS:
+        kT = tl.trans(kk)
+        AT = tl.trans(Am)
+    else:
+        kT = tl.load(k + (rows[None, :] * H + i_h) * K + o_k[:, None], mask=m_kt, other=0.0).to(ACC)
+        aT_offs = (rows[None, :] * HV + i_hv) * BT + o_t[:, None]
+        AT = tl.load(A + aT_offs, mask=m_t[None, :], other=0.0).to(ACC)
 
     # w = A kb with kb = diag(beta e^G) K
     kb_scale = b * eG
     dA = mm(dww, kT * kb_scale[None, :], DOT, PREC, ACC)
-    dAT = mm(kk * kb_scale[:, None], dwT, DOT, PREC, ACC)
+    if not TRANS:
+        dwT = tl.load(dw + (rows[None, :] * HV + i_hv) * K + o_k[:, None], mask=m_kt, other=0.0).to(ACC)
+        dAT = mm(kk * kb_scale[:, None], dwT, DOT, PREC, ACC)
     dkb = mm(AT, dww, DOT, PREC, ACC)
     dkk = dkb * kb_scale[:, None]
     t = tl.sum(kk * dkb, axis=1)
@@ -131,13 +140,16 @@ def wy_bwd_kernel(k, v, beta, gc, A, dw, du, dk, dv, dbeta, dg, cu_seqlens, chun
         m_tv = m_t[:, None] & m_v[None, :]
         m_vt = m_v[:, None] & m_t[None, :]
         v_offs = (rows[:, None] * HV + i_hv) * V + o_v[None, :]
-        vT_offs = (rows[None, :] * HV + i_hv) * V + o_v[:, None]
         vv = tl.load(v + v_offs, mask=m_tv, other=0.0).to(ACC)
-        vT = tl.load(v + vT_offs, mask=m_vt, other=0.0).to(ACC)
         duu = tl.load(du + v_offs, mask=m_tv, other=0.0).to(ACC)
-        duT = tl.load(du + vT_offs, mask=m_vt, other=0.0).to(ACC)
-        dA += mm(duu, vT * b[None, :], DOT, PREC, ACC)
-        dAT += mm(vv * b[:, None], duT, DOT, PREC, ACC)
+        if TRANS:
+            dA += mm(duu, tl.trans(vv * b[:, None]), DOT, PREC, ACC)
+        else:
+            vT_offs = (rows[None, :] * HV + i_hv) * V + o_v[:, None]
+            vT = tl.load(v + vT_offs, mask=m_vt, other=0.0).to(ACC)
+            duT = tl.load(du + vT_offs, mask=m_vt, other=0.0).to(ACC)
+            dA += mm(duu, vT * b[None, :], DOT, PREC, ACC)
+            dAT += mm(vv * b[:, None], duT, DOT, PREC, ACC)
         dvb = mm(AT, duu, DOT, PREC, ACC)
         tl.store(dv + v_offs, (dvb * b[:, None]).to(dv.dtype.element_ty), mask=m_tv)
         db += tl.sum(vv * dvb, axis=1)
@@ -147,13 +159,16 @@ def wy_bwd_kernel(k, v, beta, gc, A, dw, du, dk, dv, dbeta, dg, cu_seqlens, chun
     lower = (o_t[:, None] > o_t[None, :]) & real
     upper = (o_t[:, None] < o_t[None, :]) & real
     dL = tl.where(lower, -mm(mm(AT, dA, ACC, SOLVE_PREC, ACC), AT, ACC, SOLVE_PREC, ACC), 0.0)
-    dLT = tl.where(upper, -mm(mm(Am, dAT, ACC, SOLVE_PREC, ACC), Am, ACC, SOLVE_PREC, ACC), 0.0)
     E = tl.where(lower, tl.exp(tl.where(lower, G[:, None] - G[None, :], 0.0)), 0.0)
-    ET = tl.where(upper, tl.exp(tl.where(upper, G[None, :] - G[:, None], 0.0)), 0.0)
     KK = mm(kk, kT, DOT, PREC, ACC)
     dKK = dL * b[:, None] * E
-    dKKT = dLT * b[None, :] * ET
-    dkk += mm(dKK, kk, DOT, PREC, ACC) + mm(dKKT, kk, DOT, PREC, ACC)
+    if TRANS:  # L = b E (K K^T) below the diagonal: dK = (dKK + dKK^T) K
+        dkk += mm(dKK + tl.trans(dKK), kk, DOT, PREC, ACC)
+    else:
+        dLT = tl.where(upper, -mm(mm(Am, dAT, ACC, SOLVE_PREC, ACC), Am, ACC, SOLVE_PREC, ACC), 0.0)
+        ET = tl.where(upper, tl.exp(tl.where(upper, G[None, :] - G[:, None], 0.0)), 0.0)
+        dKKT = dLT * b[None, :] * ET
+        dkk += mm(dKK, kk, DOT, PREC, ACC) + mm(dKKT, kk, DOT, PREC, ACC)
     db += tl.sum(dL * E * KK, axis=1)
     R = dKK * KK
     dG += tl.sum(R, axis=1) - tl.sum(R, axis=0)
@@ -187,10 +202,12 @@ def wy_fwd(k, v, beta, gc, chunking: Chunking, *, block_v: int | None = None):
     return A, w, u
 
 
-def wy_bwd(k, v, beta, gc, A, dw, du, chunking: Chunking, *, dk=None, dg=None, block_v: int | None = None):
+def wy_bwd(k, v, beta, gc, A, dw, du, chunking: Chunking, *, dk=None, dg=None, block_v: int | None = None,
+           trans: bool | None = None):
     """Gradients of (w, u) = wy(k, v, beta, G). Returns (dk per value head [T, HV, K] fp32, dv, dbeta, dG).
 
     When dk and dg (fp32, per value head) are given, the results are added into them in place.
+    trans: the `tl.trans` design (None: as `transposes.transpose_tuning(device)` says).
     """
     T, H, K = k.shape
     HV, V = v.shape[1], v.shape[2]
@@ -206,5 +223,6 @@ def wy_bwd(k, v, beta, gc, A, dw, du, chunking: Chunking, *, dk=None, dg=None, b
         k, v, beta, gc, A, dw, du, dk, dv, dbeta, dg, chunking.cu_seqlens, chunking.chunk_indices,
         H=H, HV=HV, K=K, V=V, BT=chunking.chunk_size, BK=head_block(K, k.dtype), BV=_bv(V, k.dtype, block_v or tuning["block_v"]),
         ACC=prec.acc, DOT=prec.dot, PREC=prec.dot_precision, SOLVE_PREC=prec.solve_precision,
-        ACCUMULATE=accumulate, num_warps=8, num_stages=tuning["num_stages"])
+        ACCUMULATE=accumulate, TRANS=transpose_tuning(k.device).wy_bwd if trans is None else trans,
+        num_warps=8, num_stages=tuning["num_stages"])
     return dk, dv, dbeta, dg
