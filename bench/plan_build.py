@@ -22,7 +22,7 @@ import statistics
 import time
 
 import torch
-from patchgen.kernels.shared_prefix import DEFAULT_MAX_DEPTH, build_plan
+from patchgen.kernels.shared_prefix import DEFAULT_MAX_DEPTH, build_plan, resolve_level_cost
 
 
 def grpo_batch(prompts, n, prompt_len, response_len, system_len=0, seed=0):
@@ -87,6 +87,8 @@ def main() -> None:
     print(f"plan building (host: one thread; inputs on {args.device}; median of {args.repeats})")
     print("[3,1,T]: per-sequence M-RoPE rows; [3,1,T]*: one row offset, so positions are compared exactly")
     print(f"depth: max_depth of the plan (1: one level; {args.depth}: the tree); levels: the depth it chose")
+    cost = resolve_level_cost(args.device)
+    print(f"level cost of the trees: {cost.rows} rows ({cost.source})")
     print("ms: median wall clock; max ms: the largest; cpu ms: median CPU time of the building thread")
     print(
         f"{'batch':<44} {'T':>7} {'seqs':>5} {'depth':>5} {'levels':>6} {'positions':>10}"

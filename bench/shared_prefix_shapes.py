@@ -20,7 +20,7 @@ class Shape(tuple):
     `fan` ways after the prompt and after every turn, so a group has `fan ** (len(turns) + 1)`
     rollouts (its `n` is ignored) whose own last turn is `R` tokens. `depth`: the plan's
     `shared_prefix_max_depth` (None: the config default, a tree; 1: one level of sharing);
-    `level_cost`: its `shared_prefix_level_cost` (None: the default; the tiny shapes use 0).
+    `level_cost`: its `shared_prefix_level_cost` (None: the figure measured for the device; the tiny shapes use 0).
     """
 
     def __new__(cls, name, groups, singles, system=0, *, turns=(), fan=2, depth=None, level_cost=None):
@@ -70,13 +70,10 @@ def shape_batch(shape, vocab: int, device, seed: int = 0):
 
 def tree_settings(shape) -> dict:
     """The `build_plan` keywords a shape runs with (the model reads the same from its config)."""
-    from patchgen.kernels.shared_prefix import DEFAULT_MAX_DEPTH, LEVEL_COST_TOKENS
+    from patchgen.kernels.shared_prefix import DEFAULT_MAX_DEPTH
 
     depth, cost = getattr(shape, "depth", None), getattr(shape, "level_cost", None)
-    return {
-        "max_depth": DEFAULT_MAX_DEPTH if depth is None else depth,
-        "level_cost": LEVEL_COST_TOKENS if cost is None else cost,
-    }
+    return {"max_depth": DEFAULT_MAX_DEPTH if depth is None else depth, "level_cost": cost}
 
 
 def batch(

@@ -10,7 +10,8 @@ from typing import Any
 
 from .errors import SettingError
 from .registry import SLOTS
-from .shared_prefix.plan import DEFAULT_MAX_DEPTH, LEVEL_COST_TOKENS
+from .shared_prefix.level_cost import parse_level_cost
+from .shared_prefix.plan import DEFAULT_MAX_DEPTH
 
 AUTO = "auto"
 ENV_PREFIX = "PATCHGEN_OPS_"
@@ -92,9 +93,8 @@ SHARED_PREFIX_LEVEL_COST = "shared_prefix_level_cost"
 INT_FIELDS = {
     SHARED_PREFIX_MIN_LENGTH: (64, 1, "the shortest prefix worth sharing, in tokens"),
     SHARED_PREFIX_MAX_DEPTH: (DEFAULT_MAX_DEPTH, 1, "levels of nested prefixes shared (1: one level)"),
-    SHARED_PREFIX_LEVEL_COST: (LEVEL_COST_TOKENS, 0, "rows a deeper level must save to be used"),
 }
-FIELDS = (*BOOL_FIELDS, *INT_FIELDS, "ops_implementation")
+FIELDS = (*BOOL_FIELDS, *INT_FIELDS, SHARED_PREFIX_LEVEL_COST, "ops_implementation")
 
 
 _UNSET = object()
@@ -132,6 +132,12 @@ def int_field(config: Any, name: str) -> int:
     return value
 
 
+def shared_prefix_level_cost(config: Any) -> int | None:
+    """``shared_prefix_level_cost``: rows one more tree level must save (an int >= 0), or None for
+    ``"auto"`` / unset, the figure measured for the device (``shared_prefix/level_cost.py``)."""
+    return parse_level_cost(field(config, SHARED_PREFIX_LEVEL_COST, None), f"config field {SHARED_PREFIX_LEVEL_COST}")
+
+
 def shared_prefix_min_length(config: Any) -> int:
     """``shared_prefix_min_length`` (default 64): the shortest prefix worth sharing, in tokens."""
     return int_field(config, SHARED_PREFIX_MIN_LENGTH)
@@ -153,6 +159,8 @@ def check_model_config(config: Any) -> None:
         for name in INT_FIELDS:
             if hasattr(holder, name):
                 int_field(holder, name)
+        if hasattr(holder, SHARED_PREFIX_LEVEL_COST):
+            shared_prefix_level_cost(holder)
         for key in vars(holder):
             if key not in FIELDS and (close := difflib.get_close_matches(key, FIELDS, n=1, cutoff=0.85)):
                 raise SettingError(

@@ -15,10 +15,10 @@ import torch
 
 from ..config import (
     SHARED_PREFIX_CHUNK_ALIGNED,
-    SHARED_PREFIX_LEVEL_COST,
     SHARED_PREFIX_MAX_DEPTH,
     field,
     int_field,
+    shared_prefix_level_cost,
     shared_prefix_min_length,
 )
 from ..selection import working
@@ -123,7 +123,7 @@ def plan_for(config, table, *, input_ids, position_ids, cache, use_cache, kwargs
         conv_kernel_size=getattr(cfg, "linear_conv_kernel_dim", 4),
         min_prefix=shared_prefix_min_length(config),
         max_depth=int_field(config, SHARED_PREFIX_MAX_DEPTH),
-        level_cost=int_field(config, SHARED_PREFIX_LEVEL_COST),
+        level_cost=shared_prefix_level_cost(config),
         chunk_aligned=bool(field(config, SHARED_PREFIX_CHUNK_ALIGNED, False)),
     )
     for observer in _observers:

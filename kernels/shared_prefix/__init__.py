@@ -22,8 +22,9 @@ from .guards import (
     require_packed_metadata,
     takes_ordinary_path,
 )
+from .level_cost import ENV_LEVEL_COST, LEVEL_COST_TOKENS, LevelCost, resolve_level_cost
 from .lm_rows import LMIndex, LMRows, shared_prefix_loss
-from .plan import DEFAULT_MAX_DEPTH, LEVEL_COST_TOKENS, Plan, build_plan
+from .plan import DEFAULT_MAX_DEPTH, Plan, build_plan
 from .positions import positions_from_cu_seqlens
 from .tree import Node
 
@@ -31,6 +32,7 @@ __all__ = [
     "ATTENTION_NEEDS",
     "CONV_NEEDS",
     "DEFAULT_MAX_DEPTH",
+    "ENV_LEVEL_COST",
     "GDN_NEEDS",
     "LEVEL_COST_TOKENS",
     "AttentionIndex",
@@ -40,6 +42,7 @@ __all__ = [
     "Group",
     "LMIndex",
     "LMRows",
+    "LevelCost",
     "Node",
     "PackedMetadataMissing",
     "Plan",
@@ -51,6 +54,7 @@ __all__ = [
     "positions_from_cu_seqlens",
     "reject_unsupported",
     "require_packed_metadata",
+    "resolve_level_cost",
     "shared_prefix_attention",
     "shared_prefix_causal_conv1d",
     "shared_prefix_gated_delta_rule",

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .rows import counting, ranges
+
 BUCKET_TOKENS = 64  # sequences are bucketed by their first 64 token ids
 
 
@@ -61,15 +63,18 @@ def sorted_runs(
     # one symbol per row: the id, then every position row; the raw bytes of a sequence's
     # row-major block give one lexicographic order
     if positions is None:
-        orders = _sorted_buckets(ids, cu, candidates, key_len)
+        orders = _sorted_buckets(ids, cu_arr, candidates, key_len)
     else:
         symbols = np.stack([ids, *positions], axis=1)
         buckets = _buckets(ids, cu_arr, candidates, key_len)
         orders = [sorted(seqs, key=lambda s: symbols[cu[s] : cu[s + 1]].tobytes()) for seqs in buckets]
     if not orders:
         return []
-    first = np.fromiter((a for o in orders for a in o[:-1]), np.int64)
-    second = np.fromiter((b for o in orders for b in o[1:]), np.int64)
+    flat = np.fromiter(itertools.chain.from_iterable(orders), np.int64)
+    last = np.cumsum([len(o) for o in orders]) - 1  # each bucket's last sequence pairs with nothing
+    pairs = np.ones(len(flat), dtype=bool)
+    pairs[last] = False
+    first, second = flat[pairs], flat[1:][pairs[:-1]]
     # members of a bucket agree on their first key_len ids: without position rows there is
     # nothing to compare there
     skip = key_len if positions is None else 0
@@ -81,14 +86,14 @@ def sorted_runs(
     return runs
 
 
-def _sorted_buckets(ids: np.ndarray, cu: list[int], candidates: np.ndarray, key_len: int) -> list[list[int]]:
+def _sorted_buckets(ids: np.ndarray, cu: np.ndarray, candidates: np.ndarray, key_len: int) -> list[list[int]]:
     """Buckets of `_buckets`, each in lexicographic order, when a sequence's symbols are its ids:
     one sort of every candidate by its bytes, whose runs of equal first `key_len` ids are the
     buckets (the bucket key is a prefix of the sort key)."""
-    seqs = candidates.tolist()
-    order = sorted(seqs, key=lambda s: ids[cu[s] : cu[s + 1]].tobytes())
-    starts = np.asarray(cu, dtype=np.int64)[order]
-    heads = ids[starts[:, None] + np.arange(key_len, dtype=np.int64)]
+    bounds = cu.tolist()
+    order = sorted(candidates.tolist(), key=lambda s: ids[bounds[s] : bounds[s + 1]].tobytes())
+    starts = cu[order]
+    heads = ids[starts[:, None] + counting(key_len)]
     edges = np.flatnonzero((heads[1:] != heads[:-1]).any(axis=1)) + 1
     bounds = [0, *edges.tolist(), len(order)]
     buckets = [order[a:b] for a, b in itertools.pairwise(bounds) if b - a >= 2]
@@ -133,21 +138,20 @@ def _common_prefixes(
     are longer than `skip`). Few pairs: one slice compare each; many (short sequences): the
     overlapping rows of all pairs side by side, compared in one pass."""
     n = np.minimum(cu[first + 1] - cu[first], cu[second + 1] - cu[second])
-    spans = list(zip((cu[first] + skip).tolist(), (cu[second] + skip).tolist(), (n - skip).tolist()))
-    if len(spans) <= PAIRWISE_MAX:
+    rest = n - skip
+    if len(first) <= PAIRWISE_MAX:
         out = []
-        for a, b, k in spans:
+        for a, b, k in zip((cu[first] + skip).tolist(), (cu[second] + skip).tolist(), rest.tolist()):
             differs = ids[a : a + k] != ids[b : b + k]
             if positions is not None:
                 differs |= (positions[:, a : a + k] != positions[:, b : b + k]).any(axis=0)
             at = int(differs.argmax())
             out.append(at if differs[at] else k)
         return np.minimum(skip + np.asarray(out, dtype=np.int64), n - 1)
-    differs = np.concatenate([ids[a : a + k] for a, _, k in spans]) != np.concatenate([ids[b : b + k] for _, b, k in spans])
+    left, right = ranges(cu[first] + skip, rest), ranges(cu[second] + skip, rest)
+    differs = ids[left] != ids[right]
     if positions is not None:
-        left = np.concatenate([positions[:, a : a + k] for a, _, k in spans], axis=1)
-        differs |= (left != np.concatenate([positions[:, b : b + k] for _, b, k in spans], axis=1)).any(axis=0)
-    rest = n - skip
+        differs |= (positions[:, left] != positions[:, right]).any(axis=0)
     pair_start = np.cumsum(rest) - rest
     hits = np.flatnonzero(differs)
     if not len(hits):

@@ -19,13 +19,13 @@ from .conv import ConvIndex, conv_host_index, conv_index
 from .gdn import CHUNK, GDNIndex, gdn_host_index, gdn_index
 from .grouping import Group
 from .layout import Layout, build_layout, ranges
+from .level_cost import LevelCost, resolve_level_cost
 from .lm_rows import LMIndex, LMRows, lm_host_index, lm_index, lm_rows
 from .positions import host_positions
 from .rows import Arena
 from .tree import Node, find_tree
 
 DEFAULT_MAX_DEPTH = 4  # a system prompt, a prompt and two turns of an agentic rollout
-LEVEL_COST_TOKENS = 256  # rows a level must save to be worth its GDN call per layer (an estimate)
 
 
 @dataclass(frozen=True, eq=False)
@@ -45,6 +45,7 @@ class Plan:
     attention: AttentionIndex
     lm: LMIndex
     layout: Layout  # host description of the blocks (for debugging and benchmarks)
+    level_cost: LevelCost  # rows each level beyond the first had to save, and where the figure came from
 
     def compact(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
         """Packed `[.., T, ..]` to compact `[.., C, ..]` along `dim`."""
@@ -97,7 +98,7 @@ def build_plan(
     conv_kernel_size: int = 4,
     min_prefix: int = 64,
     max_depth: int = 1,
-    level_cost: int = LEVEL_COST_TOKENS,
+    level_cost: int | None = None,
     chunk_aligned: bool = False,
 ) -> Plan | None:
     """Plan shared-prefix execution of one packed row, or `None` when no sequences share a prefix.
@@ -106,8 +107,10 @@ def build_plan(
     `None` (per-sequence positions). Sequences share a prefix only where token ids and every
     position row agree; a root needs at least `min_prefix` tokens, a nested node at least 64 (the
     GDN chunk). `max_depth` levels of nesting at most (1: one level, the groups); a deeper level
-    is used only where it saves more than `level_cost` rows. `chunk_aligned`: share only whole GDN
-    chunks and lay the row out level by level, so the GDN rounds read it in place (`aligned.py`).
+    is used only where it saves more than `level_cost` rows (None: the figure measured for the
+    device of `input_ids`, see `level_cost.py`; it is read from a table, never timed here).
+    `chunk_aligned`: share only whole GDN chunks and lay the row out level by level, so the GDN
+    rounds read it in place (`aligned.py`).
     """
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"input_ids must be one packed row [1, T], got {tuple(input_ids.shape)}")
@@ -117,10 +120,12 @@ def build_plan(
         raise ValueError(
             f"shared_prefix_max_depth must be an int of at least 1 (1: one level of sharing), got {max_depth!r}"
         )
-    if isinstance(level_cost, bool) or not isinstance(level_cost, int) or level_cost < 0:
+    if level_cost is not None and (isinstance(level_cost, bool) or not isinstance(level_cost, int) or level_cost < 0):
         raise ValueError(
-            f"shared_prefix_level_cost must be an int of at least 0 (rows a level must save), got {level_cost!r}"
+            f"shared_prefix_level_cost must be an int of at least 0 (rows a level must save) or None (the "
+            f"device's measured figure), got {level_cost!r}"
         )
+    cost = resolve_level_cost(input_ids.device, level_cost) if max_depth > 1 else _ONE_LEVEL
     length = input_ids.shape[1]
     device = input_ids.device
     pos_rows = None
@@ -148,7 +153,7 @@ def build_plan(
         min_prefix=min_prefix,
         max_depth=max_depth,
         nested_min=max(CHUNK, conv_kernel_size - 1),
-        level_cost=level_cost,
+        level_cost=cost.rows,
     )
     if chunk_aligned:
         nodes = align_to_chunks(nodes, min_prefix, max(CHUNK, conv_kernel_size - 1))
@@ -200,6 +205,7 @@ def build_plan(
         attention=attention_index(host["attention"], dev["attention"]),
         lm=lm_index(host["lm"], dev["lm"]),
         layout=layout,
+        level_cost=cost,
     )
 
 
@@ -226,6 +232,7 @@ def _to_host(cu_seqlens, input_ids, pos_rows) -> tuple[list[int], np.ndarray, np
     return host[0].tolist(), host[1], pos
 
 
+_ONE_LEVEL = LevelCost(0, "max_depth=1: no level beyond the first")
 _TORCH_DTYPE = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32}
 _NUMPY_DTYPE = {torch.int64: np.int64, torch.int32: np.int32}
 

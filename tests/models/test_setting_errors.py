@@ -35,3 +35,16 @@ def test_typo_in_a_tree_field_fails_at_model_build():
 def test_non_bool_verify_flag_names_the_config_field_at_build():
     with pytest.raises(SettingError, match="config field shared_prefix_verify must be True or False"):
         tiny.build("qwen3_5", "gpu", shared_prefix_verify="yes")
+
+
+def test_a_level_cost_written_as_text_names_the_config_field_at_build():
+    with pytest.raises(SettingError, match="config field shared_prefix_level_cost must be a whole number of rows"):
+        tiny.build("qwen3_5", "gpu", shared_prefix_level_cost="256")
+
+
+def test_a_bad_level_cost_in_the_environment_names_the_variable_at_forward(monkeypatch):
+    net = tiny.build("qwen3_5", "gpu", shared_prefix_training=True, shared_prefix_level_cost="auto")
+    monkeypatch.setenv("PATCHGEN_SHARED_PREFIX_LEVEL_COST", "-5")
+    ids, cu = tiny.packed_batch([10, 10], shared=6, seed=1)
+    with pytest.raises(SettingError, match="PATCHGEN_SHARED_PREFIX_LEVEL_COST='-5' must be a whole number"):
+        net(input_ids=ids, **tiny.packed_kwargs(cu))

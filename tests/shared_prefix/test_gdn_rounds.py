@@ -51,11 +51,24 @@ def test_one_node_per_layer_matches_packed_on_a_three_level_tree(ref, prompt):
     _check_against_packed(ref, plan, cu)
 
 
-def test_one_node_per_layer_matches_packed_on_an_agentic_tree(ref):
-    ids, cu = pack(agentic(prompt=100, turns=(70,), last=5, fan=2))
+@pytest.mark.parametrize("fan", [2, 3])  # 3: three children start from one exported state
+def test_one_node_per_layer_matches_packed_on_an_agentic_tree(ref, fan):
+    ids, cu = pack(agentic(prompt=100, turns=(70,), last=5, fan=fan))
     plan = build_plan(ids, cu, max_depth=4, level_cost=0)
-    assert plan.depth == 2
+    assert plan.depth == 2 and len(plan.nodes) == 1 + fan
     _check_against_packed(ref, plan, cu)
+
+
+def test_the_per_round_loop_matches_packed_with_three_children_per_node(ref):
+    ids, cu = pack(agentic(prompt=100, turns=(70,), last=5, fan=3))
+    plan = build_plan(ids, cu, max_depth=4, level_cost=0)
+    out_c, out_p = ref.assert_matches_packed(
+        plan,
+        lambda *xs: shared_prefix_gated_delta_rule(plan, ref.gdn_chunked, *xs, use_qk_l2norm_in_kernel=True),
+        lambda *xs: ref.gdn_chunked(*xs, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)[0],
+        _inputs(plan.compact_length),
+    )
+    assert torch.equal(out_c, out_p)
 
 
 # the float64 chunked reference is slow on CPU: few, small trees (the fixed cases above go deeper)

@@ -1,0 +1,79 @@
+"""Plan building, an older builder against this one, interleaved call by call in one process (CPU time).
+
+    git archive <commit> kernels | tar -x -C /tmp/before && mv /tmp/before/kernels /tmp/before/kbase
+    python bench/plan_build_ab.py --before /tmp/before [--repeats 60] [--positions none|mrope|shifted]
+
+On a host shared with other jobs the wall clock is mostly waiting for a core; the CPU time of the
+building thread, measured for both builders in the same conditions (alternating calls), is what
+compares them. Both plans are checked equal (nodes, compact and expand indices, positions) first.
+Prints the median and the smallest CPU ms per batch (the 64k-token batches of `plan_build.py`) at
+max_depth 1 and 4, and the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import statistics
+import sys
+import time
+
+import torch
+from patchgen.kernels.shared_prefix import build_plan as after
+from plan_build import agentic_batch, grpo_batch, mrope
+
+BATCHES = {
+    "64k: 8 prompts x 8, P~500, R~500": lambda: grpo_batch(8, 8, (400, 600), (256, 768), seed=2),
+    "64k: 1 prompt x 8, P=7680, R=512": lambda: grpo_batch(1, 8, (7680, 7680), (512, 512), seed=12),
+    "64k: 64 prompts x 4, P~200, R~50": lambda: grpo_batch(64, 4, (150, 250), (10, 90), seed=3),
+    "64k: 128 prompts x 4, P=96, R=32 (512 seqs)": lambda: grpo_batch(128, 4, (96, 96), (32, 32), seed=14),
+    "64k: 128 system + 64 prompts x 4, P=R=64": lambda: grpo_batch(64, 4, (64, 64), (64, 64), system_len=128, seed=15),
+    "70k: 512 system + 8 prompts x 8, P~200": lambda: grpo_batch(8, 8, (150, 250), (256, 512), system_len=512, seed=7),
+    "64k: 8 agentic trees, 3 turns x 2": lambda: agentic_batch(512, (128, 128), 256, rollouts_of=8, seed=8),
+}
+
+
+def same_plan(a, b) -> bool:
+    nodes = [(n.members, n.start, n.end, n.parent) for n in a.nodes] == [
+        (n.members, n.start, n.end, n.parent) for n in b.nodes
+    ]
+    return nodes and all(
+        torch.equal(getattr(a, k), getattr(b, k)) for k in ("compact_src", "expand_index", "position_ids")
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", required=True, help="a folder holding the older `kernels` package as `kbase`")
+    parser.add_argument("--repeats", type=int, default=60)
+    parser.add_argument("--positions", choices=("none", "mrope", "shifted"), default="none")
+    args = parser.parse_args()
+    sys.path.insert(0, args.before)
+    before = importlib.import_module("kbase.shared_prefix").build_plan
+    torch.set_num_threads(1)
+    print(f"median (smallest) CPU ms of {args.repeats} alternating calls; positions {args.positions}")
+    for name, make in BATCHES.items():
+        ids, cu = make()
+        pos = None
+        if args.positions != "none":
+            pos = mrope(cu, ids.shape[1])
+            if args.positions == "shifted":
+                pos[1] += 1
+        for depth in (1, 4):
+            old, new = before(ids, cu, pos, max_depth=depth), after(ids, cu, pos, max_depth=depth)
+            if not same_plan(old, new):
+                raise SystemExit(f"{name}, max_depth {depth}: the two builders disagree")
+            times = {"before": [], "after": []}
+            for _ in range(args.repeats):
+                for label, fn in (("before", before), ("after", after)):
+                    start = time.thread_time()
+                    fn(ids, cu, pos, max_depth=depth)
+                    times[label].append(1e3 * (time.thread_time() - start))
+            shown = "  ".join(f"{k} {statistics.median(v):5.2f} ({min(v):5.2f})" for k, v in times.items())
+            print(f"{name:<44} max_depth {depth} levels {new.depth}  {shown}", flush=True)
+    print("load average", " ".join(f"{v:.1f}" for v in os.getloadavg()))
+
+
+if __name__ == "__main__":
+    main()
