@@ -1,7 +1,8 @@
 """Generation continued from the cache a first generate() returned equals upstream's, state by state.
 
 A checkpoint saved by upstream's ForConditionalGeneration (the published layout) is loaded into upstream's
-ForCausalLM and into the generated one of every target, flag on and off. Each generates 3 tokens, then 3 more
+ForCausalLM and into the generated one of every target, flag on and off (and into both ForConditionalGeneration
+classes, flag on). Each generates 3 tokens, then 3 more
 from its own returned cache; the hybrid cache (attention keys/values, GatedDeltaNet conv and recurrent states)
 must hold upstream's tensors after either call, and the tokens must be upstream's."""
 
@@ -15,9 +16,6 @@ from tests.models import tiny
 
 PAD = 0
 FIRST, MORE = 3, 3
-# Upstream's aux loss in generate() fails on a padded batch when router logits are asked for (decode steps
-# hold one token a row, the mask the whole row); generation does not need them.
-MOE = {"output_router_logits": False}
 
 
 @pytest.fixture(scope="module")
@@ -67,14 +65,24 @@ def generate_then_continue(net):
     return first, after_first, more, cache_states(more.cache)
 
 
+def _load(cls, path, **fields):
+    config = cls.config_class.from_pretrained(path)
+    text = getattr(config, "text_config", config)
+    if hasattr(text, "output_router_logits"):
+        # Upstream's aux loss in generate() fails on a padded batch when router logits are asked for (decode steps
+        # hold one token a row, the mask the whole row; ours fails alike); generation does not need them.
+        text.output_router_logits = False
+    return cls.from_pretrained(path, config=config, dtype=torch.float32, **fields).eval()
+
+
 @pytest.fixture(scope="module")
 def upstream_runs(published):
     runs = {}
     for model, path in published.items():
-        extra = MOE if model == "qwen3_5_moe" else {}
-        net = ckpt.upstream_class(model, "ForCausalLM").from_pretrained(path, dtype=torch.float32, **extra).eval()
-        ids, mask = _prompts()
-        runs[model] = generate_then_continue(net), _generate(net, ids, mask, FIRST + MORE).sequences
+        for name in ("ForCausalLM", "ForConditionalGeneration"):
+            net = _load(ckpt.upstream_class(model, name), path)
+            ids, mask = _prompts()
+            runs[model, name] = generate_then_continue(net), _generate(net, ids, mask, FIRST + MORE).sequences
     return runs
 
 
@@ -87,25 +95,36 @@ def _assert_states_equal(ours, theirs):
         torch.testing.assert_close(ours[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
 
 
+@pytest.mark.parametrize("name", ["ForCausalLM", "ForConditionalGeneration"])
 @pytest.mark.parametrize("model", ["qwen3_5", "qwen3_5_moe"])
-def test_upstream_continuing_from_its_cache_equals_one_generate_call(model, upstream_runs):
-    (_, _, more, _), one_call = upstream_runs[model]
+def test_upstream_continuing_from_its_cache_equals_one_generate_call(model, name, upstream_runs):
+    (_, _, more, _), one_call = upstream_runs[model, name]
     assert torch.equal(more.sequences, one_call)  # the contract the comparison below leans on
 
 
-@pytest.mark.parametrize("flag", [False, True], ids=["flag_off", "flag_on"])
-@pytest.mark.parametrize("model,device", sorted(tiny.MODULES))
-def test_continuing_from_the_returned_cache_equals_upstream(model, device, flag, published, upstream_runs):
-    net = ckpt.generated_class(model, device, "ForCausalLM").from_pretrained(
-        published[model], dtype=torch.float32, shared_prefix_training=flag, **(MOE if model == "qwen3_5_moe" else {})
-    ).eval()
-    assert net.config.shared_prefix_training is flag
+def _assert_continues_as_upstream(net, upstream):
     first, after_first, more, after_more = generate_then_continue(net)
-    (up_first, up_after_first, up_more, up_after_more), _ = upstream_runs[model]
-
+    (up_first, up_after_first, up_more, up_after_more), _ = upstream
     assert torch.equal(first.sequences, up_first.sequences)
     _assert_states_equal(after_first, up_after_first)
     assert torch.equal(more.sequences, up_more.sequences)
     torch.testing.assert_close(torch.stack(more.logits, 1), torch.stack(up_more.logits, 1), rtol=1e-4, atol=1e-5)
     _assert_states_equal(after_more, up_after_more)
     assert more.cache.get_seq_length() == up_more.cache.get_seq_length() == more.sequences.shape[1] - 1
+
+
+@pytest.mark.parametrize("flag", [False, True], ids=["flag_off", "flag_on"])
+@pytest.mark.parametrize("model,device", sorted(tiny.MODULES))
+def test_continuing_from_the_returned_cache_equals_upstream(model, device, flag, published, upstream_runs):
+    net = _load(ckpt.generated_class(model, device, "ForCausalLM"), published[model], shared_prefix_training=flag)
+    assert net.config.shared_prefix_training is flag
+    _assert_continues_as_upstream(net, upstream_runs[model, "ForCausalLM"])
+
+
+@pytest.mark.parametrize("model,device", sorted(tiny.MODULES))
+def test_the_vision_language_class_continues_from_its_cache_as_upstreams(model, device, published, upstream_runs):
+    """Text-only prompts through ForConditionalGeneration (its multimodal rope offsets are kept between calls)."""
+    net = _load(ckpt.generated_class(model, device, "ForConditionalGeneration"), published[model],
+                shared_prefix_training=True)
+    assert net.config.text_config.shared_prefix_training is True
+    _assert_continues_as_upstream(net, upstream_runs[model, "ForConditionalGeneration"])
