@@ -72,7 +72,9 @@ def _load(cls, path, **fields):
         # Upstream's aux loss in generate() fails on a padded batch when router logits are asked for (decode steps
         # hold one token a row, the mask the whole row; ours fails alike); generation does not need them.
         text.output_router_logits = False
-    return cls.from_pretrained(path, config=config, dtype=torch.float32, **fields).eval()
+    net, report = cls.from_pretrained(path, config=config, dtype=torch.float32, output_loading_info=True, **fields)
+    assert not any(report.values()), report  # every weight from the checkpoint, none random
+    return net.eval()
 
 
 @pytest.fixture(scope="module")
