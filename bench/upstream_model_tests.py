@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import tempfile
 import xml.etree.ElementTree as ET
 from collections import Counter
@@ -126,6 +127,45 @@ def fill_cache(tests: Path, version: str) -> None:
                 )
         tests.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(clone / "tests", tests)
+
+
+def sdist_test_files(sdist: Path, version: str) -> dict[str, bytes]:
+    """``{name: text}`` of the top-level ``tests/*.py`` in transformers' sdist of ``version``."""
+    prefix = f"transformers-{version}/tests/"
+    files = {}
+    with tarfile.open(sdist) as archive:
+        for member in archive.getmembers():
+            name = member.name[len(prefix):] if member.name.startswith(prefix) else ""
+            if member.isfile() and name.endswith(".py") and "/" not in name:
+                files[name] = archive.extractfile(member).read()
+    return files
+
+
+def overlay_sdist_tests(tests: Path, version: str) -> list[str]:
+    """Write the release's own top-level test files (the sdist ships them: test_modeling_common.py,
+    test_configuration_common.py, test_pipeline_mixin.py, ...) over ``tests``; returns their names.
+
+    The sdist holds no tests/models, tests/generation or tests/utils, so those stay as they are."""
+    with tempfile.TemporaryDirectory(prefix="transformers-sdist-") as tmp:
+        step = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-build-isolation",
+                "--no-binary", ":all:", "-d", tmp, f"transformers=={version}"]
+        proc = subprocess.run(step, capture_output=True, text=True, check=False)
+        sdists = list(Path(tmp).glob(f"transformers-{version}.tar.gz"))
+        if proc.returncode != 0 or not sdists:
+            raise UpstreamTestsUnavailable(
+                f"--sdist-overlay: `{' '.join(step)}` exited {proc.returncode}: {proc.stderr.strip()[-500:]}. "
+                "Run without --sdist-overlay, or where PyPI is reachable"
+            )
+        files = sdist_test_files(sdists[0], version)
+    if "test_modeling_common.py" not in files:
+        raise UpstreamTestsUnavailable(f"the transformers {version} sdist holds no tests/test_modeling_common.py")
+    if not (tests / "utils" / "tiny_model_summary.json").is_file():
+        # Upstream's pipeline mixin reads that file (and src/transformers of a checkout) at import; a tree
+        # without them keeps its stand-in mixin, so the pipeline tests are not collected (docs/loading.md).
+        files.pop("test_pipeline_mixin.py", None)
+    for name, text in files.items():
+        (tests / name).write_bytes(text)
+    return sorted(files)
 
 
 def apply_compat_edits(tests: Path) -> list[str]:
@@ -336,6 +376,12 @@ def main(argv: list[str] | None = None) -> int:
         help="also run the fp16/bf16 parameterizations and the fullgraph-compile test without an accelerator",
     )
     parser.add_argument("--serial", action="store_true", help="one pytest process at a time")
+    parser.add_argument(
+        "--sdist-overlay",
+        action="store_true",
+        help="first write the top-level tests/*.py of the installed version's PyPI sdist (the release's exact "
+        "files) over the test tree",
+    )
     parser.add_argument("--workdir", type=Path, help="keep junit reports and logs here (default: a temp dir)")
     parser.add_argument(
         "--from-reports",
@@ -365,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
         tests = (args.tests or default_tests_dir()).expanduser().resolve()
         if args.tests is None and not tests.is_dir():
             fill_cache(tests, installed_transformers_version())
+        if args.sdist_overlay:
+            names = overlay_sdist_tests(tests, installed_transformers_version())
+            print(f"sdist overlay: {len(names)} files of the {installed_transformers_version()} sdist: {' '.join(names)}")
         for line in apply_compat_edits(tests):
             print(f"compat edit: {line}")
         paths = test_files(tests, args.models)

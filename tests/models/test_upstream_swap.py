@@ -72,3 +72,19 @@ def test_counts_are_kept_per_test_class():
         "Qwen3_5ModelTest": {"passed": 0, "failed": 1, "skipped": 0},
         "Qwen3_5TextModelTest": {"passed": 1, "failed": 0, "skipped": 1},
     }
+
+
+def test_the_sdist_overlay_takes_only_the_top_level_test_files(tmp_path):
+    import io
+    import tarfile
+
+    sdist = tmp_path / "transformers-9.9.9.tar.gz"
+    with tarfile.open(sdist, "w:gz") as archive:
+        for name in ("tests/test_modeling_common.py", "tests/models/x/test_x.py", "tests/data.json", "src/a.py"):
+            data = name.encode()
+            info = tarfile.TarInfo(f"transformers-9.9.9/{name}")
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    assert upstream_model_tests.sdist_test_files(sdist, "9.9.9") == {
+        "test_modeling_common.py": b"tests/test_modeling_common.py"
+    }
