@@ -106,7 +106,7 @@ from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config, Qwe
 from patchgen.kernels import ops
 from patchgen.kernels.modeling import fields, shared_prefix, verify
 from patchgen.kernels.modeling.boundaries import resolve_packed
-from patchgen.kernels.modeling.generation import cache_only_when_asked, prefill_rows, starts_from_zero_state
+from patchgen.kernels.modeling.generation import prefill_rows, starts_from_zero_state, use_cache_for
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
 from patchgen.kernels.modeling.packing import PACKED_ROW, packed_max_lengths, packed_row, varlen_attention, without_packed
 from patchgen.kernels.shared_prefix import shared_prefix_attention, shared_prefix_causal_conv1d, shared_prefix_gated_delta_rule
@@ -1850,7 +1850,7 @@ class Qwen3_5ForCausalLM(Qwen3_5PreTrainedModel, GenerationMixin):
             position_ids=position_ids,
             cache=cache,
             inputs_embeds=inputs_embeds,
-            use_cache=cache_only_when_asked(use_cache, cache) if plan is None else False,
+            use_cache=use_cache_for(use_cache, cache, self.config, self) if plan is None else False,
             **model_kwargs,
         )
 
@@ -1954,7 +1954,7 @@ class Qwen3_5ForConditionalGeneration(Qwen3_5PreTrainedModel, GenerationMixin):
                 mm_encoder_outputs=mm_encoder_outputs, **kwargs,
             ))
         request = HeadRequest.pop(kwargs)
-        kwargs["use_cache"] = cache_only_when_asked(kwargs.get("use_cache"), cache)
+        kwargs["use_cache"] = use_cache_for(kwargs.get("use_cache"), cache, self.config, self)
         if pixel_values is None and pixel_values_videos is None:
             kwargs = resolve_packed(kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache)
             position_ids = shared_prefix.packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs)

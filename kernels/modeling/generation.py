@@ -1,9 +1,11 @@
 """When the generated forwards use a cache, and when a cached forward still runs through the op slots.
 
-Published Qwen3.5 configs set ``use_cache=True``; read as a default, it would make every plain
-training forward build a cache and take upstream's cached mixers, so the selected kernels would
-never run. A cache is therefore made only when the caller asks for one, and a layer whose cache
-holds no state yet (generation's prefill) runs the op slots and stores its final states.
+Published Qwen3.5 configs set ``use_cache=True``. Read as a default in a training step, it would make
+every plain training forward build a cache (memory for nothing) and take upstream's cached mixers.
+Outside a training step the default holds as upstream's does: a decode loop written for upstream,
+``out = model(ids); model(next_ids, past_key_values=out.past_key_values)``, needs the cache that
+``model(ids)`` returns, and without it would silently score ``next_ids`` as a new sequence. A layer
+whose cache holds no state yet (a prefill) runs the op slots and stores its final states.
 """
 
 from __future__ import annotations
@@ -13,9 +15,18 @@ import torch
 from .packing import Varlen
 
 
-def cache_only_when_asked(use_cache, cache) -> bool:
-    """``use_cache`` for the text model: True with a cache passed in or ``use_cache=True`` given, never from the config."""
-    return cache is not None or bool(use_cache)
+def use_cache_for(use_cache, cache, config, module) -> bool:
+    """``use_cache`` for the text model: a cache passed in or ``use_cache`` given decides; otherwise
+    ``config.use_cache`` (the text config's), as upstream, except in a training step (``module`` in
+    training mode with gradients on), which builds no cache unless asked."""
+    if cache is not None:
+        return True
+    if use_cache is not None:
+        return bool(use_cache)
+    if module.training and torch.is_grad_enabled():
+        return False
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return bool(getattr(text, "use_cache", False))
 
 
 def starts_from_zero_state(cache, layer_idx: int) -> bool:

@@ -1,4 +1,5 @@
-"""One model trains and generates: the flag changes packed training rows only; a cache only when asked."""
+"""One model trains and generates: the flag changes packed training rows only; a training step builds a
+cache only when asked, every other forward follows ``config.use_cache`` as upstream's does."""
 
 import pytest
 import torch
@@ -62,6 +63,33 @@ def test_a_training_forward_with_a_use_cache_config_builds_no_cache_and_runs_the
     assert out.cache is None
     assert len(calls) == net.config.layer_types.count("linear_attention")
     assert not any(c.get("output_final_state") for c in calls)
+
+
+@pytest.mark.parametrize("mode", ["eval", "train, no_grad"])
+def test_a_decode_loop_written_for_upstream_continues_from_the_cache_the_config_asks_for(mode):
+    """``out = model(ids); model(next_ids, past_key_values=out.past_key_values)``: with no cache
+    returned, the loop would silently score each new token as a sequence of its own."""
+    net = tiny.build("qwen3_5", "gpu", use_cache=True)
+    net.train(mode != "eval")
+    ids = torch.randint(0, tiny.VOCAB, (1, 10), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        out = net(input_ids=ids)
+        assert out.past_key_values is not None and out.past_key_values.get_seq_length() == 10
+        steps, sequence = [out.logits[:, -1]], ids
+        for _ in range(3):
+            sequence = torch.cat([sequence, steps[-1].argmax(-1, keepdim=True)], 1)
+            out = net(input_ids=sequence[:, -1:], past_key_values=out.past_key_values)
+            steps.append(out.logits[:, -1])
+        full = net(input_ids=sequence, use_cache=False).logits
+    # the decode step (upstream's torch recurrence) computes in float32 even in a float64 model
+    assert torch.allclose(torch.stack(steps, 1), full[:, 9:], atol=1e-5, rtol=0)
+
+
+def test_a_forward_without_a_use_cache_config_builds_no_cache():
+    net = tiny.build("qwen3_5", "gpu", use_cache=False).eval()
+    ids = torch.randint(0, tiny.VOCAB, (1, 8), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        assert net(input_ids=ids).past_key_values is None
 
 
 def test_use_cache_true_without_a_cache_still_returns_one():

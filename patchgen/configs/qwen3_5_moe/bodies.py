@@ -25,7 +25,7 @@ from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import (
 from patchgen.kernels import ops
 from patchgen.kernels.modeling import shared_prefix, verify
 from patchgen.kernels.modeling.boundaries import resolve_packed
-from patchgen.kernels.modeling.generation import cache_only_when_asked
+from patchgen.kernels.modeling.generation import use_cache_for
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
 
 # Stand-in for the constant the generator writes into each generated module (as in Qwen3.5's bodies).
@@ -117,7 +117,7 @@ class Qwen3_5MoeForCausalLM(upstream.Qwen3_5MoeForCausalLM):
             position_ids=position_ids,
             cache=cache,
             inputs_embeds=inputs_embeds,
-            use_cache=cache_only_when_asked(use_cache, cache) if plan is None else False,
+            use_cache=use_cache_for(use_cache, cache, self.config, self) if plan is None else False,
             output_router_logits=output_router_logits,
             **model_kwargs,
         )
@@ -194,7 +194,7 @@ class Qwen3_5MoeForConditionalGeneration(upstream.Qwen3_5MoeForConditionalGenera
         output_router_logits = (
             output_router_logits if output_router_logits is not None else self.config.text_config.output_router_logits
         )
-        kwargs["use_cache"] = cache_only_when_asked(kwargs.get("use_cache"), cache)
+        kwargs["use_cache"] = use_cache_for(kwargs.get("use_cache"), cache, self.config, self)
         if pixel_values is None and pixel_values_videos is None:
             kwargs = resolve_packed(kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache)
             position_ids = shared_prefix.packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs)
