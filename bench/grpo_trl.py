@@ -214,7 +214,7 @@ def main(argv=None) -> None:
           f"{shared['tokens_compact']}, T/C {shared['tokens_packed'] / shared['tokens_compact']:.2f}")
     versus = f"vs {stock['arm']} (score / train)"
     print(f"  {'arm':<7} {'scoring ms':>11} {'train step ms':>14} {versus:>26} {'peak GiB':>9} "
-          f"{'loss':>14} {'max |logp - stock|':>19}")
+          f"{'loss':>14} {'max |logp - ' + stock['arm'] + '|':>19}")
     for row in rows:
         row["logp_diff"] = (row.pop("logps") - stock["logps"]).abs().max().item() if row is not stock else 0.0
     stock.pop("logps", None)
