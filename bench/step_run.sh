@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The training-step checks in one device call (nvidia-h200), after a GPU-touching change:
+#
+#   carry [".whl-site", ".whl-triton/triton371-slim.tar.xz"], timeout_s 600, command:
+#   bash bench/step_run.sh
+#
+# In order, each part capped by what is left of BUDGET (s after set-up, default 500):
+#   1. the whole gpu-marked test suite (bench/gpu_tests.sh: compiles and autotunes fla, liger and ours
+#      into the Triton cache, which the parts after it then find warm)
+#   2. GRPO through TRL, every arm, two warm-up steps (bench/grpo_trl.py)
+#   3. host CPU vs GPU time of one training step at 32 layers, packed / shared / chunk-aligned
+#      (bench/host_profile.py)
+# Results land in $OUT/s/, packed into $OUT/step_run.tar.gz after each part; $OUT/steps.txt says what
+# each part returned and how long it took. Set PARTS to a comma list (tests,grpo,host) to run fewer.
+set -u
+: "${OUT:?set OUT to the folder whose files come back}"
+BUDGET=${BUDGET:-500}
+RESERVE=${RESERVE:-8}
+PARTS=${PARTS:-tests,grpo,host}
+R=$OUT/s
+mkdir -p "$R"
+START=$SECONDS
+GPU_ENV=${GPU_ENV:-bench/gpu_env.sh}
+. "$GPU_ENV" > "$R/env.log" 2>&1 || { cat "$R/env.log"; echo "$GPU_ENV failed" | tee "$OUT/steps.txt"; exit 1; }
+cat "$R/env.log"
+export TRITON_CACHE_AUTOTUNING=1 PYTHONUNBUFFERED=1
+[ -d "${T371:-/nonexistent}/triton" ] && export PYTHONPATH="$T371:$PYTHONPATH"
+T0=$SECONDS
+echo "environment ready in $((T0 - START)) s; budget $BUDGET s from here; parts $PARTS" | tee "$OUT/steps.txt"
+PACK=step_run.tar.gz
+. bench/parts.sh
+wanted() { [[ ",$PARTS," == *",$1,"* ]]; }
+
+if wanted tests; then
+  part gpu-tests 240 bash bench/gpu_tests.sh -q > "$R/gpu_tests.txt" 2>&1
+  tail -25 "$R/gpu_tests.txt"; pack
+fi
+if wanted grpo; then
+  part grpo 170 python bench/grpo_trl.py --widths 4b --layers 8 --warmup 2 --arms stock,packed,shared \
+    --out "$R/grpo_trl.csv" > "$R/grpo_trl.txt" 2>&1
+  cat "$R/grpo_trl.txt" | tail -20; pack
+fi
+if wanted host; then
+  part host-32 150 python bench/host_profile.py --layers 32 --shapes 4x2048x256 --arms packed,shared,aligned \
+    --out "$R/host_l32" > "$R/host_l32.log" 2>&1
+  tail -30 "$R/host_l32.log"; pack
+fi
+echo "done in $((SECONDS - START)) s" | tee -a "$OUT/steps.txt"
+cp "$OUT/steps.txt" "$R/steps.txt"; pack
