@@ -4,14 +4,20 @@
 #   carry [".whl-site", ".whl-triton/triton371-slim.tar.xz"], timeout_s 600, command:
 #   bash bench/step_run.sh
 #
-# In order, each part capped by what is left of BUDGET (s after set-up, default 500):
-#   1. the whole gpu-marked test suite (bench/gpu_tests.sh: compiles and autotunes fla, liger and ours
-#      into the Triton cache, which the parts after it then find warm)
-#   2. GRPO through TRL, every arm, two warm-up steps (bench/grpo_trl.py)
-#   3. host CPU vs GPU time of one training step at 32 layers, packed / shared / chunk-aligned
-#      (bench/host_profile.py)
+# Parts, in the order they run, each capped by what is left of BUDGET (s after set-up, default 500):
+#   level  the per-level cost of a prefix tree at 32 layers, written into a copy of
+#          kernels/shared_prefix/level_costs.json that comes back (bench/level_cost.py --write)
+#   sp8    the training-step bench at 8 layers: one-level shapes and the tree controls (system prompt,
+#          3-turn agentic), bf16 correctness of the seed case and the system tree (bench/shared_prefix_gpu.py)
+#   sp32   the same bench at 32 layers, two one-level shapes, with the upstream + liger baseline
+#   tests  the whole gpu-marked test suite (bench/gpu_tests.sh: compiles and autotunes fla, liger and
+#          ours into the Triton cache, which the parts after it then find warm)
+#   grpo   GRPO through TRL, every arm, two warm-up steps (bench/grpo_trl.py)
+#   host   host CPU vs GPU time of one training step at 32 layers, packed / shared / chunk-aligned
+#          (bench/host_profile.py)
 # Results land in $OUT/s/, packed into $OUT/step_run.tar.gz after each part; $OUT/steps.txt says what
-# each part returned and how long it took. Set PARTS to a comma list (tests,grpo,host) to run fewer.
+# each part returned and how long it took. Set PARTS to a comma list of them
+# (default tests,grpo,host).
 set -u
 : "${OUT:?set OUT to the folder whose files come back}"
 BUDGET=${BUDGET:-500}
@@ -31,6 +37,24 @@ PACK=step_run.tar.gz
 . bench/parts.sh
 wanted() { [[ ",$PARTS," == *",$1,"* ]]; }
 
+for p in ${PARTS//,/ }; do
+  case $p in tests|grpo|host|level|sp8|sp32) ;; *) echo "unknown part $p (tests, grpo, host, level, sp8, sp32)"; exit 2;; esac
+done
+if wanted level; then
+  cp kernels/shared_prefix/level_costs.json "$R/level_costs.json"
+  part level 160 python bench/level_cost.py --layers 32 --write --table "$R/level_costs.json" > "$R/level_cost.txt" 2>&1
+  tail -20 "$R/level_cost.txt"; pack
+fi
+if wanted sp8; then
+  part sp8 220 python bench/shared_prefix_gpu.py --layers 8 --shapes 4x2048x256,system,system-tree,agentic-4,4x1024x256 \
+    --no-upstream --correctness 3x1990x96x300,system-tree --out "$R/sp8" --tag l8 > "$R/sp8.txt" 2>&1
+  tail -40 "$R/sp8.txt"; pack
+fi
+if wanted sp32; then
+  part sp32 200 python bench/shared_prefix_gpu.py --layers 32 --shapes 4x2048x256,8x4096x256 --correctness '' \
+    --out "$R/sp32" --tag l32 > "$R/sp32.txt" 2>&1
+  tail -30 "$R/sp32.txt"; pack
+fi
 if wanted tests; then
   part gpu-tests 240 bash bench/gpu_tests.sh -q > "$R/gpu_tests.txt" 2>&1
   tail -25 "$R/gpu_tests.txt"; pack
