@@ -16,3 +16,12 @@ part() {
   timeout -k 5 "$cap" "$@"
   echo "== $name: rc $? in $((SECONDS - t)) s" | tee -a "$OUT/steps.txt"
 }
+
+# save_fla_configs: what fla tuned in this call, added to the checked-in configs, into $R/fla_configs
+# (commit them as bench/fla_configs/<GPU>/ so the next cold machine skips that tuning)
+save_fla_configs() {
+  [ -n "${FLA_GPU:-}" ] || return 0
+  mkdir -p "$R/fla_configs"
+  [ -d "bench/fla_configs/$FLA_GPU" ] && cp -r "bench/fla_configs/$FLA_GPU" "$R/fla_configs/"
+  python bench/fla_configs.py --out "$R/fla_configs/$FLA_GPU" 2>&1 | tail -1 | tee -a "$OUT/steps.txt"
+}

@@ -69,5 +69,6 @@ if wanted host; then
     --out "$R/host_l32" > "$R/host_l32.log" 2>&1
   tail -30 "$R/host_l32.log"; pack
 fi
+save_fla_configs
 echo "done in $((SECONDS - START)) s" | tee -a "$OUT/steps.txt"
 cp "$OUT/steps.txt" "$R/steps.txt"; pack

@@ -104,6 +104,7 @@ pack
 part bench-360 60 env PYTHONPATH=$P360 python bench/triton_kernels.py --arms ours --repeats 20 \
   --csv "$R/triton_kernels_triton360.csv" > "$R/triton_kernels_triton360.txt" 2>&1
 
+save_fla_configs
 cp "$OUT/steps.txt" "$R/steps.txt"
 echo "done in $((SECONDS - START)) s" | tee -a "$R/steps.txt"
 pack && rm -rf "$R"
