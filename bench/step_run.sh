@@ -42,12 +42,15 @@ for p in ${PARTS//,/ }; do
 done
 if wanted level; then
   cp kernels/shared_prefix/level_costs.json "$R/level_costs.json"
-  part level 160 python bench/level_cost.py --layers 32 --write --table "$R/level_costs.json" > "$R/level_cost.txt" 2>&1
+  part level 200 python bench/level_cost.py --layers 32 ${LEVEL_ARGS:-} --write --table "$R/level_costs.json" > "$R/level_cost.txt" 2>&1
   tail -20 "$R/level_cost.txt"; pack
 fi
 if wanted sp8; then
-  part sp8 220 python bench/shared_prefix_gpu.py --layers 8 --shapes 4x2048x256,system,system-tree,agentic-4,4x1024x256 \
-    --no-upstream --correctness 3x1990x96x300,system-tree --out "$R/sp8" --tag l8 > "$R/sp8.txt" 2>&1
+  # the correctness cases run first and each sequence alone is a new set of fla tuning keys (not varlen):
+  # SP8_CORRECTNESS='' leaves them out on a cold machine
+  part sp8 220 python bench/shared_prefix_gpu.py --layers 8 --shapes "${SP8_SHAPES:-system-tree,agentic-4,system,4x2048x256,4x1024x256}" \
+    --no-upstream --correctness "${SP8_CORRECTNESS-3x1990x96x300,system-tree}" --host-split "${SP8_HOST_SPLIT-packed,shared}" \
+    --out "$R/sp8" --tag l8 > "$R/sp8.txt" 2>&1
   tail -40 "$R/sp8.txt"; pack
 fi
 if wanted sp32; then
