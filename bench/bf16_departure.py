@@ -32,6 +32,7 @@ from departure_capture import Capture, recording
 from row_invariance import (
     Check,
     attention_alone,
+    attention_prefix,
     attention_shared,
     attention_suffix,
     compact_like,
@@ -63,8 +64,9 @@ def forward(model, ids, cu, max_len, *, shared: bool, capture: Capture):
     plans = []
     model.config.shared_prefix_training = shared
     try:
-        with observe_plans(lambda plan, _: plans.append(plan)), recording(
-            model, capture, shared=shared, module_name=MODULE
+        with (
+            observe_plans(lambda plan, _: plans.append(plan)),
+            recording(model, capture, shared=shared, module_name=MODULE),
         ):
             out = model(
                 input_ids=ids,
@@ -94,7 +96,9 @@ def compare_records(packed: Capture, shared: Capture, plan) -> list[dict]:
             for i, (a, b) in enumerate(zip(s.outputs, p.outputs)):
                 mapped = expand_like(plan, a, b.shape)
                 if mapped is None or mapped.dtype != b.dtype:
-                    row["note"] = f"output {i}: shared {tuple(a.shape)} {a.dtype} has no packed twin {tuple(b.shape)}"
+                    row["note"] = (
+                        f"output {i}: shared {tuple(a.shape)} {a.dtype} has no packed twin {tuple(b.shape)}"
+                    )
                     continue
                 row["checks"].append(compare(f"{name}[{i}]" if len(p.outputs) > 1 else name, mapped, b))
             row["inputs_equal"] = _inputs_equal(p, s, plan)
@@ -108,10 +112,16 @@ def _kind(record) -> str:
 
 def _inputs_equal(p, s, plan) -> bool | None:
     """Whether every per-token tensor input of the shared call equals the packed one (mapped); None if none is."""
-    pairs = [(a, b) for a, b in zip(s.args, p.args) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)]
+    pairs = [
+        (a, b) for a, b in zip(s.args, p.args) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+    ]
     if p.module is None and p.name.endswith(("<causal_conv1d>", "<gated_delta_rule>", "<attention>")):
         # the shared op is called as (plan, slot function, inputs...)
-        pairs = [(a, b) for a, b in zip(s.args[2:], p.args) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)]
+        pairs = [
+            (a, b)
+            for a, b in zip(s.args[2:], p.args)
+            if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+        ]
     pairs += [
         (s.kwargs[key], b)
         for key, b in p.kwargs.items()
@@ -136,8 +146,12 @@ def replay(record, table, plan, capture: Capture) -> list[Check]:
     with capture.paused(), torch.no_grad():
         if record.module is not None:
             if isinstance(record.module, torch.nn.Linear):
-                return [linear_rows(record.name, record.args[0], record.module.weight, plan, record.module.bias)]
-            if record.kwargs or any(not _per_token(a, plan) for a in record.args if isinstance(a, torch.Tensor)):
+                return [
+                    linear_rows(record.name, record.args[0], record.module.weight, plan, record.module.bias)
+                ]
+            if record.kwargs or any(
+                not _per_token(a, plan) for a in record.args if isinstance(a, torch.Tensor)
+            ):
                 return []  # not a token-wise module: its children say more
             return [token_rows(f"{record.name} ({_kind(record)})", record.module, record.args, plan)]
         slot = record.name.rsplit(".<", 1)[1].rstrip(">").split("#")[0]
@@ -175,6 +189,7 @@ def op_checks(slot, fn, args, kwargs, plan) -> list[Check]:
         cu, scale = kwargs["cu_seqlens_q"], kwargs.get("scale")
         checks = [attention_alone(fn, q, k, v, cu, scale)]
         if member is not None:
+            checks.append(attention_prefix(fn, q, k, v, cu, scale, *member))
             checks.append(attention_suffix(fn, q, k, v, cu, scale, *member))
         return checks + [attention_shared(fn, q, k, v, cu, scale, plan)]
     if slot == "rotary":
@@ -188,7 +203,9 @@ def head_replay(model, hidden: torch.Tensor, ids, cu, plan) -> list[Check]:
     from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
 
     request = HeadRequest(log_probs=True, logits=False)
-    common = dict(labels=boundary_labels(ids, cu), input_ids=ids, request=request, kwargs={"cu_seq_lens_q": cu})
+    common = dict(
+        labels=boundary_labels(ids, cu), input_ids=ids, request=request, kwargs={"cu_seq_lens_q": cu}
+    )
     with torch.no_grad():
         packed = causal_lm_head(model.lm_head, ops.of(model), hidden, plan=None, **common)
         shared = causal_lm_head(model.lm_head, ops.of(model), plan.compact(hidden, 1), plan=plan, **common)
@@ -216,7 +233,7 @@ def run_shape(model, shape, vocab, device, lines) -> str:
     for row in rows:
         for c in row["checks"]:
             inputs = {True: "equal", False: "differ", None: "-"}[row.get("inputs_equal")]
-            say(f"{c.name:<58} {row['kind']:<22} {str(c.equal):<9} {c.max_abs:>10.3e} {c.rel:>10.3e}  {inputs}")
+            say(f"{c.name:<58} {row['kind']:<22} {c.equal!s:<9} {c.max_abs:>10.3e} {c.rel:>10.3e}  {inputs}")
         if row["note"]:
             say(f"{row['name']:<58} {row['kind']:<22} ({row['note']})")
     heads = [
@@ -239,16 +256,24 @@ def run_shape(model, shape, vocab, device, lines) -> str:
             verdict += "; the LM head does: " + "; ".join(c.line() for c in checks)
     else:
         worst = max(first["checks"], key=lambda c: c.max_abs)
-        inputs = {True: "inputs bit-equal: this op made the difference", False: "inputs already differ",
-                  None: "inputs not comparable"}[first.get("inputs_equal")]
-        say(f"FIRST departure: {first['name']} ({first['kind']}): max {worst.max_abs:.3e} rel {worst.rel:.3e}; {inputs}")
+        inputs = {
+            True: "inputs bit-equal: this op made the difference",
+            False: "inputs already differ",
+            None: "inputs not comparable",
+        }[first.get("inputs_equal")]
+        say(
+            f"FIRST departure: {first['name']} ({first['kind']}): max {worst.max_abs:.3e} rel {worst.rel:.3e}; {inputs}"
+        )
         checks = replay(packed.records[first["name"]], table, plan, packed)
         for c in checks:
             say(f"  replay on the packed inputs: {c.line()}")
         if not checks:
             say("  (no replay for this record: see its children above)")
-        say(f"ops whose inputs were equal and outputs not ({len(origins)}): "
-            + ", ".join(row["name"] for row in origins[:12]) + (" ..." if len(origins) > 12 else ""))
+        say(
+            f"ops whose inputs were equal and outputs not ({len(origins)}): "
+            + ", ".join(row["name"] for row in origins[:12])
+            + (" ..." if len(origins) > 12 else "")
+        )
         verdict = (
             f"first departure {first['name']} ({first['kind']}, max {worst.max_abs:.2e} rel {worst.rel:.2e}, "
             f"{'inputs equal' if first.get('inputs_equal') else 'inputs differ'})"
@@ -294,9 +319,16 @@ def probe(widths, shape, device, dtype, lines) -> str:
     inter, vocab, width = widths["intermediate_size"], widths["vocab_size"], widths["linear_conv_kernel_dim"]
     key_dim, value_dim = hk * dk, hv * dv
     gemms = {  # name -> (in, out): every projection of the model
-        "in_proj_qkv": (d, 2 * key_dim + value_dim), "in_proj_z": (d, value_dim), "in_proj_a/b": (d, hv),
-        "out_proj": (value_dim, d), "q_proj": (d, 2 * h * dh), "k_proj/v_proj": (d, hkv * dh),
-        "o_proj": (h * dh, d), "gate/up_proj": (d, inter), "down_proj": (inter, d), "lm_head": (d, vocab),
+        "in_proj_qkv": (d, 2 * key_dim + value_dim),
+        "in_proj_z": (d, value_dim),
+        "in_proj_a/b": (d, hv),
+        "out_proj": (value_dim, d),
+        "q_proj": (d, 2 * h * dh),
+        "k_proj/v_proj": (d, hkv * dh),
+        "o_proj": (h * dh, d),
+        "gate/up_proj": (d, inter),
+        "down_proj": (inter, d),
+        "lm_head": (d, vocab),
     }
     checks: list[Check] = []
     inputs = {d: rows(d), value_dim: rows(value_dim), h * dh: rows(h * dh), inter: rows(inter)}
@@ -304,22 +336,40 @@ def probe(widths, shape, device, dtype, lines) -> str:
         for name, (inp, out) in gemms.items():
             checks.append(linear_rows(name, inputs[inp], weight(out, inp), plan))
         norm_w = (torch.randn(d, generator=gen) * 0.1).to(device=device, dtype=dtype)
-        checks.append(token_rows("rms_norm slot", lambda x: table.rms_norm(x, norm_w, 1e-6), (inputs[d],), plan))
+        checks.append(
+            token_rows("rms_norm slot", lambda x: table.rms_norm(x, norm_w, 1e-6), (inputs[d],), plan)
+        )
         wg, wu, wd = weight(inter, d), weight(inter, d), weight(d, inter)
-        checks.append(token_rows("swiglu_mlp slot", lambda x: table.swiglu_mlp(x, wg, wu, wd), (inputs[d],), plan))
+        checks.append(
+            token_rows("swiglu_mlp slot", lambda x: table.swiglu_mlp(x, wg, wu, wd), (inputs[d],), plan)
+        )
         conv_dim = 2 * key_dim + value_dim
-        x, w = rows(conv_dim), (torch.randn(conv_dim, width, generator=gen) * 0.5).to(device=device, dtype=dtype)
-        checks += op_checks("causal_conv1d", table.causal_conv1d, (x, w, None), {"activation": "silu", "cu_seqlens": cu}, plan)
+        x, w = (
+            rows(conv_dim),
+            (torch.randn(conv_dim, width, generator=gen) * 0.5).to(device=device, dtype=dtype),
+        )
+        checks += op_checks(
+            "causal_conv1d", table.causal_conv1d, (x, w, None), {"activation": "silu", "cu_seqlens": cu}, plan
+        )
         q, k, v = rows(hk, dk), rows(hk, dk), rows(hv, dv)
         g = F.logsigmoid(rows(hv, fp32=True))  # the model's gate is float32 and negative
         beta = torch.sigmoid(rows(hv))
-        checks += op_checks("gated_delta_rule", table.gated_delta_rule, (q, k, v, g, beta), {"cu_seqlens": cu}, plan)
+        checks += op_checks(
+            "gated_delta_rule", table.gated_delta_rule, (q, k, v, g, beta), {"cu_seqlens": cu}, plan
+        )
         qa, ka, va = (t.squeeze(0) for t in (rows(h, dh), rows(hkv, dh), rows(hkv, dh)))
-        checks += op_checks("attention", table.attention, (qa, ka, va), {"cu_seqlens_q": cu, "scale": dh**-0.5}, plan)
+        checks += op_checks(
+            "attention", table.attention, (qa, ka, va), {"cu_seqlens_q": cu, "scale": dh**-0.5}, plan
+        )
     say = lines.append
-    say(f"== probe {shape.name}: T={plan.packed_length} C={plan.compact_length}, {str(dtype).removeprefix('torch.')} "
-        f"on {device.type}; backends: " + ", ".join(f"{s} {table.backend(s)}" for s in
-                                                    ("rms_norm", "swiglu_mlp", "causal_conv1d", "gated_delta_rule", "attention")))
+    say(
+        f"== probe {shape.name}: T={plan.packed_length} C={plan.compact_length}, {str(dtype).removeprefix('torch.')} "
+        f"on {device.type}; backends: "
+        + ", ".join(
+            f"{s} {table.backend(s)}"
+            for s in ("rms_norm", "swiglu_mlp", "causal_conv1d", "gated_delta_rule", "attention")
+        )
+    )
     for c in checks:
         say(f"  {c.line()}")
     differ = [c.name for c in checks if not c.equal]
@@ -345,10 +395,14 @@ def parse_args(argv):
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     parser.add_argument("--probe", action="store_true", help="the ops alone on random inputs, no model")
     parser.add_argument("--tiny", action="store_true", help="tiny widths and shapes on the CPU (script test)")
-    parser.add_argument("--out", default=None, help="also write the report to DIR/bf16_departure_<device>.txt")
+    parser.add_argument(
+        "--out", default=None, help="also write the report to DIR/bf16_departure_<device>.txt"
+    )
     args = parser.parse_args(argv)
     if args.layers < 4 or args.layers % 4:
-        raise SystemExit(f"--layers: {args.layers} is not a multiple of 4 (3 linear + 1 full attention); give 4, 8, ...")
+        raise SystemExit(
+            f"--layers: {args.layers} is not a multiple of 4 (3 linear + 1 full attention); give 4, 8, ..."
+        )
     if args.shapes is None:
         args.shapes = "n4,system-tree" if args.tiny else "4x2048x256,system-tree"
     return args
@@ -379,8 +433,14 @@ def main(argv=None) -> list[str]:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        label = "cpu-tiny" if args.tiny else (torch.cuda.get_device_name().replace(" ", "_") if device.type == "cuda" else "cpu")
-        (out / f"bf16_departure_{label}{'_probe' if args.probe else ''}.txt").write_text("\n".join(lines) + "\n")
+        label = (
+            "cpu-tiny"
+            if args.tiny
+            else (torch.cuda.get_device_name().replace(" ", "_") if device.type == "cuda" else "cpu")
+        )
+        (out / f"bf16_departure_{label}{'_probe' if args.probe else ''}.txt").write_text(
+            "\n".join(lines) + "\n"
+        )
     return summaries
 
 

@@ -119,7 +119,9 @@ def recording(model, capture: Capture, *, shared: bool, module_name: str):
     slots = ("rotary",) if shared else ("rotary", *OP_SLOTS)
     for slot in slots:
         original = getattr(table, slot)
-        object.__setattr__(table, slot, wrapped(slot, original))  # an OpTable refuses setattr: for this block only
+        object.__setattr__(
+            table, slot, wrapped(slot, original)
+        )  # an OpTable refuses setattr: for this block only
         restore.append(lambda s=slot, f=original: object.__setattr__(table, s, f))
     if shared:
         for slot, fn_name in SHARED_FUNCTIONS.items():

@@ -13,6 +13,7 @@ model run replays them on the recorded inputs of the first op where shared and p
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -78,7 +79,9 @@ def compact_like(plan, x: torch.Tensor) -> torch.Tensor:
         k = x.shape[0] // plan.packed_length
         rows = plan.compact(x.reshape(plan.packed_length, k, *x.shape[1:]), 0)
         return rows.reshape(plan.compact_length * k, *x.shape[1:])
-    raise ValueError(f"no dim of a {tuple(x.shape)} tensor holds the packed row's {plan.packed_length} tokens")
+    raise ValueError(
+        f"no dim of a {tuple(x.shape)} tensor holds the packed row's {plan.packed_length} tokens"
+    )
 
 
 def expand_like(plan, x: torch.Tensor, packed_shape) -> torch.Tensor | None:
@@ -98,7 +101,12 @@ def expand_like(plan, x: torch.Tensor, packed_shape) -> torch.Tensor | None:
             and tuple(x.shape[dim + 1 :]) == packed_shape[dim + 1 :]
         ):
             return plan.expand(x, dim)
-    if x.dim() and x.shape[0] % c == 0 and packed_shape[0] == x.shape[0] // c * t and tuple(x.shape[1:]) == packed_shape[1:]:
+    if (
+        x.dim()
+        and x.shape[0] % c == 0
+        and packed_shape[0] == x.shape[0] // c * t
+        and tuple(x.shape[1:]) == packed_shape[1:]
+    ):
         k = x.shape[0] // c
         return plan.expand(x.reshape(c, k, *x.shape[1:]), 0).reshape(packed_shape)
     if tuple(x.shape) == packed_shape:  # not per token (a weight, a scalar): compared as it is
@@ -118,7 +126,9 @@ def token_rows(name: str, fn, args: tuple, plan) -> Check:
     whole = fn(*args)
     compacted = tuple(_compact_or_keep(plan, a) for a in args)
     part = fn(*compacted)
-    return compare(f"{name} M=C vs M=T rows", expand_like(plan, _first(part), _first(whole).shape), _first(whole))
+    return compare(
+        f"{name} M=C vs M=T rows", expand_like(plan, _first(part), _first(whole).shape), _first(whole)
+    )
 
 
 def _compact_or_keep(plan, a):
@@ -136,7 +146,7 @@ def _first(x):
 
 def spans(cu: torch.Tensor) -> list[tuple[int, int]]:
     bounds = cu.tolist()
-    return [(s, e) for s, e in zip(bounds[:-1], bounds[1:]) if e > s]
+    return [(s, e) for s, e in itertools.pairwise(bounds) if e > s]
 
 
 def _one(length: int, device) -> torch.Tensor:
@@ -151,13 +161,24 @@ def conv_alone(conv_fn, x, weight, bias, activation, cu) -> list[Check]:
     for how, varlen in (("a varlen batch of one", True), ("no cu_seqlens", False)):
         alone = torch.cat(
             [
-                conv_fn(x[:, s:e], weight, bias, activation=activation, cu_seqlens=_one(e - s, x.device) if varlen else None)
+                conv_fn(
+                    x[:, s:e],
+                    weight,
+                    bias,
+                    activation=activation,
+                    cu_seqlens=_one(e - s, x.device) if varlen else None,
+                )
                 for s, e in spans(cu)
             ],
             dim=1,
         )
-        checks.append(compare(f"causal_conv1d one sequence alone ({how}) vs in the varlen batch", alone,
-                              packed[:, : alone.shape[1]]))
+        checks.append(
+            compare(
+                f"causal_conv1d one sequence alone ({how}) vs in the varlen batch",
+                alone,
+                packed[:, : alone.shape[1]],
+            )
+        )
     return checks
 
 
@@ -166,7 +187,9 @@ def conv_shared(conv_fn, x, weight, bias, activation, cu, plan) -> Check:
     from patchgen.kernels.shared_prefix import shared_prefix_causal_conv1d
 
     packed = conv_fn(x, weight, bias, activation=activation, cu_seqlens=cu)
-    shared = shared_prefix_causal_conv1d(plan, conv_fn, plan.compact(x, 1), weight, bias, activation=activation)
+    shared = shared_prefix_causal_conv1d(
+        plan, conv_fn, plan.compact(x, 1), weight, bias, activation=activation
+    )
     return compare("causal_conv1d shared-prefix call vs packed", plan.expand(shared, 1), packed)
 
 
@@ -183,13 +206,22 @@ def gdn_alone(gdn_fn, q, k, v, g, beta, cu, chunk_indices=None) -> list[Check]:
     for how, varlen in (("a varlen batch of one", True), ("no cu_seqlens", False)):
         alone = torch.cat(
             [
-                _gdn(gdn_fn, *(t[:, s:e] for t in (q, k, v, g, beta)), **(_varlen(_one(e - s, q.device)) if varlen else {}))[0]
+                _gdn(
+                    gdn_fn,
+                    *(t[:, s:e] for t in (q, k, v, g, beta)),
+                    **(_varlen(_one(e - s, q.device)) if varlen else {}),
+                )[0]
                 for s, e in spans(cu)
             ],
             dim=1,
         )
-        checks.append(compare(f"gated_delta_rule one sequence alone ({how}) vs in the varlen batch", alone,
-                              packed[:, : alone.shape[1]]))
+        checks.append(
+            compare(
+                f"gated_delta_rule one sequence alone ({how}) vs in the varlen batch",
+                alone,
+                packed[:, : alone.shape[1]],
+            )
+        )
     return checks
 
 
@@ -207,10 +239,15 @@ def gdn_split(gdn_fn, q, k, v, g, beta, start: int, end: int, split: int) -> Che
     rows = [t[:, start:end] for t in (q, k, v, g, beta)]
     device, length = q.device, end - start
     whole, _ = _gdn(gdn_fn, *rows, **_varlen(_one(length, device)))
-    head, state = _gdn(gdn_fn, *(t[:, :split] for t in rows), output_final_state=True, **_varlen(_one(split, device)))
-    tail, _ = _gdn(gdn_fn, *(t[:, split:] for t in rows), initial_state=state, **_varlen(_one(length - split, device)))
+    head, state = _gdn(
+        gdn_fn, *(t[:, :split] for t in rows), output_final_state=True, **_varlen(_one(split, device))
+    )
+    tail, _ = _gdn(
+        gdn_fn, *(t[:, split:] for t in rows), initial_state=state, **_varlen(_one(length - split, device))
+    )
     return compare(
-        f"gated_delta_rule split at row {split} of {length} (final state handed on) vs whole", torch.cat([head, tail], 1),
+        f"gated_delta_rule split at row {split} of {length} (final state handed on) vs whole",
+        torch.cat([head, tail], 1),
         whole,
     )
 
@@ -228,7 +265,15 @@ def gdn_shared(gdn_fn, q, k, v, g, beta, cu, plan, chunk_indices=None) -> Check:
 
 def _attend(attn_fn, q, k, v, cu_q, cu_k, max_q, max_k, scale):
     return attn_fn(
-        q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k, scale=scale, causal=True
+        q,
+        k,
+        v,
+        cu_seqlens_q=cu_q,
+        cu_seqlens_k=cu_k,
+        max_seqlen_q=max_q,
+        max_seqlen_k=max_k,
+        scale=scale,
+        causal=True,
     )
 
 
@@ -238,7 +283,17 @@ def attention_alone(attn_fn, q, k, v, cu, scale) -> Check:
     packed = _attend(attn_fn, q, k, v, cu, cu, max(lengths), max(lengths), scale)
     alone = torch.cat(
         [
-            _attend(attn_fn, q[s:e], k[s:e], v[s:e], _one(e - s, q.device), _one(e - s, q.device), e - s, e - s, scale)
+            _attend(
+                attn_fn,
+                q[s:e],
+                k[s:e],
+                v[s:e],
+                _one(e - s, q.device),
+                _one(e - s, q.device),
+                e - s,
+                e - s,
+                scale,
+            )
             for s, e in spans(cu)
         ]
     )
@@ -249,14 +304,57 @@ def attention_suffix(attn_fn, q, k, v, cu, scale, start: int, end: int, prefix: 
     """Varlen causal attention of one sequence: its suffix's queries alone (`q = L - P`, `k = L`,
     bottom-right causal, as the shared path asks) vs the same rows of the whole sequence's call."""
     length = end - start
-    whole = _attend(attn_fn, q[start:end], k[start:end], v[start:end], _one(length, q.device), _one(length, q.device),
-                    length, length, scale)
-    suffix = _attend(
-        attn_fn, q[start + prefix : end], k[start:end], v[start:end], _one(length - prefix, q.device),
-        _one(length, q.device), length - prefix, length, scale,
+    whole = _attend(
+        attn_fn,
+        q[start:end],
+        k[start:end],
+        v[start:end],
+        _one(length, q.device),
+        _one(length, q.device),
+        length,
+        length,
+        scale,
     )
-    return compare(f"attention suffix queries alone (q={length - prefix}, k={length}) vs whole sequence", suffix,
-                   whole[prefix:])
+    suffix = _attend(
+        attn_fn,
+        q[start + prefix : end],
+        k[start:end],
+        v[start:end],
+        _one(length - prefix, q.device),
+        _one(length, q.device),
+        length - prefix,
+        length,
+        scale,
+    )
+    return compare(
+        f"attention suffix queries alone (q={length - prefix}, k={length}) vs whole sequence",
+        suffix,
+        whole[prefix:],
+    )
+
+
+def attention_prefix(attn_fn, q, k, v, cu, scale, start: int, end: int, prefix: int) -> Check:
+    """Varlen causal attention of one sequence: its first `P` rows alone (`q = k = P`, the shared
+    path's prefix segment) vs the same rows of the whole sequence's call (`q = k = L`, later keys masked)."""
+    length = end - start
+    one = lambda n: _one(n, q.device)
+    whole = _attend(
+        attn_fn, q[start:end], k[start:end], v[start:end], one(length), one(length), length, length, scale
+    )
+    head = _attend(
+        attn_fn,
+        q[start : start + prefix],
+        k[start : start + prefix],
+        v[start : start + prefix],
+        one(prefix),
+        one(prefix),
+        prefix,
+        prefix,
+        scale,
+    )
+    return compare(
+        f"attention prefix rows alone (q=k={prefix}) vs whole sequence (q=k={length})", head, whole[:prefix]
+    )
 
 
 def attention_shared(attn_fn, q, k, v, cu, scale, plan) -> Check:
@@ -265,7 +363,9 @@ def attention_shared(attn_fn, q, k, v, cu, scale, plan) -> Check:
 
     lengths = [e - s for s, e in spans(cu)]
     packed = _attend(attn_fn, q, k, v, cu, cu, max(lengths), max(lengths), scale)
-    shared = shared_prefix_attention(plan, attn_fn, *(plan.compact(t, 0).unsqueeze(0) for t in (q, k, v)), scale=scale)
+    shared = shared_prefix_attention(
+        plan, attn_fn, *(plan.compact(t, 0).unsqueeze(0) for t in (q, k, v)), scale=scale
+    )
     return compare("attention shared-prefix call vs packed", plan.expand(shared.squeeze(0), 0), packed)
 
 
@@ -279,8 +379,13 @@ def first_shared_member(plan) -> tuple[int, int, int] | None:
     return cu[member], cu[member + 1], node.end
 
 
-def linear_rows(name: str, x: torch.Tensor, weight: torch.Tensor, plan, bias: torch.Tensor | None = None) -> Check:
+def linear_rows(
+    name: str, x: torch.Tensor, weight: torch.Tensor, plan, bias: torch.Tensor | None = None
+) -> Check:
     """F.linear on the packed rows (`M = T`) and on the compact rows (`M = C`), compared row for row."""
     return token_rows(
-        f"F.linear {name} [{weight.shape[1]}->{weight.shape[0]}]", lambda t: F.linear(t, weight, bias), (x,), plan
+        f"F.linear {name} [{weight.shape[1]}->{weight.shape[0]}]",
+        lambda t: F.linear(t, weight, bias),
+        (x,),
+        plan,
     )

@@ -30,7 +30,9 @@ def test_expand_like_maps_every_packed_position_to_its_nodes_compact_row():
     assert torch.equal(row_invariance.expand_like(plan, compact, packed.shape), packed)
     # rows flattened with heads ([C * H, D], as the gated norm sees them) and `[1, C, ...]` against `[T, ...]`
     flat = compact.reshape(plan.compact_length * 3, 1)
-    assert torch.equal(row_invariance.expand_like(plan, flat, (plan.packed_length * 3, 1)), packed.reshape(-1, 1))
+    assert torch.equal(
+        row_invariance.expand_like(plan, flat, (plan.packed_length * 3, 1)), packed.reshape(-1, 1)
+    )
     assert torch.equal(row_invariance.expand_like(plan, compact, packed.shape[1:]), packed[0])
     assert row_invariance.expand_like(plan, compact, (plan.packed_length + 1, 3)) is None
 
@@ -58,7 +60,9 @@ def test_probe_checks_every_gemm_width_and_each_mixer_op(dtype, capsys):
 
 
 def test_model_run_compares_every_sub_module_of_every_layer(capsys):
-    (summary,) = bf16_departure.main(["--tiny", "--dtype", "fp32", "--layers", "4", "--shapes", "system-tree"])
+    (summary,) = bf16_departure.main(
+        ["--tiny", "--dtype", "fp32", "--layers", "4", "--shapes", "system-tree"]
+    )
     out = capsys.readouterr().out
     for name in (
         "model.embed_tokens",
