@@ -105,8 +105,14 @@ def recording(model, capture: Capture, *, shared: bool, module_name: str):
     def wrapped(slot, fn):
         def call(*args, **kwargs):
             name = capture.op_name(slot)
+            # a rotary kernel may rotate q and k in place (liger's does): keep the inputs it was given
+            kept = (
+                tuple(a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args)
+                if slot == "rotary"
+                else args
+            )
             out = fn(*args, **kwargs)
-            capture.add(name, None, args, kwargs, out)
+            capture.add(name, None, kept, kwargs, out)
             return out
 
         return call

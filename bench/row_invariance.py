@@ -232,22 +232,26 @@ def _varlen(cu, chunk_indices=None) -> dict:
     return out
 
 
-def gdn_split(gdn_fn, q, k, v, g, beta, start: int, end: int, split: int) -> Check:
+def gdn_split(gdn_fn, q, k, v, g, beta, start: int, end: int, splits: list[int]) -> Check:
     """Gated delta rule on one sequence `[start, end)` (varlen batches of one, as the shared rounds
-    call it): whole vs run to `start + split` (a chunk boundary), its fp32 final state handed to a
-    second call for the rest."""
+    call it): whole vs run in pieces cut at `splits` (chunk boundaries: where the rounds hand a
+    node's state to its children), each piece's fp32 final state handed to the next call."""
     rows = [t[:, start:end] for t in (q, k, v, g, beta)]
     device, length = q.device, end - start
     whole, _ = _gdn(gdn_fn, *rows, **_varlen(_one(length, device)))
-    head, state = _gdn(
-        gdn_fn, *(t[:, :split] for t in rows), output_final_state=True, **_varlen(_one(split, device))
-    )
-    tail, _ = _gdn(
-        gdn_fn, *(t[:, split:] for t in rows), initial_state=state, **_varlen(_one(length - split, device))
-    )
+    pieces, state, cuts = [], None, [0, *splits, length]
+    for lo, hi in itertools.pairwise(cuts):
+        out, state = _gdn(
+            gdn_fn,
+            *(t[:, lo:hi] for t in rows),
+            initial_state=state,
+            output_final_state=hi < length,
+            **_varlen(_one(hi - lo, device)),
+        )
+        pieces.append(out)
     return compare(
-        f"gated_delta_rule split at row {split} of {length} (final state handed on) vs whole",
-        torch.cat([head, tail], 1),
+        f"gated_delta_rule split at rows {splits} of {length} (final state handed on) vs whole",
+        torch.cat(pieces, 1),
         whole,
     )
 
@@ -300,60 +304,34 @@ def attention_alone(attn_fn, q, k, v, cu, scale) -> Check:
     return compare("attention one sequence alone vs in the varlen batch", alone, packed[: alone.shape[0]])
 
 
-def attention_suffix(attn_fn, q, k, v, cu, scale, start: int, end: int, prefix: int) -> Check:
-    """Varlen causal attention of one sequence: its suffix's queries alone (`q = L - P`, `k = L`,
-    bottom-right causal, as the shared path asks) vs the same rows of the whole sequence's call."""
+def attention_rows(attn_fn, q, k, v, scale, start: int, end: int, offset: int, rows: int) -> Check:
+    """Varlen causal attention of one sequence `[start, end)`: its rows `[offset, offset + rows)`
+    queried alone against keys `[0, offset + rows)` (bottom-right causal: one segment of the shared
+    path's call, a prefix when `offset` is 0) vs the same rows of the whole sequence's call (`q = k = L`)."""
     length = end - start
-    whole = _attend(
-        attn_fn,
-        q[start:end],
-        k[start:end],
-        v[start:end],
-        _one(length, q.device),
-        _one(length, q.device),
-        length,
-        length,
-        scale,
-    )
-    suffix = _attend(
-        attn_fn,
-        q[start + prefix : end],
-        k[start:end],
-        v[start:end],
-        _one(length - prefix, q.device),
-        _one(length, q.device),
-        length - prefix,
-        length,
-        scale,
-    )
-    return compare(
-        f"attention suffix queries alone (q={length - prefix}, k={length}) vs whole sequence",
-        suffix,
-        whole[prefix:],
-    )
 
+    def one(n):
+        return _one(n, q.device)
 
-def attention_prefix(attn_fn, q, k, v, cu, scale, start: int, end: int, prefix: int) -> Check:
-    """Varlen causal attention of one sequence: its first `P` rows alone (`q = k = P`, the shared
-    path's prefix segment) vs the same rows of the whole sequence's call (`q = k = L`, later keys masked)."""
-    length = end - start
-    one = lambda n: _one(n, q.device)
     whole = _attend(
         attn_fn, q[start:end], k[start:end], v[start:end], one(length), one(length), length, length, scale
     )
-    head = _attend(
+    keys = offset + rows
+    part = _attend(
         attn_fn,
-        q[start : start + prefix],
-        k[start : start + prefix],
-        v[start : start + prefix],
-        one(prefix),
-        one(prefix),
-        prefix,
-        prefix,
+        q[start + offset : start + keys],
+        k[start : start + keys],
+        v[start : start + keys],
+        one(rows),
+        one(keys),
+        rows,
+        keys,
         scale,
     )
     return compare(
-        f"attention prefix rows alone (q=k={prefix}) vs whole sequence (q=k={length})", head, whole[:prefix]
+        f"attention rows [{offset}, {keys}) alone (q={rows}, k={keys}) vs whole sequence (q=k={length})",
+        part,
+        whole[offset:keys],
     )
 
 
@@ -369,14 +347,19 @@ def attention_shared(attn_fn, q, k, v, cu, scale, plan) -> Check:
     return compare("attention shared-prefix call vs packed", plan.expand(shared.squeeze(0), 0), packed)
 
 
-def first_shared_member(plan) -> tuple[int, int, int] | None:
-    """(start, end, shared rows) of the first sequence that shares its first rows with another."""
+def member_path(plan) -> tuple[int, int, list[tuple[int, int, bool]]] | None:
+    """(start, end, segments) of the first sequence that shares rows: its path through the tree,
+    each segment `(offset in the sequence, rows, shared)` from the root down to its own leaf."""
     if not plan.nodes:
         return None
-    node = plan.nodes[0]
-    cu = plan.layout.cu
-    member = node.members[0]
-    return cu[member], cu[member + 1], node.end
+    layout = plan.layout
+    member = plan.nodes[0].members[0]
+    path = layout.path(int(layout.sequence_segment[member]))
+    return (
+        layout.cu[member],
+        layout.cu[member + 1],
+        [(seg.offset, seg.length, seg.shared) for seg in path if seg.length],
+    )
 
 
 def linear_rows(

@@ -55,7 +55,8 @@ def test_probe_checks_every_gemm_width_and_each_mixer_op(dtype, capsys):
     for op in ("causal_conv1d", "gated_delta_rule", "attention"):
         assert f"{op} one sequence alone" in out
         assert f"{op} shared-prefix" in out
-    assert "gated_delta_rule split at row 64" in out and "attention suffix queries alone" in out
+    assert "gated_delta_rule split at rows [64, 128]" in out
+    assert "attention rows [0, 64) alone" in out and "attention rows [128, 132) alone (q=4, k=132)" in out
     assert summary.startswith(f"SUMMARY row_invariance [cpu {'float32' if dtype == 'fp32' else 'bfloat16'}]")
 
 
@@ -100,4 +101,28 @@ def test_a_planted_departure_is_named_first_with_equal_inputs_and_replayed(monke
     (summary,) = bf16_departure.main(["--tiny", "--dtype", "fp32", "--layers", "4", "--shapes", "n4"])
     assert "first departure model.layers.1.mlp (Qwen3_5MLP" in summary
     assert "inputs equal" in summary
-    assert "model.layers.1.mlp (Qwen3_5MLP) M=C vs M=T rows: DIFFERS" in summary
+    assert "NOT: model.layers.1.mlp (Qwen3_5MLP) M=C vs M=T rows" in summary
+
+
+def test_a_departure_in_the_loss_alone_is_replayed_on_identical_hidden_rows(monkeypatch):
+    # Every module equal, the cross-entropy slot nudged on the shared head's (fewer) rows: the tool must
+    # find no module departing and the LM head replay must show the loss differing.
+    from patchgen.kernels import ops
+
+    built = our_model(TINY, 4, torch.device("cpu"), torch.float32)
+    table = ops.of(built)
+    original = table.cross_entropy
+    packed_rows = sum(n * (p + r) for n, p, r in TINY_SHAPES["n4"][1]) + sum(TINY_SHAPES["n4"][2])
+
+    def nudged(rows, *args, **kwargs):
+        nll, entropy = original(rows, *args, **kwargs)
+        return (nll + 1e-3 if rows.shape[0] < packed_rows - 8 else nll), entropy
+
+    object.__setattr__(table, "cross_entropy", nudged)
+    try:
+        monkeypatch.setattr(bf16_departure, "our_model", lambda *a, **k: built)
+        (summary,) = bf16_departure.main(["--tiny", "--dtype", "fp32", "--layers", "4", "--shapes", "n4"])
+    finally:
+        object.__setattr__(table, "cross_entropy", original)
+    assert "loss" in summary and "bit-equal False" in summary
+    assert "no module or op departs; LM head replay: 0/2 bit-equal" in summary
