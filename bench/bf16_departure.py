@@ -155,7 +155,7 @@ def replay(record, table, plan, capture: Capture) -> list[Check]:
             return [token_rows(f"{record.name} ({_kind(record)})", record.module, record.args, plan)]
         slot = record.name.rsplit(".<", 1)[1].rstrip(">").split("#")[0]
         fn = getattr(table, slot)
-        return op_checks(slot, fn, record.args, record.kwargs, plan)
+        return op_checks(slot, fn, record.args, record.kwargs, plan, name=record.name)
 
 
 def _per_token(x, plan) -> bool:
@@ -166,7 +166,7 @@ def _per_token(x, plan) -> bool:
     return True
 
 
-def op_checks(slot, fn, args, kwargs, plan) -> list[Check]:
+def op_checks(slot, fn, args, kwargs, plan, name: str = "") -> list[Check]:
     """Row-invariance checks of one mixer op on its packed-call inputs."""
     member = member_path(plan)
     if slot == "causal_conv1d":
@@ -195,7 +195,7 @@ def op_checks(slot, fn, args, kwargs, plan) -> list[Check]:
             checks += [attention_rows(fn, q, k, v, scale, start, end, o, n) for o, n, _ in segments]
         return checks + [attention_shared(fn, q, k, v, cu, scale, plan)]
     if slot == "rotary":
-        return [token_rows("rotary", fn, args, plan)]
+        return [token_rows(name or "rotary", fn, args, plan)]
     return []
 
 
@@ -215,6 +215,26 @@ def head_replay(model, hidden: torch.Tensor, ids, cu, plan) -> list[Check]:
         compare("LM head loss on identical hidden rows (deduped rows vs T rows)", shared.loss, packed.loss),
         compare("LM head log-probs on identical hidden rows", shared.log_probs, packed.log_probs),
     ]
+
+
+def replay_every_op(packed: Capture, table, plan, layer_types, say) -> list[str]:
+    """Every op of the first GDN layer and of the first attention layer, and the LM head's projection,
+    replayed on the packed inputs they were given: which ops are not row-invariant at real activations
+    (after the first departure every later input differs, so the comparison above cannot tell)."""
+    layers = [
+        layer_types.index(kind) for kind in ("linear_attention", "full_attention") if kind in layer_types
+    ]
+    prefixes = tuple(f"model.layers.{i}." for i in layers)
+    variant = []
+    say(f"replays of every op of layers {layers} and the LM head on their packed inputs:")
+    for name, record in packed.records.items():
+        if not (name.startswith(prefixes) or name == "lm_head"):
+            continue
+        for check in replay(record, table, plan, packed):
+            say(f"  {check.line()}")
+            if not check.equal:
+                variant.append(check.name)
+    return variant
 
 
 def _replay_summary(checks: list[Check]) -> str:
@@ -254,7 +274,15 @@ def run_shape(model, shape, vocab, device, lines) -> str:
         say(f"  {c.line()}")
     say(f"  loss packed {out_p.loss.item():.6f} shared {out_s.loss.item():.6f}")
     first = next((row for row in rows if departed(row)), None)
-    origins = [row for row in rows if departed(row) and row.get("inputs_equal")]
+    # where a difference is made: equal inputs, unequal outputs, and no departing child to blame
+    gone = [row["name"] for row in rows if departed(row)]
+    origins = [
+        row
+        for row in rows
+        if departed(row)
+        and row.get("inputs_equal")
+        and not any(other.startswith(row["name"] + ".") for other in gone)
+    ]
     table = ops.of(model)
     if first is None:
         verdict = "no module or op departs"
@@ -288,6 +316,8 @@ def run_shape(model, shape, vocab, device, lines) -> str:
             f"{'inputs equal' if first.get('inputs_equal') else 'inputs differ'})"
             + (f"; replay: {_replay_summary(checks)}" if checks else "")
         )
+    variant = replay_every_op(packed, table, plan, model.config.layer_types, say)
+    verdict += f"; row-variant on recorded inputs: {', '.join(variant) if variant else 'none'}"
     return (
         f"SUMMARY bf16_departure [{device.type} {str(model.dtype).removeprefix('torch.')} "
         f"{model.config.num_hidden_layers}L] {shape.name}: loss {out_p.loss.item():.6f}/{out_s.loss.item():.6f} "
