@@ -244,7 +244,7 @@ def _replay_summary(checks: list[Check]) -> str:
     return text + "".join(f"; NOT: {c.name} (max {c.max_abs:.1e})" for c in differ)
 
 
-def run_shape(model, shape, vocab, device, lines) -> str:
+def run_shape(model, shape, vocab, device, lines, replay_all: bool = True) -> str:
     """Packed vs shared on one shape; appends the report to `lines`, returns the SUMMARY line."""
     from patchgen.kernels import ops
 
@@ -316,8 +316,9 @@ def run_shape(model, shape, vocab, device, lines) -> str:
             f"{'inputs equal' if first.get('inputs_equal') else 'inputs differ'})"
             + (f"; replay: {_replay_summary(checks)}" if checks else "")
         )
-    variant = replay_every_op(packed, table, plan, model.config.layer_types, say)
-    verdict += f"; row-variant on recorded inputs: {', '.join(variant) if variant else 'none'}"
+    if replay_all:
+        variant = replay_every_op(packed, table, plan, model.config.layer_types, say)
+        verdict += f"; row-variant on recorded inputs: {', '.join(variant) if variant else 'none'}"
     return (
         f"SUMMARY bf16_departure [{device.type} {str(model.dtype).removeprefix('torch.')} "
         f"{model.config.num_hidden_layers}L] {shape.name}: loss {out_p.loss.item():.6f}/{out_s.loss.item():.6f} "
@@ -435,6 +436,12 @@ def parse_args(argv):
     parser.add_argument("--probe", action="store_true", help="the ops alone on random inputs, no model")
     parser.add_argument("--tiny", action="store_true", help="tiny widths and shapes on the CPU (script test)")
     parser.add_argument(
+        "--replays",
+        choices=("all", "first"),
+        default="all",
+        help="replay every op of the first GDN and attention layers and the LM head (all), or only the first departure",
+    )
+    parser.add_argument(
         "--out", default=None, help="also write the report to DIR/bf16_departure_<device>.txt"
     )
     args = parser.parse_args(argv)
@@ -463,7 +470,9 @@ def main(argv=None) -> list[str]:
 
         lines.append(ops.of(model).describe())
         for shape in shapes:
-            summaries.append(run_shape(model, shape, widths["vocab_size"], device, lines))
+            summaries.append(
+                run_shape(model, shape, widths["vocab_size"], device, lines, args.replays == "all")
+            )
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     lines += summaries

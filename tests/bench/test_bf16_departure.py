@@ -83,6 +83,17 @@ def test_model_run_compares_every_sub_module_of_every_layer(capsys):
     ):
         assert f"\n{name}" in out, name
     assert "has no packed twin" not in out and "not called on the shared path" not in out
+    # every op of the first GDN layer and the first attention layer replayed on its recorded inputs
+    assert "replays of every op of layers [0, 3] and the LM head" in out
+    for replayed in (
+        "F.linear model.layers.0.linear_attn.out_proj",
+        "gated_delta_rule shared-prefix rounds",
+        "attention rows [64, 128) alone",
+        "model.layers.3.self_attn.<rotary> M=C",
+        "F.linear lm_head",
+    ):
+        assert replayed in out, replayed
+    assert "row-variant on recorded inputs: " in summary
     assert summary.startswith("SUMMARY bf16_departure [cpu float32 4L] tiny system tree: loss ")
 
 
@@ -91,14 +102,16 @@ def test_a_planted_departure_is_named_first_with_equal_inputs_and_replayed(monke
     # still equal, and find the MLP not row-invariant when replayed (it is planted on C-row calls).
     built = our_model(TINY, 4, torch.device("cpu"), torch.float32)
     mlp = built.model.layers[1].mlp
-    plan = tiny_plan("n4")
+    plan = tiny_plan()
 
     def nudge(module, args, output):
         return output + 1e-3 if output.shape[1] == plan.compact_length else output
 
     mlp.register_forward_hook(nudge)
     monkeypatch.setattr(bf16_departure, "our_model", lambda *a, **k: built)
-    (summary,) = bf16_departure.main(["--tiny", "--dtype", "fp32", "--layers", "4", "--shapes", "n4"])
+    (summary,) = bf16_departure.main(
+        ["--tiny", "--dtype", "fp32", "--layers", "4", "--shapes", "system-tree", "--replays", "first"]
+    )
     assert "first departure model.layers.1.mlp (Qwen3_5MLP" in summary
     assert "inputs equal" in summary
     assert "NOT: model.layers.1.mlp (Qwen3_5MLP) M=C vs M=T rows" in summary
@@ -112,16 +125,19 @@ def test_a_departure_in_the_loss_alone_is_replayed_on_identical_hidden_rows(monk
     built = our_model(TINY, 4, torch.device("cpu"), torch.float32)
     table = ops.of(built)
     original = table.cross_entropy
-    packed_rows = sum(n * (p + r) for n, p, r in TINY_SHAPES["n4"][1]) + sum(TINY_SHAPES["n4"][2])
+    plan = tiny_plan()
+    fewer = (plan.packed_length + plan.compact_length) // 2  # the packed head scores ~T rows, the shared ~C
 
     def nudged(rows, *args, **kwargs):
         nll, entropy = original(rows, *args, **kwargs)
-        return (nll + 1e-3 if rows.shape[0] < packed_rows - 8 else nll), entropy
+        return (nll + 1e-3 if rows.shape[0] < fewer else nll), entropy
 
     object.__setattr__(table, "cross_entropy", nudged)
     try:
         monkeypatch.setattr(bf16_departure, "our_model", lambda *a, **k: built)
-        (summary,) = bf16_departure.main(["--tiny", "--dtype", "fp32", "--layers", "4", "--shapes", "n4"])
+        (summary,) = bf16_departure.main(
+            ["--tiny", "--dtype", "fp32", "--layers", "4", "--shapes", "system-tree", "--replays", "first"]
+        )
     finally:
         object.__setattr__(table, "cross_entropy", original)
     assert "loss" in summary and "bit-equal False" in summary
