@@ -42,6 +42,7 @@ from row_invariance import (
 from shared_prefix_arms import MODULE, TINY, WIDTHS, boundary_labels, our_model, packed_kwargs
 from shared_prefix_shapes import parse_shapes, shape_batch, tiny_shapes, tree_settings
 
+INPUTS = {True: "inputs equal", False: "inputs differ", None: "inputs not comparable"}
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
 
 
@@ -272,7 +273,7 @@ def run_shape(model, shape, vocab, device, lines, replay_all: bool = True) -> st
         )
         verdict = (
             f"first departure {first['name']} ({first['kind']}, max {worst.max_abs:.2e} rel {worst.rel:.2e}, "
-            f"{'inputs equal' if first.get('inputs_equal') else 'inputs differ'})"
+            f"{INPUTS[first.get('inputs_equal')]})"
             + (f"; replay: {_replay_summary(checks)}" if checks else "")
         )
     if replay_all:
