@@ -1,0 +1,333 @@
+"""What CUDA graphs over the decoder-layer stack would give the training step (issue 15), on one replayed micro-batch.
+
+    python bench/graphed_step.py [--shape 4x2048x256] [--layers 8] [--arms packed,shared] [--out DIR]
+    python bench/graphed_step.py --tiny      # CPU: the eager parts at tiny widths, float32 (no graphs off CUDA)
+
+The model is `bench/shared_prefix_gpu.py`'s (4B widths, bf16, random weights, same op slots) WITHOUT
+activation checkpointing: `torch.cuda.make_graphed_callables` does not capture a recompute. The
+bench replays one micro-batch, so every shape is static. Per arm (`packed`: flag off, `shared`:
+flag on), all timed as forward + backward with gradients kept as buffers (`static_stack.zero_grads`):
+
+- `ckpt`: the model's own step with activation checkpointing (the bench's step today), for reference;
+- `eager`: the model's own step without checkpointing (its forward builds the plan and checks the
+  boundaries on the host every step);
+- `static`: embedding, the layer stack on the arguments recorded once by `static_stack.probe` (plan,
+  packed row, cos/sin), final norm, LM head + loss: no host work from the batch left in the step;
+- `graphed`: the same with the layer stack captured by `make_graphed_callables` (`--granularity
+  stack`: one graph forward and one backward for all layers; `layer`: one per layer); the embedding,
+  norm and LM head + loss stay eager (liger's fused cross-entropy reads a host count).
+
+Checks, per arm: the static step's loss and gradients against the model's own step; the graphed
+step's against the eager step's, over two accumulated micro-batches (loss x 1, then x 2: a graph
+whose gradient buffers were handed to `.grad` would double the second); each against the run-to-run
+difference of two eager steps (the floor: `index_add_` and atomics are not deterministic on CUDA).
+Before capture, one eager pass of the stack runs under `torch.cuda.set_sync_debug_mode("error")`:
+the first host sync inside the layers (forward or backward) is printed with its call site (on the
+CPU: every host read, `host_ops.HostReads`). A failed capture is printed with the op it failed at,
+and the run goes on with the next arm. Peak memory: allocated, and reserved (a graph's private pool
+is reserved, not allocated, between replays). Host vs GPU ms per step as in `shared_prefix_timing.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from shared_prefix_arms import TINY, WIDTHS, checkpointed, our_model  # noqa: E402
+from shared_prefix_gpu import depths, names, set_tree  # noqa: E402
+from shared_prefix_shapes import TINY_SHAPES, parse_shapes, shape_batch  # noqa: E402
+from shared_prefix_timing import GIB, Repeats, Timer, measure, profiler_cost_us, split_step  # noqa: E402
+from static_stack import (  # noqa: E402
+    LayerStack,
+    grads_of,
+    largest_difference,
+    model_step,
+    probe,
+    stack_of,
+    static_step,
+)
+
+ARMS = {"packed": False, "shared": True}
+CPU_BACKENDS = ("kernels/reference/", "kernels/backends/")  # where the CPU's own slot backends live
+GRANULARITIES = ("stack", "layer")
+
+
+def uncheckpointed(model):
+    (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
+    return model
+
+
+def first_site(error: BaseException) -> str:
+    """The innermost frame of `error`'s traceback outside torch's own files (the op's caller)."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if "/torch/" not in f.filename]
+    if not frames:
+        return "?"
+    f = frames[-1]
+    return f"{f.filename.split('site-packages/')[-1].split('/wt/')[-1]}:{f.lineno} {f.name}: {(f.line or '').strip()}"
+
+
+def describe(error: BaseException) -> str:
+    text = str(error).splitlines()[0][:200] if str(error) else ""
+    return f"{type(error).__name__}: {text} [at {first_site(error)}]"
+
+
+class Chain(torch.nn.Module):
+    """Per-layer graphed callables run one after the other (`--granularity layer`)."""
+
+    def __init__(self, parts):
+        super().__init__()
+        self.parts = list(parts)  # graphed modules; not registered (their parameters are the model's)
+
+    def forward(self, hidden, cos, sin):
+        for part in self.parts:
+            hidden = part(hidden, cos, sin)
+        return hidden
+
+
+def sample_hidden(model, batch) -> torch.Tensor:
+    with torch.no_grad():
+        hidden = model.model.embed_tokens(batch.embed_ids)
+    return hidden.detach().requires_grad_(True)
+
+
+def graphed_stack(model, batch, granularity: str, warmup: int):
+    """The layer stack under `make_graphed_callables` (warm-up iterations on a side stream, then capture)."""
+    layers, kwargs = list(model.model.layers), batch.layer_kwargs
+    if granularity == "stack":
+        sample = (sample_hidden(model, batch), batch.cos, batch.sin)
+        return torch.cuda.make_graphed_callables(
+            LayerStack(layers, kwargs), sample, num_warmup_iters=warmup
+        )
+    parts = tuple(LayerStack([layer], [kw]) for layer, kw in zip(layers, kwargs))
+    samples = tuple((sample_hidden(model, batch), batch.cos, batch.sin) for _ in parts)
+    return Chain(torch.cuda.make_graphed_callables(parts, samples, num_warmup_iters=warmup))
+
+
+def stack_host_syncs(model, batch, device) -> str:
+    """'none', or the first host sync (CUDA) / the host reads (CPU) in one eager forward + backward of the stack."""
+    stack = stack_of(model, batch)
+    hidden = sample_hidden(model, batch)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = stack(hidden, batch.cos, batch.sin)
+            out.backward(torch.ones_like(out))
+        except RuntimeError as error:
+            return describe(error)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            model.zero_grad(set_to_none=True)
+        return "none"
+    from host_ops import HostReads
+
+    reads = HostReads()
+    with reads:
+        out = stack(hidden, batch.cos, batch.sin)
+        out.backward(torch.ones_like(out))
+    model.zero_grad(set_to_none=True)
+    # The CPU's backends are not the GPU's (the sync debug mode checks those on the device): a read
+    # inside one of them is listed apart, and only the glue around the slots counts.
+    glue, backend = [], []
+    for (name, site), n in reads.sites.items():
+        (backend if any(d in site for d in CPU_BACKENDS) else glue).append(f"{n}x {name} at {site}")
+    return "; ".join(glue) or "none" + (f" (CPU backends' own: {'; '.join(backend)})" if backend else "")
+
+
+def two_micro_batches(model, step) -> tuple[torch.Tensor, dict]:
+    """(first loss, gradients) of `step` over two accumulated micro-batches: loss x 1, then x 2."""
+    loss = step(scale=1.0, zero=True)
+    step(scale=2.0, zero=False)
+    return loss, grads_of(model)
+
+
+def compare(reference, other) -> tuple[bool, float, str]:
+    """(bit-equal, max |grad difference|, where) of two `two_micro_batches` results."""
+    (loss_a, grads_a), (loss_b, grads_b) = reference, other
+    diff, where = largest_difference(grads_b, grads_a)
+    same_loss = bool(torch.equal(loss_a, loss_b))
+    if not same_loss:
+        where = f"loss {loss_a.item():.6g} vs {loss_b.item():.6g}; {where}"
+    return same_loss and diff == 0.0, diff, where
+
+
+def timed(model, fn, args, row, key, ctx):
+    """Warm-up, then the median of the timed calls, peak memory and (CUDA) the host vs GPU split, into `row`."""
+    for _ in range(ctx.args.warmup):
+        fn(model, *args)
+    m = measure(model, fn, args, ctx.timer, ctx.repeats, ctx.device)
+    row[f"{key}_ms"], row[f"{key}_min"], row[f"{key}_max"] = m.median, m.low, m.high
+    row[f"{key}_peak_gib"] = m.peak_gib
+    if ctx.device.type == "cuda":
+        row[f"{key}_reserved_gib"] = torch.cuda.memory_reserved() / GIB
+        row[f"{key}_syncs"] = m.syncs
+    if ctx.args.host_split and ctx.device.type == "cuda":
+        cut, _ = split_step(lambda: fn(model, *args), ctx.device, ctx.cost_us)
+        row[f"{key}_host_ms"], row[f"{key}_gpu_ms"], row[f"{key}_kernels"] = cut.host_ms, cut.gpu_ms, cut.kernels
+    model.zero_grad(set_to_none=True)
+
+
+def run_arm(model, arm, inputs, ctx) -> dict:
+    ids, cu, max_len = inputs
+    model.config.shared_prefix_training = ARMS[arm]
+    row = {"arm": arm, "layers": ctx.layers, "shape": ctx.shape.name, "granularity": ctx.args.granularity}
+
+    def own(m, *a):
+        return model_step(m, *a)
+
+    if ctx.args.ckpt:
+        checkpointed(model)
+        timed(model, own, inputs, row, "ckpt", ctx)
+        uncheckpointed(model)
+    timed(model, own, inputs, row, "eager", ctx)
+    eager = lambda **kw: model_step(model, ids, cu, max_len, **kw)  # noqa: E731
+    # Every step of the model's own forward comes before the capture: its new plan per step would push
+    # the recorded plan's chunk tables out of fla's identity cache, and the graph reads those (see docs).
+    reference = two_micro_batches(model, eager)
+    _, row["floor"], _ = compare(reference, two_micro_batches(model, eager))
+    batch = probe(model, ids, cu, max_len)
+    row["C"] = batch.embed_ids.shape[1]
+    stack = stack_of(model, batch)
+    static = lambda **kw: static_step(model, stack, batch, **kw)  # noqa: E731
+    row["static_equal"], row["static_diff"], row["static_where"] = compare(reference, two_micro_batches(model, static))
+    timed(model, lambda m, s, b: static_step(m, s, b), (stack, batch), row, "static", ctx)
+    row["stack_syncs"] = stack_host_syncs(model, batch, ctx.device)
+    if ctx.device.type != "cuda":
+        row["graphed_error"] = "skipped: CUDA graphs need a CUDA device"
+        return row
+    graphed = None
+    try:
+        began = time.perf_counter()
+        graphed = graphed_stack(model, batch, ctx.args.granularity, ctx.args.graph_warmup)
+        row["capture_s"] = time.perf_counter() - began
+        with_graph = lambda **kw: static_step(model, graphed, batch, **kw)  # noqa: E731
+        result = two_micro_batches(model, with_graph)
+        row["graphed_equal"], row["graphed_diff"], row["graphed_where"] = compare(reference, result)
+        timed(model, lambda m, g, b: static_step(m, g, b), (graphed, batch), row, "graphed", ctx)
+    except Exception as error:  # noqa: BLE001 - the next arm still runs; the row says what failed
+        row["graphed_error"] = describe(error)
+        with contextlib.suppress(Exception):
+            torch.cuda.synchronize()
+    finally:
+        del graphed
+        model.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()
+    return row
+
+
+def summary(row) -> str:
+    def ms(key):
+        value = row.get(f"{key}_ms")
+        return "-" if value is None else f"{value:.1f}"
+
+    def split(key):
+        if f"{key}_host_ms" not in row:
+            return ""
+        return f" (host {row[f'{key}_host_ms']:.0f} / GPU {row[f'{key}_gpu_ms']:.0f} ms, {row[f'{key}_kernels']} kernels)"
+
+    def peak(key):
+        if f"{key}_peak_gib" not in row or row[f"{key}_peak_gib"] != row[f"{key}_peak_gib"]:
+            return ""
+        reserved = row.get(f"{key}_reserved_gib")
+        return f" peak {row[f'{key}_peak_gib']:.1f}" + (f"/{reserved:.1f} reserved" if reserved else "") + " GiB"
+
+    head = f"[{row['layers']}L] {row['shape']} {row['arm']} (C={row['C']}, {row['granularity']}):"
+    lines = [
+        f"{head} ckpt {ms('ckpt')}{split('ckpt')}{peak('ckpt')} | eager {ms('eager')}{split('eager')}{peak('eager')} "
+        f"| static {ms('static')}{split('static')}",
+        f"    static == model's own step: {'yes' if row['static_equal'] else 'NO'} (max |d grad| "
+        f"{row['static_diff']:.3g} {row['static_where']}; eager-vs-eager floor {row['floor']:.3g}); "
+        f"host syncs inside the layer stack: {row['stack_syncs']}",
+    ]
+    if "graphed_error" in row:
+        lines.append(f"    graphed: FAILED {row['graphed_error']}")
+    else:
+        speed = row["eager_ms"] / row["graphed_ms"]
+        lines.append(
+            f"    graphed {ms('graphed')}{split('graphed')}{peak('graphed')}: {speed:.2f}x over eager, "
+            f"{row['static_ms'] / row['graphed_ms']:.2f}x over static; equal to eager: "
+            f"{'yes' if row['graphed_equal'] else 'NO'} (max |d grad| {row['graphed_diff']:.3g} {row['graphed_where']}; "
+            f"floor {row['floor']:.3g}); capture {row['capture_s']:.1f} s"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="4x2048x256", help="one n x P x R shape (or a control name of shared_prefix_gpu)")
+    parser.add_argument("--layers", default="8", help="depths, comma-separated (e.g. 8,32)")
+    parser.add_argument("--arms", default="packed,shared", help="comma-separated of packed, shared")
+    parser.add_argument("--granularity", default="stack", choices=GRANULARITIES, help="one graph for all layers, or one per layer")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed calls before each timing")
+    parser.add_argument("--graph-warmup", type=int, default=3, help="make_graphed_callables' warm-up iterations")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per measurement")
+    parser.add_argument("--no-ckpt", dest="ckpt", action="store_false", help="skip the checkpointed reference step")
+    parser.add_argument("--no-host-split", dest="host_split", action="store_false", help="skip the host vs GPU split")
+    parser.add_argument("--out", default=None, help="write graphed_step_<device>.csv here")
+    parser.add_argument("--tiny", action="store_true", help="tiny widths and shape on the CPU, float32 (script test)")
+    args = parser.parse_args(argv)
+    args.arms = names(args.arms, tuple(ARMS), "--arms")
+    args.layers = depths(args.layers)
+    if args.tiny:
+        args.shape = TINY_SHAPES["n4"]
+    else:
+        shapes = parse_shapes(args.shape)
+        if len(shapes) != 1:
+            raise SystemExit(f"--shape: give one shape, got {len(shapes)} from {args.shape!r}")
+        args.shape = shapes[0]
+    return args
+
+
+class Context:
+    def __init__(self, args, device, layers):
+        self.args, self.device, self.layers, self.shape = args, device, layers, args.shape
+        self.timer = Timer(device)
+        self.repeats = Repeats(args.repeats, args.repeats)
+        self.cost_us = profiler_cost_us(device) if args.host_split and device.type == "cuda" else float("nan")
+
+
+def main(argv=None) -> list[dict]:
+    args = parse_args(argv)
+    os.environ.setdefault("TEARDOWN_CUPTI", "1")  # as shared_prefix_gpu.py: a torn-down CUPTI after each split
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
+    dtype = torch.float32 if args.tiny else torch.bfloat16
+    widths = TINY if args.tiny else WIDTHS
+    rows, began = [], time.perf_counter()
+    for layers in args.layers:
+        ctx = Context(args, device, layers)
+        model = uncheckpointed(our_model(widths, layers, device, dtype))
+        set_tree(model, args.shape)
+        ids, cu, max_len, _ = shape_batch(args.shape, widths["vocab_size"], device)
+        for arm in args.arms:
+            row = run_arm(model, arm, (ids, cu, max_len), ctx)
+            rows.append(row)
+            print(summary(row), flush=True)
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if args.out:
+        label = "cpu-tiny" if args.tiny else torch.cuda.get_device_name().replace(" ", "_")
+        path = Path(args.out) / f"graphed_step_{label}.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        keys = list(dict.fromkeys(k for row in rows for k in row))
+        with path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=keys)
+            writer.writeheader()
+            writer.writerows(rows)
+        print(f"wrote {path}")
+    print(f"done in {time.perf_counter() - began:.0f} s")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
