@@ -43,11 +43,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from shared_prefix_arms import TINY, WIDTHS, checkpointed, our_model  # noqa: E402
-from shared_prefix_gpu import depths, names, set_tree  # noqa: E402
-from shared_prefix_shapes import TINY_SHAPES, parse_shapes, shape_batch  # noqa: E402
-from shared_prefix_timing import GIB, Repeats, Timer, measure, profiler_cost_us, split_step  # noqa: E402
-from static_stack import (  # noqa: E402
+from shared_prefix_arms import TINY, WIDTHS, checkpointed, our_model
+from shared_prefix_gpu import depths, names, set_tree
+from shared_prefix_shapes import TINY_SHAPES, parse_shapes, shape_batch
+from shared_prefix_timing import GIB, Repeats, Timer, measure, profiler_cost_us, split_step
+from static_stack import (
     LayerStack,
     grads_of,
     largest_difference,
@@ -105,30 +105,52 @@ def graphed_stack(model, batch, granularity: str, warmup: int):
     layers, kwargs = list(model.model.layers), batch.layer_kwargs
     if granularity == "stack":
         sample = (sample_hidden(model, batch), batch.cos, batch.sin)
-        return torch.cuda.make_graphed_callables(
-            LayerStack(layers, kwargs), sample, num_warmup_iters=warmup
-        )
+        return torch.cuda.make_graphed_callables(LayerStack(layers, kwargs), sample, num_warmup_iters=warmup)
     parts = tuple(LayerStack([layer], [kw]) for layer, kw in zip(layers, kwargs))
     samples = tuple((sample_hidden(model, batch), batch.cos, batch.sin) for _ in parts)
     return Chain(torch.cuda.make_graphed_callables(parts, samples, num_warmup_iters=warmup))
 
 
+def caller_outside_torch() -> str:
+    for frame in reversed(traceback.extract_stack()[:-1]):
+        if "/torch/" in frame.filename or frame.filename == __file__ or "/warnings.py" in frame.filename:
+            continue
+        return f"{frame.filename.split('site-packages/')[-1].split('/wt/')[-1]}:{frame.lineno} {frame.name}"
+    return "?"
+
+
 def stack_host_syncs(model, batch, device) -> str:
-    """'none', or the first host sync (CUDA) / the host reads (CPU) in one eager forward + backward of the stack."""
+    """'none', or the host syncs (CUDA) / host reads (CPU) of one eager forward + backward of the layer stack.
+
+    On CUDA: torch's sync debug mode warns at every synchronising call; each warning is attributed to
+    the innermost Python frame outside torch (a backend's launcher, our glue), forward and backward.
+    """
     stack = stack_of(model, batch)
     hidden = sample_hidden(model, batch)
     if device.type == "cuda":
+        import collections
+        import warnings
+
+        sites = collections.Counter()
+
+        def record(message, category, filename, lineno, file=None, line=None):
+            if "synchroniz" in str(message):
+                sites[caller_outside_torch()] += 1
+
         torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            out = stack(hidden, batch.cos, batch.sin)
-            out.backward(torch.ones_like(out))
-        except RuntimeError as error:
-            return describe(error)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-            model.zero_grad(set_to_none=True)
-        return "none"
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = record
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                out = stack(hidden, batch.cos, batch.sin)
+                out.backward(torch.ones_like(out))
+                torch.cuda.set_sync_debug_mode("default")
+                torch.cuda.synchronize()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+                model.zero_grad(set_to_none=True)
+        return "; ".join(f"{n}x at {site}" for site, n in sites.most_common()) or "none"
     from host_ops import HostReads
 
     reads = HostReads()
@@ -173,7 +195,11 @@ def timed(model, fn, args, row, key, ctx):
         row[f"{key}_syncs"] = m.syncs
     if ctx.args.host_split and ctx.device.type == "cuda":
         cut, _ = split_step(lambda: fn(model, *args), ctx.device, ctx.cost_us)
-        row[f"{key}_host_ms"], row[f"{key}_gpu_ms"], row[f"{key}_kernels"] = cut.host_ms, cut.gpu_ms, cut.kernels
+        row[f"{key}_host_ms"], row[f"{key}_gpu_ms"], row[f"{key}_kernels"] = (
+            cut.host_ms,
+            cut.gpu_ms,
+            cut.kernels,
+        )
     model.zero_grad(set_to_none=True)
 
 
@@ -190,7 +216,7 @@ def run_arm(model, arm, inputs, ctx) -> dict:
         timed(model, own, inputs, row, "ckpt", ctx)
         uncheckpointed(model)
     timed(model, own, inputs, row, "eager", ctx)
-    eager = lambda **kw: model_step(model, ids, cu, max_len, **kw)  # noqa: E731
+    eager = lambda **kw: model_step(model, ids, cu, max_len, **kw)
     # Every step of the model's own forward comes before the capture: its new plan per step would push
     # the recorded plan's chunk tables out of fla's identity cache, and the graph reads those (see docs).
     reference = two_micro_batches(model, eager)
@@ -198,8 +224,10 @@ def run_arm(model, arm, inputs, ctx) -> dict:
     batch = probe(model, ids, cu, max_len)
     row["C"] = batch.embed_ids.shape[1]
     stack = stack_of(model, batch)
-    static = lambda **kw: static_step(model, stack, batch, **kw)  # noqa: E731
-    row["static_equal"], row["static_diff"], row["static_where"] = compare(reference, two_micro_batches(model, static))
+    static = lambda **kw: static_step(model, stack, batch, **kw)
+    row["static_equal"], row["static_diff"], row["static_where"] = compare(
+        reference, two_micro_batches(model, static)
+    )
     timed(model, lambda m, s, b: static_step(m, s, b), (stack, batch), row, "static", ctx)
     row["stack_syncs"] = stack_host_syncs(model, batch, ctx.device)
     if ctx.device.type != "cuda":
@@ -210,7 +238,7 @@ def run_arm(model, arm, inputs, ctx) -> dict:
         began = time.perf_counter()
         graphed = graphed_stack(model, batch, ctx.args.granularity, ctx.args.graph_warmup)
         row["capture_s"] = time.perf_counter() - began
-        with_graph = lambda **kw: static_step(model, graphed, batch, **kw)  # noqa: E731
+        with_graph = lambda **kw: static_step(model, graphed, batch, **kw)
         result = two_micro_batches(model, with_graph)
         row["graphed_equal"], row["graphed_diff"], row["graphed_where"] = compare(reference, result)
         timed(model, lambda m, g, b: static_step(m, g, b), (graphed, batch), row, "graphed", ctx)
@@ -219,7 +247,7 @@ def run_arm(model, arm, inputs, ctx) -> dict:
         with contextlib.suppress(Exception):
             torch.cuda.synchronize()
     finally:
-        del graphed
+        graphed = None  # the graph and its pool go before the next arm's
         model.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()
     return row
@@ -239,15 +267,21 @@ def summary(row) -> str:
         if f"{key}_peak_gib" not in row or row[f"{key}_peak_gib"] != row[f"{key}_peak_gib"]:
             return ""
         reserved = row.get(f"{key}_reserved_gib")
-        return f" peak {row[f'{key}_peak_gib']:.1f}" + (f"/{reserved:.1f} reserved" if reserved else "") + " GiB"
+        return (
+            f" peak {row[f'{key}_peak_gib']:.1f}" + (f"/{reserved:.1f} reserved" if reserved else "") + " GiB"
+        )
 
     head = f"[{row['layers']}L] {row['shape']} {row['arm']} (C={row['C']}, {row['granularity']}):"
     lines = [
-        f"{head} ckpt {ms('ckpt')}{split('ckpt')}{peak('ckpt')} | eager {ms('eager')}{split('eager')}{peak('eager')} "
-        f"| static {ms('static')}{split('static')}",
-        f"    static == model's own step: {'yes' if row['static_equal'] else 'NO'} (max |d grad| "
-        f"{row['static_diff']:.3g} {row['static_where']}; eager-vs-eager floor {row['floor']:.3g}); "
-        f"host syncs inside the layer stack: {row['stack_syncs']}",
+        (
+            f"{head} ckpt {ms('ckpt')}{split('ckpt')}{peak('ckpt')} | eager {ms('eager')}{split('eager')}"
+            f"{peak('eager')} | static {ms('static')}{split('static')}"
+        ),
+        (
+            f"    static == model's own step: {'yes' if row['static_equal'] else 'NO'} (max |d grad| "
+            f"{row['static_diff']:.3g} {row['static_where']}; eager-vs-eager floor {row['floor']:.3g}); "
+            f"host syncs inside the layer stack: {row['stack_syncs']}"
+        ),
     ]
     if "graphed_error" in row:
         lines.append(f"    graphed: FAILED {row['graphed_error']}")
@@ -264,24 +298,42 @@ def summary(row) -> str:
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", default="4x2048x256", help="one n x P x R shape (or a control name of shared_prefix_gpu)")
+    parser.add_argument(
+        "--shape",
+        default=None,
+        help="one n x P x R shape or control of shared_prefix_gpu (default 4x2048x256; --tiny: "
+        "tiny n=4 P=192 R=32)",
+    )
     parser.add_argument("--layers", default="8", help="depths, comma-separated (e.g. 8,32)")
     parser.add_argument("--arms", default="packed,shared", help="comma-separated of packed, shared")
-    parser.add_argument("--granularity", default="stack", choices=GRANULARITIES, help="one graph for all layers, or one per layer")
+    parser.add_argument(
+        "--granularity",
+        default="stack",
+        choices=GRANULARITIES,
+        help="one graph for all layers, or one per layer",
+    )
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls before each timing")
-    parser.add_argument("--graph-warmup", type=int, default=3, help="make_graphed_callables' warm-up iterations")
+    parser.add_argument(
+        "--graph-warmup", type=int, default=3, help="make_graphed_callables' warm-up iterations"
+    )
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per measurement")
-    parser.add_argument("--no-ckpt", dest="ckpt", action="store_false", help="skip the checkpointed reference step")
-    parser.add_argument("--no-host-split", dest="host_split", action="store_false", help="skip the host vs GPU split")
+    parser.add_argument(
+        "--no-ckpt", dest="ckpt", action="store_false", help="skip the checkpointed reference step"
+    )
+    parser.add_argument(
+        "--no-host-split", dest="host_split", action="store_false", help="skip the host vs GPU split"
+    )
     parser.add_argument("--out", default=None, help="write graphed_step_<device>.csv here")
-    parser.add_argument("--tiny", action="store_true", help="tiny widths and shape on the CPU, float32 (script test)")
+    parser.add_argument(
+        "--tiny", action="store_true", help="tiny widths and shape on the CPU, float32 (script test)"
+    )
     args = parser.parse_args(argv)
     args.arms = names(args.arms, tuple(ARMS), "--arms")
     args.layers = depths(args.layers)
-    if args.tiny:
+    if args.tiny and args.shape is None:
         args.shape = TINY_SHAPES["n4"]
     else:
-        shapes = parse_shapes(args.shape)
+        shapes = parse_shapes(args.shape or "4x2048x256")
         if len(shapes) != 1:
             raise SystemExit(f"--shape: give one shape, got {len(shapes)} from {args.shape!r}")
         args.shape = shapes[0]
@@ -298,7 +350,8 @@ class Context:
 
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
-    os.environ.setdefault("TEARDOWN_CUPTI", "1")  # as shared_prefix_gpu.py: a torn-down CUPTI after each split
+    # as shared_prefix_gpu.py: CUPTI torn down after each profiled call, so later launches do not pay for it
+    os.environ.setdefault("TEARDOWN_CUPTI", "1")
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     dtype = torch.float32 if args.tiny else torch.bfloat16
     widths = TINY if args.tiny else WIDTHS
@@ -309,7 +362,14 @@ def main(argv=None) -> list[dict]:
         set_tree(model, args.shape)
         ids, cu, max_len, _ = shape_batch(args.shape, widths["vocab_size"], device)
         for arm in args.arms:
-            row = run_arm(model, arm, (ids, cu, max_len), ctx)
+            try:
+                row = run_arm(model, arm, (ids, cu, max_len), ctx)
+            except Exception as error:  # noqa: BLE001 - an OOM at 32 layers, say: the next arm still runs
+                print(f"[{layers}L] {arm}: FAILED before the graph: {describe(error)}", flush=True)
+                model.zero_grad(set_to_none=True)
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                continue
             rows.append(row)
             print(summary(row), flush=True)
         del model

@@ -11,6 +11,7 @@ long as the batch is the recorded one (the bench replays one micro-batch; a grap
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -161,7 +162,9 @@ def model_step(model, ids, cu, max_len, *, scale: float = 1.0, zero: bool = True
     """The model's own training step (its forward builds the plan), gradients kept as in `static_step`."""
     if zero:
         zero_grads(model)
-    out = model(input_ids=ids, labels=boundary_labels(ids, cu), return_logits=False, **packed_kwargs(cu, max_len))
+    out = model(
+        input_ids=ids, labels=boundary_labels(ids, cu), return_logits=False, **packed_kwargs(cu, max_len)
+    )
     (out.loss * scale if scale != 1.0 else out.loss).backward()
     return out.loss.detach()
 
@@ -173,10 +176,10 @@ def grads_of(model) -> dict[str, torch.Tensor]:
 def largest_difference(a: dict, b: dict) -> tuple[float, str]:
     """(max |a - b| over every gradient, the parameter where it is); (0.0, '') when bit-equal."""
     worst, where = 0.0, ""
-    for name in b:
+    for name, value in b.items():
         if name not in a:
             return float("inf"), f"{name} (missing)"
-        diff = (a[name].float() - b[name].float()).abs().max().item()
-        if diff > worst or diff != diff:
+        diff = (a[name].float() - value.float()).abs().max().item()
+        if diff > worst or math.isnan(diff):
             worst, where = diff, name
     return worst, where

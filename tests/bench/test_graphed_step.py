@@ -13,9 +13,9 @@ sys.path.insert(0, str(BENCH))
 import graphed_step
 import static_stack
 from shared_prefix_arms import TINY, our_model
-from shared_prefix_shapes import TINY_SHAPES, shape_batch
+from shared_prefix_shapes import Shape, shape_batch
 
-SHAPE = TINY_SHAPES["n4"]  # 4 rollouts of a 192-token prompt + one unrelated sequence
+SHAPE = Shape("small", [(3, 80, 12)], [24])  # 3 rollouts of an 80-token prompt + one unrelated sequence
 
 
 @pytest.fixture(scope="module")
@@ -29,49 +29,60 @@ def inputs():
     return ids, cu, max_len
 
 
-def _steps(model, inputs, shared: bool):
-    model.config.shared_prefix_training = shared
-    ids, cu, max_len = inputs
-    batch = static_stack.probe(model, ids, cu, max_len)
-    stack = static_stack.stack_of(model, batch)
-    own = graphed_step.two_micro_batches(model, lambda **kw: static_stack.model_step(model, ids, cu, max_len, **kw))
-    static = graphed_step.two_micro_batches(model, lambda **kw: static_stack.static_step(model, stack, batch, **kw))
-    model.config.shared_prefix_training = False
-    return batch, own, static
+@pytest.fixture(scope="module")
+def steps(model, inputs):
+    """Per arm (computed once): the probe's record, and the model's own and the static step's (loss, gradients)."""
+    done = {}
+
+    def run(shared: bool):
+        if shared not in done:
+            model.config.shared_prefix_training = shared
+            ids, cu, max_len = inputs
+            batch = static_stack.probe(model, ids, cu, max_len)
+            stack = static_stack.stack_of(model, batch)
+            own = graphed_step.two_micro_batches(
+                model, lambda **kw: static_stack.model_step(model, ids, cu, max_len, **kw)
+            )
+            static = graphed_step.two_micro_batches(
+                model, lambda **kw: static_stack.static_step(model, stack, batch, **kw)
+            )
+            model.config.shared_prefix_training = False
+            done[shared] = batch, own, static
+        return done[shared]
+
+    return run
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["packed", "shared"])
-def test_the_static_stack_step_equals_the_models_own_step_bit_for_bit(model, inputs, shared):
-    batch, own, static = _steps(model, inputs, shared)
+def test_the_static_stack_step_equals_the_models_own_step_bit_for_bit(model, steps, shared):
+    _, own, static = steps(shared)
     equal, diff, where = graphed_step.compare(own, static)
     assert equal, f"max |d grad| {diff} at {where}"
     assert len(own[1]) == len(list(model.parameters()))  # every parameter got a gradient, and was compared
 
 
-def test_the_probe_records_the_plan_and_the_compact_row_of_a_shared_step(model, inputs):
-    batch, _, _ = _steps(model, inputs, shared=True)
+def test_the_probe_records_the_plan_and_the_compact_row_of_a_shared_step(steps, inputs):
+    batch, _, _ = steps(True)
     assert batch.plan is not None
     assert batch.embed_ids.shape[1] == batch.plan.compact_length < inputs[0].shape[1]
     assert all(kw[static_stack.PLAN] is batch.plan for kw in batch.layer_kwargs)
 
 
-def test_the_probe_records_the_packed_row_of_a_packed_step(model, inputs):
-    batch, _, _ = _steps(model, inputs, shared=False)
+def test_the_probe_records_the_packed_row_of_a_packed_step(steps, inputs):
+    batch, _, _ = steps(False)
     assert batch.plan is None
     assert torch.equal(batch.embed_ids, inputs[0])
     assert all(kw["cu_seq_lens_q"] is inputs[1] for kw in batch.layer_kwargs)
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["packed", "shared"])
-def test_nothing_inside_the_layer_stack_reads_a_tensor_on_the_host(model, inputs, shared):
-    model.config.shared_prefix_training = shared
-    batch = static_stack.probe(model, *inputs)
-    model.config.shared_prefix_training = False
+def test_nothing_inside_the_layer_stack_reads_a_tensor_on_the_host(model, steps, shared):
+    batch, _, _ = steps(shared)
     assert graphed_step.stack_host_syncs(model, batch, torch.device("cpu")).startswith("none")
 
 
-def test_the_host_read_check_finds_a_read_inside_a_layer(model, inputs, monkeypatch):
-    batch = static_stack.probe(model, *inputs)
+def test_the_host_read_check_finds_a_read_inside_a_layer(model, steps, monkeypatch):
+    batch, _, _ = steps(True)
     layer = model.model.layers[0]
     forward = layer.forward
 
@@ -92,13 +103,17 @@ def test_kept_gradients_stay_the_same_buffers_from_step_to_step(model, inputs):
     model.zero_grad(set_to_none=True)
 
 
-def test_the_script_reports_every_arm_and_skips_the_graph_off_cuda(capsys):
-    rows = graphed_step.main(["--tiny", "--layers", "4", "--repeats", "1", "--warmup", "0", "--no-ckpt"])
-    assert [row["arm"] for row in rows] == ["packed", "shared"]
-    assert all(row["static_equal"] and row["stack_syncs"].startswith("none") for row in rows)
-    assert all(row["graphed_error"].startswith("skipped") for row in rows)
+def test_the_script_checks_an_arm_and_says_the_graph_needs_cuda(capsys):
+    argv = ["--tiny", "--shape", "3x80x12", "--layers", "4", "--repeats", "1", "--warmup", "0", "--no-ckpt"]
+    rows = graphed_step.main(argv + ["--arms", "shared"])
+    assert [row["arm"] for row in rows] == ["shared"]
+    assert rows[0]["static_equal"] and rows[0]["stack_syncs"].startswith("none")
+    assert rows[0]["graphed_error"].startswith("skipped")
     out = capsys.readouterr().out
-    assert out.count("graphed: FAILED skipped") == 2 and "static == model's own step: yes" in out
+    assert (
+        "graphed: FAILED skipped: CUDA graphs need a CUDA device" in out
+        and "static == model's own step: yes" in out
+    )
 
 
 @pytest.mark.parametrize(
