@@ -13,9 +13,10 @@ flag on), all timed as forward + backward with gradients kept as buffers (`stati
   boundaries on the host every step);
 - `static`: embedding, the layer stack on the arguments recorded once by `static_stack.probe` (plan,
   packed row, cos/sin), final norm, LM head + loss: no host work from the batch left in the step;
-- `graphed`: the same with the layer stack captured by `make_graphed_callables` (`--granularity
-  stack`: one graph forward and one backward for all layers; `layer`: one per layer); the embedding,
-  norm and LM head + loss stay eager (liger's fused cross-entropy reads a host count).
+- `graphed_stack` / `graphed_layer` (`--granularity stack,layer`; default stack): the same with the
+  layer stack captured by `make_graphed_callables`, one graph forward and one backward for all layers,
+  or one per layer; the embedding, norm and LM head + loss stay eager (liger's fused cross-entropy
+  reads a host count).
 
 Checks, per arm: the static step's loss and gradients against the model's own step; the graphed
 step's against the eager step's, over two accumulated micro-batches (loss x 1, then x 2: a graph
@@ -206,7 +207,7 @@ def timed(model, fn, args, row, key, ctx):
 def run_arm(model, arm, inputs, ctx) -> dict:
     ids, cu, max_len = inputs
     model.config.shared_prefix_training = ARMS[arm]
-    row = {"arm": arm, "layers": ctx.layers, "shape": ctx.shape.name, "granularity": ctx.args.granularity}
+    row = {"arm": arm, "layers": ctx.layers, "shape": ctx.shape.name}
 
     def own(m, *a):
         return model_step(m, *a)
@@ -230,27 +231,35 @@ def run_arm(model, arm, inputs, ctx) -> dict:
     )
     timed(model, lambda m, s, b: static_step(m, s, b), (stack, batch), row, "static", ctx)
     row["stack_syncs"] = stack_host_syncs(model, batch, ctx.device)
+    for granularity in ctx.args.granularity:
+        graph_arm(model, batch, reference, granularity, row, ctx)
+    return row
+
+
+def graph_arm(model, batch, reference, granularity: str, row: dict, ctx) -> None:
+    """Capture the stack at `granularity`, check its step against `reference` and time it, into `row`."""
+    key = f"graphed_{granularity}"
     if ctx.device.type != "cuda":
-        row["graphed_error"] = "skipped: CUDA graphs need a CUDA device"
-        return row
+        row[f"{key}_error"] = "skipped: CUDA graphs need a CUDA device"
+        return
     graphed = None
+    torch.cuda.empty_cache()  # the eager steps' cached blocks back to the device before the graph's pool
     try:
         began = time.perf_counter()
-        graphed = graphed_stack(model, batch, ctx.args.granularity, ctx.args.graph_warmup)
-        row["capture_s"] = time.perf_counter() - began
+        graphed = graphed_stack(model, batch, granularity, ctx.args.graph_warmup)
+        row[f"{key}_capture_s"] = time.perf_counter() - began
         with_graph = lambda **kw: static_step(model, graphed, batch, **kw)
         result = two_micro_batches(model, with_graph)
-        row["graphed_equal"], row["graphed_diff"], row["graphed_where"] = compare(reference, result)
-        timed(model, lambda m, g, b: static_step(m, g, b), (graphed, batch), row, "graphed", ctx)
+        row[f"{key}_equal"], row[f"{key}_diff"], row[f"{key}_where"] = compare(reference, result)
+        timed(model, lambda m, g, b: static_step(m, g, b), (graphed, batch), row, key, ctx)
     except Exception as error:  # noqa: BLE001 - the next arm still runs; the row says what failed
-        row["graphed_error"] = describe(error)
+        row[f"{key}_error"] = describe(error)
         with contextlib.suppress(Exception):
             torch.cuda.synchronize()
     finally:
-        graphed = None  # the graph and its pool go before the next arm's
+        graphed = None  # the graph and its pool go before the next one
         model.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()
-    return row
 
 
 def summary(row) -> str:
@@ -271,7 +280,7 @@ def summary(row) -> str:
             f" peak {row[f'{key}_peak_gib']:.1f}" + (f"/{reserved:.1f} reserved" if reserved else "") + " GiB"
         )
 
-    head = f"[{row['layers']}L] {row['shape']} {row['arm']} (C={row['C']}, {row['granularity']}):"
+    head = f"[{row['layers']}L] {row['shape']} {row['arm']} (C={row['C']}):"
     lines = [
         (
             f"{head} ckpt {ms('ckpt')}{split('ckpt')}{peak('ckpt')} | eager {ms('eager')}{split('eager')}"
@@ -283,16 +292,17 @@ def summary(row) -> str:
             f"host syncs inside the layer stack: {row['stack_syncs']}"
         ),
     ]
-    if "graphed_error" in row:
-        lines.append(f"    graphed: FAILED {row['graphed_error']}")
-    else:
-        speed = row["eager_ms"] / row["graphed_ms"]
-        lines.append(
-            f"    graphed {ms('graphed')}{split('graphed')}{peak('graphed')}: {speed:.2f}x over eager, "
-            f"{row['static_ms'] / row['graphed_ms']:.2f}x over static; equal to eager: "
-            f"{'yes' if row['graphed_equal'] else 'NO'} (max |d grad| {row['graphed_diff']:.3g} {row['graphed_where']}; "
-            f"floor {row['floor']:.3g}); capture {row['capture_s']:.1f} s"
-        )
+    for granularity in GRANULARITIES:
+        key = f"graphed_{granularity}"
+        if f"{key}_error" in row:
+            lines.append(f"    {key}: FAILED {row[f'{key}_error']}")
+        elif f"{key}_ms" in row:
+            lines.append(
+                f"    {key} {ms(key)}{split(key)}{peak(key)}: {row['eager_ms'] / row[f'{key}_ms']:.2f}x over eager, "
+                f"{row['static_ms'] / row[f'{key}_ms']:.2f}x over static; equal to eager: "
+                f"{'yes' if row[f'{key}_equal'] else 'NO'} (max |d grad| {row[f'{key}_diff']:.3g} "
+                f"{row[f'{key}_where']}; floor {row['floor']:.3g}); capture {row[f'{key}_capture_s']:.1f} s"
+            )
     return "\n".join(lines)
 
 
@@ -309,8 +319,7 @@ def parse_args(argv):
     parser.add_argument(
         "--granularity",
         default="stack",
-        choices=GRANULARITIES,
-        help="one graph for all layers, or one per layer",
+        help="comma-separated: stack (one graph for all layers), layer (one per layer); each is its own capture",
     )
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls before each timing")
     parser.add_argument(
@@ -329,6 +338,7 @@ def parse_args(argv):
     )
     args = parser.parse_args(argv)
     args.arms = names(args.arms, tuple(ARMS), "--arms")
+    args.granularity = names(args.granularity, GRANULARITIES, "--granularity")
     args.layers = depths(args.layers)
     if args.tiny and args.shape is None:
         args.shape = TINY_SHAPES["n4"]

@@ -108,10 +108,10 @@ def test_the_script_checks_an_arm_and_says_the_graph_needs_cuda(capsys):
     rows = graphed_step.main(argv + ["--arms", "shared"])
     assert [row["arm"] for row in rows] == ["shared"]
     assert rows[0]["static_equal"] and rows[0]["stack_syncs"].startswith("none")
-    assert rows[0]["graphed_error"].startswith("skipped")
+    assert rows[0]["graphed_stack_error"].startswith("skipped")
     out = capsys.readouterr().out
     assert (
-        "graphed: FAILED skipped: CUDA graphs need a CUDA device" in out
+        "graphed_stack: FAILED skipped: CUDA graphs need a CUDA device" in out
         and "static == model's own step: yes" in out
     )
 
@@ -130,7 +130,7 @@ def test_bad_arguments_say_what_is_wrong(argv, message):
         graphed_step.parse_args(argv)
 
 
-def test_the_granularity_is_stack_or_layer():
-    assert graphed_step.parse_args(["--granularity", "layer"]).granularity == "layer"
-    with pytest.raises(SystemExit):
+def test_the_granularity_is_stack_or_layer_or_both():
+    assert graphed_step.parse_args(["--granularity", "stack,layer"]).granularity == ["stack", "layer"]
+    with pytest.raises(SystemExit, match="--granularity: unknown model"):
         graphed_step.parse_args(["--granularity", "model"])
