@@ -134,3 +134,34 @@ def test_the_granularity_is_stack_or_layer_or_both():
     assert graphed_step.parse_args(["--granularity", "stack,layer"]).granularity == ["stack", "layer"]
     with pytest.raises(SystemExit, match="--granularity: unknown model"):
         graphed_step.parse_args(["--granularity", "model"])
+
+
+@pytest.mark.parametrize("granularity", ["stack", "layer"])
+def test_what_is_handed_to_the_capture_computes_the_same_step(model, steps, granularity, monkeypatch):
+    # make_graphed_callables needs CUDA: here it hands the callables back, so the chain around them is checked
+    handed = {}
+
+    def hand_back(callables, sample_args, num_warmup_iters):
+        handed["callables"], handed["samples"] = callables, sample_args
+        return callables
+
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", hand_back)
+    batch, own, _ = steps(True)
+    stack = graphed_step.graphed_stack(model, batch, granularity, warmup=1)
+    layers = len(model.model.layers)
+    if granularity == "stack":
+        assert (
+            isinstance(handed["callables"], static_stack.LayerStack)
+            and len(handed["callables"].layers) == layers
+        )
+        samples = [handed["samples"]]
+    else:
+        assert len(handed["callables"]) == len(handed["samples"]) == layers
+        samples = handed["samples"]
+    assert all(s[0].requires_grad and s[1] is batch.cos and s[2] is batch.sin for s in samples)
+    model.config.shared_prefix_training = True
+    result = graphed_step.two_micro_batches(
+        model, lambda **kw: static_stack.static_step(model, stack, batch, **kw)
+    )
+    model.config.shared_prefix_training = False
+    assert graphed_step.compare(own, result)[0]
