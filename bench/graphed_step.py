@@ -190,17 +190,21 @@ def timed(model, fn, args, row, key, ctx):
         fn(model, *args)
     m = measure(model, fn, args, ctx.timer, ctx.repeats, ctx.device)
     row[f"{key}_ms"], row[f"{key}_min"], row[f"{key}_max"] = m.median, m.low, m.high
-    row[f"{key}_peak_gib"] = m.peak_gib
+    row[f"{key}_peak_gib"], row[f"{key}_step_gib"] = m.peak_gib, m.step_gib
     if ctx.device.type == "cuda":
         row[f"{key}_reserved_gib"] = torch.cuda.memory_reserved() / GIB
         row[f"{key}_syncs"] = m.syncs
     if ctx.args.host_split and ctx.device.type == "cuda":
-        cut, _ = split_step(lambda: fn(model, *args), ctx.device, ctx.cost_us)
-        row[f"{key}_host_ms"], row[f"{key}_gpu_ms"], row[f"{key}_kernels"] = (
-            cut.host_ms,
-            cut.gpu_ms,
-            cut.kernels,
-        )
+        try:
+            cut, _ = split_step(lambda: fn(model, *args), ctx.device, ctx.cost_us)
+        except Exception as error:  # noqa: BLE001 - the profiler failing on a step is no verdict on the step
+            row[f"{key}_split_error"] = describe(error)
+        else:
+            row[f"{key}_host_ms"], row[f"{key}_gpu_ms"], row[f"{key}_kernels"] = (
+                cut.host_ms,
+                cut.gpu_ms,
+                cut.kernels,
+            )
     model.zero_grad(set_to_none=True)
 
 
@@ -268,17 +272,22 @@ def summary(row) -> str:
         return "-" if value is None else f"{value:.1f}"
 
     def split(key):
+        syncs = f", {row[f'{key}_syncs']} syncs" if f"{key}_syncs" in row else ""
+        if f"{key}_split_error" in row:
+            return f" (host/GPU split failed: {row[f'{key}_split_error']}{syncs})"
         if f"{key}_host_ms" not in row:
-            return ""
-        return f" (host {row[f'{key}_host_ms']:.0f} / GPU {row[f'{key}_gpu_ms']:.0f} ms, {row[f'{key}_kernels']} kernels)"
+            return f" ({syncs[2:]})" if syncs else ""
+        return (
+            f" (host {row[f'{key}_host_ms']:.0f} / GPU {row[f'{key}_gpu_ms']:.0f} ms, "
+            f"{row[f'{key}_kernels']} kernels{syncs})"
+        )
 
     def peak(key):
         if f"{key}_peak_gib" not in row or row[f"{key}_peak_gib"] != row[f"{key}_peak_gib"]:
             return ""
         reserved = row.get(f"{key}_reserved_gib")
-        return (
-            f" peak {row[f'{key}_peak_gib']:.1f}" + (f"/{reserved:.1f} reserved" if reserved else "") + " GiB"
-        )
+        text = f" peak {row[f'{key}_peak_gib']:.1f} GiB (step +{row[f'{key}_step_gib']:.1f}"
+        return text + (f", {reserved:.1f} reserved)" if reserved else ")")
 
     head = f"[{row['layers']}L] {row['shape']} {row['arm']} (C={row['C']}):"
     lines = [
