@@ -117,7 +117,8 @@ def caller_outside_torch() -> str:
         if "/torch/" in frame.filename or frame.filename == __file__ or "/warnings.py" in frame.filename:
             continue
         return f"{frame.filename.split('site-packages/')[-1].split('/wt/')[-1]}:{frame.lineno} {frame.name}"
-    return "?"
+    # warnings of C++ autograd nodes are replayed on the calling thread after the backward
+    return "no Python frame (a C++ op, e.g. an autograd node of the backward)"
 
 
 def stack_host_syncs(model, batch, device) -> str:
