@@ -68,13 +68,21 @@ def uncheckpointed(model):
     return model
 
 
+OUTSIDE = ("/torch/", "/triton/")  # frames of the machinery, not of the code that called it
+
+
+def _where(frame) -> str:
+    return f"{frame.filename.split('site-packages/')[-1].split('/wt/')[-1]}:{frame.lineno} {frame.name}"
+
+
 def first_site(error: BaseException) -> str:
-    """The innermost frame of `error`'s traceback outside torch's own files (the op's caller)."""
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if "/torch/" not in f.filename]
+    """The two innermost frames of `error`'s traceback outside torch and Triton (the op and its caller)."""
+    frames = [
+        f for f in traceback.extract_tb(error.__traceback__) if not any(o in f.filename for o in OUTSIDE)
+    ]
     if not frames:
         return "?"
-    f = frames[-1]
-    return f"{f.filename.split('site-packages/')[-1].split('/wt/')[-1]}:{f.lineno} {f.name}: {(f.line or '').strip()}"
+    return " <- ".join(f"{_where(f)}: {(f.line or '').strip()}" for f in reversed(frames[-2:]))
 
 
 def describe(error: BaseException) -> str:
@@ -114,9 +122,13 @@ def graphed_stack(model, batch, granularity: str, warmup: int):
 
 def caller_outside_torch() -> str:
     for frame in reversed(traceback.extract_stack()[:-1]):
-        if "/torch/" in frame.filename or frame.filename == __file__ or "/warnings.py" in frame.filename:
+        if (
+            any(o in frame.filename for o in OUTSIDE)
+            or frame.filename == __file__
+            or "/warnings.py" in frame.filename
+        ):
             continue
-        return f"{frame.filename.split('site-packages/')[-1].split('/wt/')[-1]}:{frame.lineno} {frame.name}"
+        return _where(frame)
     # warnings of C++ autograd nodes are replayed on the calling thread after the backward
     return "no Python frame (a C++ op, e.g. an autograd node of the backward)"
 

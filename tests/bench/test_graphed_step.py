@@ -165,3 +165,15 @@ def test_what_is_handed_to_the_capture_computes_the_same_step(model, steps, gran
     )
     model.config.shared_prefix_training = False
     assert graphed_step.compare(own, result)[0]
+
+
+def test_a_failure_is_described_by_the_op_outside_torch_that_raised_it():
+    def launch_inside_a_layer():
+        torch.empty(2).view(3)  # fails inside torch; the frame named is this one
+
+    try:
+        launch_inside_a_layer()
+    except RuntimeError as error:
+        text = graphed_step.describe(error)
+    assert text.startswith("RuntimeError: shape '[3]' is invalid")
+    assert "launch_inside_a_layer: torch.empty(2).view(3)" in text
