@@ -380,6 +380,14 @@ class Context:
         self.cost_us = profiler_cost_us(device) if args.host_split and device.type == "cuda" else float("nan")
 
 
+def write(rows: list[dict], path: Path) -> None:
+    keys = list(dict.fromkeys(k for row in rows for k in row))
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
     # as shared_prefix_gpu.py: CUPTI torn down after each profiled call, so later launches do not pay for it
@@ -387,6 +395,11 @@ def main(argv=None) -> list[dict]:
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     dtype = torch.float32 if args.tiny else torch.bfloat16
     widths = TINY if args.tiny else WIDTHS
+    path = None
+    if args.out:
+        label = "cpu-tiny" if device.type == "cpu" else torch.cuda.get_device_name().replace(" ", "_")
+        path = Path(args.out) / f"graphed_step_{label}.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
     rows, began = [], time.perf_counter()
     for layers in args.layers:
         ctx = Context(args, device, layers)
@@ -397,25 +410,20 @@ def main(argv=None) -> list[dict]:
             try:
                 row = run_arm(model, arm, (ids, cu, max_len), ctx)
             except Exception as error:  # noqa: BLE001 - an OOM at 32 layers, say: the next arm still runs
-                print(f"[{layers}L] {arm}: FAILED before the graph: {describe(error)}", flush=True)
+                row = {"arm": arm, "layers": layers, "shape": args.shape.name, "error": describe(error)}
+                print(f"[{layers}L] {arm}: FAILED before the graph: {row['error']}", flush=True)
                 model.zero_grad(set_to_none=True)
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
-                continue
+            else:
+                print(summary(row), flush=True)
             rows.append(row)
-            print(summary(row), flush=True)
+            if path:
+                write(rows, path)  # after every arm: a run cut short keeps what it measured
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    if args.out:
-        label = "cpu-tiny" if args.tiny else torch.cuda.get_device_name().replace(" ", "_")
-        path = Path(args.out) / f"graphed_step_{label}.csv"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        keys = list(dict.fromkeys(k for row in rows for k in row))
-        with path.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=keys)
-            writer.writeheader()
-            writer.writerows(rows)
+    if path:
         print(f"wrote {path}")
     print(f"done in {time.perf_counter() - began:.0f} s")
     return rows
