@@ -15,6 +15,8 @@
 #   grpo   GRPO through TRL, every arm, two warm-up steps (bench/grpo_trl.py)
 #   host   host CPU vs GPU time of one training step at 32 layers, packed / shared / chunk-aligned
 #          (bench/host_profile.py)
+#   graph  eager vs CUDA-graphed layer stack, packed and shared, 8 then 32 layers, n=4 P=2048 R=256
+#          (bench/graphed_step.py: equality to the eager step, host syncs inside the layers, capture errors)
 # Results land in $OUT/s/, packed into $OUT/step_run.tar.gz after each part; $OUT/steps.txt says what
 # each part returned and how long it took. Set PARTS to a comma list of them
 # (default tests,grpo,host).
@@ -38,7 +40,7 @@ PACK=step_run.tar.gz
 wanted() { [[ ",$PARTS," == *",$1,"* ]]; }
 
 for p in ${PARTS//,/ }; do
-  case $p in tests|grpo|host|level|sp8|sp32) ;; *) echo "unknown part $p (tests, grpo, host, level, sp8, sp32)"; exit 2;; esac
+  case $p in tests|grpo|host|level|sp8|sp32|graph) ;; *) echo "unknown part $p (tests, grpo, host, level, sp8, sp32, graph)"; exit 2;; esac
 done
 if wanted level; then
   cp kernels/shared_prefix/level_costs.json "$R/level_costs.json"
@@ -71,6 +73,10 @@ if wanted host; then
   part host-32 150 python bench/host_profile.py --layers 32 --shapes 4x2048x256 --arms packed,shared,aligned \
     --out "$R/host_l32" > "$R/host_l32.log" 2>&1
   tail -30 "$R/host_l32.log"; pack
+fi
+if wanted graph; then
+  part graph 400 python bench/graphed_step.py --layers 8,32 --out "$R/graph" > "$R/graph.txt" 2>&1
+  tail -30 "$R/graph.txt"; pack
 fi
 save_fla_configs
 echo "done in $((SECONDS - START)) s" | tee -a "$OUT/steps.txt"
