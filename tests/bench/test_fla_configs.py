@@ -58,8 +58,9 @@ def test_no_triton_cache_is_a_clear_error(tmp_path):
         fla_configs.main(["--out", str(tmp_path / "o"), "--triton-cache", str(tmp_path / "nothing")])
 
 
+@pytest.mark.gpu  # fla-core is the gpu extra: this runs in bench/gpu_tests.sh
 def test_fla_reads_the_files_back_in_strict_mode(tmp_path, monkeypatch):
-    cache_module = pytest.importorskip("fla.ops.utils.cache")  # fla-core: the gpu extra
+    cache_module = pytest.importorskip("fla.ops.utils.cache")
     cache, out = tmp_path / "cache", tmp_path / "configs"
     _tuned(cache, "a1", "chunk_fwd_kernel_o", KEY_BF16, [[_config(64, 8), [0.2, 0.2, 0.2]]])
     fla_configs.write(fla_configs.tuned_kernels(cache), out, "3.7.1")
