@@ -185,7 +185,9 @@ class ConvTuning:
     program (at least 32 lanes x the vector width per warp keeps a step's rows inside one thread),
     stages: pipelining depth of the step loop (None or 1: not pipelined); fast: a step whose rows all
     have their W taps and W shifts inside their sequence skips the per-row masks (a branch per step;
-    the segment design has no per-row masks, so it ignores fast).
+    the segment design has no per-row masks, so it ignores fast); maxnreg: a cap on registers per
+    thread for the window and segment kernels (Triton's CUDA launch option; None: the compiler's
+    choice, which for these one-warp programs is all 255 and so 8 warps a multiprocessor).
     """
 
     fwd_kernel: str = "tile"
@@ -205,6 +207,8 @@ class ConvTuning:
     bwd_rows: int = 4
     bwd_chunk: int = 512
     bwd_fast: bool = False
+    fwd_maxnreg: int | None = None
+    bwd_maxnreg: int | None = None
     recompute_bt: int = 32
     recompute_bd: int = 64
 
@@ -238,6 +242,10 @@ PRESETS = {
     "segment-c256": _segment(fwd_chunk=256, bwd_chunk=256),
     "segment-r2": _segment(fwd_rows=2, bwd_rows=2),
     "segment-bd512-w2": _segment(fwd_bd=512, fwd_warps=2, bwd_bd=512, bwd_warps=2),
+    # 168 registers: 12 one-warp programs a multiprocessor instead of 8, for ~55 spilled registers a step
+    # (in L1); 128: 16 programs, ~110 (counts from ptxas for sm_90)
+    "segment-reg168": _segment(bwd_maxnreg=168),
+    "segment-reg128": _segment(bwd_maxnreg=128),
     "tile-segment": _segment(fwd_kernel="tile", fwd_bt=32, fwd_bd=128, fwd_warps=4, fwd_stages=None),
     "window-r8": _window(fwd_rows=8, bwd_rows=8),  # last: the largest unrolled code, the longest compile
 }
@@ -274,6 +282,10 @@ def _stages(num_stages: int | None) -> dict:
     return {} if num_stages is None else {"num_stages": num_stages}
 
 
+def _maxnreg(maxnreg: int | None) -> dict:
+    return {} if maxnreg is None else {"maxnreg": maxnreg}
+
+
 def _window_shape(rows: int, chunk: int, T: int, W: int) -> tuple[int, int, int]:
     """(R, L, HP): rows a step, rows a program, carried rows. L is a multiple of R, cut to the power of
     two that covers T for short rows (L is a compile-time constant: a few values, not one per length)."""
@@ -299,7 +311,7 @@ def _fwd_launch(T, D, W, N, dtype, device, has_bias, silu, tuning):
         R, L, HP = _window_shape(tuning.fwd_rows, tuning.fwd_chunk, T, W)
         BD = min(tuning.fwd_bd, next_pow2(D))
         meta = dict(common, WP=next_pow2(W), HP=HP, R=R, L=L, BD=BD, STAGES=tuning.fwd_stages or 1,
-                    num_warps=tuning.fwd_warps)
+                    num_warps=tuning.fwd_warps, **_maxnreg(tuning.fwd_maxnreg))
         if tuning.fwd_kernel == "segment":
             return causal_conv1d_fwd_segment_kernel, (triton.cdiv(T, L), triton.cdiv(D, BD)), meta, search_steps(N)
         return (causal_conv1d_fwd_window_kernel, (triton.cdiv(T, L), triton.cdiv(D, BD)),
@@ -333,7 +345,7 @@ def _bwd_launch(T, D, W, N, dtype, device, has_bias, silu, tuning):
         BD = min(tuning.bwd_bd, next_pow2(D))
         n_chunks = triton.cdiv(T, L)
         meta = dict(common, WP=next_pow2(W), HP=HP, R=R, L=L, BD=BD, NH=triton.cdiv(W - 1, R),
-                    STAGES=tuning.bwd_stages or 1, num_warps=tuning.bwd_warps)
+                    STAGES=tuning.bwd_stages or 1, num_warps=tuning.bwd_warps, **_maxnreg(tuning.bwd_maxnreg))
         if design == "segment":
             return (design, causal_conv1d_bwd_segment_kernel, (n_chunks, triton.cdiv(D, BD)), meta, n_chunks,
                     search_steps(N), None)
