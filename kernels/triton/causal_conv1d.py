@@ -187,7 +187,9 @@ class ConvTuning:
     have their W taps and W shifts inside their sequence skips the per-row masks (a branch per step;
     the segment design has no per-row masks, so it ignores fast); maxnreg: a cap on registers per
     thread for the window and segment kernels (Triton's CUDA launch option; None: the compiler's
-    choice, which for these one-warp programs is all 255 and so 8 warps a multiprocessor).
+    choice, which for these one-warp programs is all 255 and so 8 warps a multiprocessor); vec (segment
+    only): channels a load takes together, at most (None: the compiler's 16-byte vectors); bd should be
+    32 x vec x warps, so that a step's rows stay inside each thread.
     """
 
     fwd_kernel: str = "tile"
@@ -209,6 +211,8 @@ class ConvTuning:
     bwd_fast: bool = False
     fwd_maxnreg: int | None = None
     bwd_maxnreg: int | None = None
+    fwd_vec: int | None = None
+    bwd_vec: int | None = None
     recompute_bt: int = 32
     recompute_bd: int = 64
 
@@ -246,6 +250,11 @@ PRESETS = {
     # (in L1); 128: 16 programs, ~110 (counts from ptxas for sm_90)
     "segment-reg168": _segment(bwd_maxnreg=168),
     "segment-reg128": _segment(bwd_maxnreg=128),
+    # 4 channels a thread (bf16: 8-byte loads): 128 registers without spills, 16 warps a multiprocessor
+    "segment-v4": _segment(fwd_bd=128, fwd_vec=4, bwd_bd=128, bwd_vec=4, bwd_maxnreg=128),
+    "segment-v4-c256": _segment(fwd_bd=128, fwd_vec=4, bwd_bd=128, bwd_vec=4, bwd_maxnreg=128, fwd_chunk=256,
+                                bwd_chunk=256),
+    "segment-v2": _segment(fwd_bd=64, fwd_vec=2, bwd_bd=64, bwd_vec=2),
     "tile-segment": _segment(fwd_kernel="tile", fwd_bt=32, fwd_bd=128, fwd_warps=4, fwd_stages=None),
     "window-r8": _window(fwd_rows=8, bwd_rows=8),  # last: the largest unrolled code, the longest compile
 }
@@ -313,7 +322,8 @@ def _fwd_launch(T, D, W, N, dtype, device, has_bias, silu, tuning):
         meta = dict(common, WP=next_pow2(W), HP=HP, R=R, L=L, BD=BD, STAGES=tuning.fwd_stages or 1,
                     num_warps=tuning.fwd_warps, **_maxnreg(tuning.fwd_maxnreg))
         if tuning.fwd_kernel == "segment":
-            return causal_conv1d_fwd_segment_kernel, (triton.cdiv(T, L), triton.cdiv(D, BD)), meta, search_steps(N)
+            return (causal_conv1d_fwd_segment_kernel, (triton.cdiv(T, L), triton.cdiv(D, BD)),
+                    dict(meta, VEC=tuning.fwd_vec or 0), search_steps(N))
         return (causal_conv1d_fwd_window_kernel, (triton.cdiv(T, L), triton.cdiv(D, BD)),
                 dict(meta, FAST=bool(tuning.fwd_fast)), search_steps(N))
     if tuning.fwd_kernel != "tile":
@@ -347,8 +357,8 @@ def _bwd_launch(T, D, W, N, dtype, device, has_bias, silu, tuning):
         meta = dict(common, WP=next_pow2(W), HP=HP, R=R, L=L, BD=BD, NH=triton.cdiv(W - 1, R),
                     STAGES=tuning.bwd_stages or 1, num_warps=tuning.bwd_warps, **_maxnreg(tuning.bwd_maxnreg))
         if design == "segment":
-            return (design, causal_conv1d_bwd_segment_kernel, (n_chunks, triton.cdiv(D, BD)), meta, n_chunks,
-                    search_steps(N), None)
+            return (design, causal_conv1d_bwd_segment_kernel, (n_chunks, triton.cdiv(D, BD)),
+                    dict(meta, VEC=tuning.bwd_vec or 0), n_chunks, search_steps(N), None)
         return (design, causal_conv1d_bwd_window_kernel, (n_chunks, triton.cdiv(D, BD)),
                 dict(meta, FAST=bool(tuning.bwd_fast)), n_chunks, search_steps(N), None)
     if design == "recompute":

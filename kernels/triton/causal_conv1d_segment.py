@@ -18,6 +18,11 @@ search); the halo steps above a segment that stops at the chunk's end run before
 loop's body has no branch. Rows with no dy (below the segment, past the sequence) get a zero
 pre-activation gradient, so they add nothing to the weight and bias gradients.
 
+Registers: at BD = 256 channels a warp (16-byte bf16 vectors, 8 channels a thread) the backward takes
+all 255 registers (8 one-warp programs a multiprocessor); `VEC` = 4 with BD = 128 (4 channels a
+thread, 8-byte loads, still whole 128-byte lines a row and warp) fits in 128 without spilling (16
+programs), for ~15% more instructions an element (counts from ptxas for sm_90).
+
 Rows past cu_seqlens[-1] count as part of the last sequence, and rows before cu_seqlens[0] as part
 of the first (what the other conv kernels compute too).
 """
@@ -28,6 +33,17 @@ import triton
 import triton.language as tl
 
 from .causal_conv1d_window import _row, _take, _weights
+
+
+@triton.jit
+def _channels(BD: tl.constexpr, VEC: tl.constexpr):
+    """0 .. BD-1; VEC > 0 caps the channels a load takes together (the vector width) at VEC, so that
+    a one-warp [R, BD] tile with BD = 32 * VEC keeps its R rows inside each thread with fewer channels
+    (and registers) a thread than the 16-byte vectors the compiler would choose."""
+    o = tl.arange(0, BD)
+    if VEC > 0:
+        o = tl.max_contiguous(o, VEC)
+    return o
 
 
 @triton.jit
@@ -87,13 +103,13 @@ def _dpre(xn, xc, dp, wt, b, W: tl.constexpr, WP: tl.constexpr, HP: tl.constexpr
 def causal_conv1d_fwd_segment_kernel(x, weight, bias, y, cu_seqlens, n_iter, N, T, D: tl.constexpr, W: tl.constexpr,
                                      WP: tl.constexpr, HP: tl.constexpr, R: tl.constexpr, L: tl.constexpr,
                                      BD: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, ACC: tl.constexpr,
-                                     STAGES: tl.constexpr):
+                                     STAGES: tl.constexpr, VEC: tl.constexpr):
     """Program (c, j): rows c*L .. c*L+L-1 of channel block j, one sequence's segment at a time."""
     c0 = tl.program_id(0) * L
     c_end = tl.minimum(c0 + L, T)
     o_r = tl.arange(0, R)
     o_h = tl.arange(0, HP)
-    o_d = tl.program_id(1) * BD + tl.arange(0, BD)
+    o_d = tl.program_id(1) * BD + _channels(BD, VEC)
     m_d = o_d < D
     wt, b = _weights(weight, bias, o_d, m_d, W, WP, BD, HAS_BIAS, ACC)
     s_first = _sequence_of_row(cu_seqlens, c0, n_iter, N)
@@ -121,7 +137,8 @@ def causal_conv1d_fwd_segment_kernel(x, weight, bias, y, cu_seqlens, n_iter, N, 
 def causal_conv1d_bwd_segment_kernel(x, weight, bias, dy, dx, part, cu_seqlens, n_iter, N, T, D: tl.constexpr,
                                      W: tl.constexpr, WP: tl.constexpr, HP: tl.constexpr, R: tl.constexpr,
                                      L: tl.constexpr, BD: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
-                                     ACC: tl.constexpr, PS: tl.constexpr, NH: tl.constexpr, STAGES: tl.constexpr):
+                                     ACC: tl.constexpr, PS: tl.constexpr, NH: tl.constexpr, STAGES: tl.constexpr,
+                                     VEC: tl.constexpr):
     """Program (c, j): rows c*L .. c*L+L-1 of channel block j. Per segment: NH = ceil((W-1)/R) halo
     steps above it (the pre-activation gradient of the W-1 rows after it, zero past the sequence's
     end), then its own rows. part[c] (PS values a row) gets this chunk's dweight ([D, W] flattened),
@@ -132,7 +149,7 @@ def causal_conv1d_bwd_segment_kernel(x, weight, bias, dy, dx, part, cu_seqlens, 
     o_r = tl.arange(0, R)
     o_h = tl.arange(0, HP)
     o_w = tl.arange(0, WP)
-    o_d = tl.program_id(1) * BD + tl.arange(0, BD)
+    o_d = tl.program_id(1) * BD + _channels(BD, VEC)
     m_d = o_d < D
     wt, b = _weights(weight, bias, o_d, m_d, W, WP, BD, HAS_BIAS, ACC)
     dw_acc = tl.zeros([WP, BD], dtype=ACC)

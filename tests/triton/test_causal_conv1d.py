@@ -253,7 +253,7 @@ def test_unpacked_batch_boundaries_are_made_once_per_shape():
     assert _batch_cu_seqlens(3, 6, torch.device("cpu")).tolist() == [0, 6, 12, 18]
 
 
-@pytest.mark.parametrize("preset", ["segment", "segment-r2", "segment-reg168", "tile-segment"])
+@pytest.mark.parametrize("preset", ["segment", "segment-r2", "segment-reg168", "segment-v4", "tile-segment"])
 def test_segment_presets_as_the_sweep_runs_them(device, preset):
     """The presets the sweep times (launch options included: a register cap reaches the launch),
     at a tiny width, against float64."""
