@@ -35,7 +35,7 @@ def rel_err(a, b) -> float:
 
 
 @DTYPES
-@pytest.mark.parametrize("transposes", ["loaded", "trans"])
+@pytest.mark.parametrize("transposes", ["loaded", "trans", "trans-half"])
 def test_gdn_varlen_with_initial_state_against_float64_reference(dtype, transposes, monkeypatch, value_heads=32):
     # both designs of the backward's transposed tiles (the tuning table picks one per GPU model)
     import importlib
