@@ -79,7 +79,7 @@ part profile-371 60 env PYTHONPATH=$P371 python bench/triton_profile.py --arms o
   --csv "$R/profile_triton371.csv" > "$R/profile_triton371.txt" 2>&1
 pack
 
-# 5. the GDN backward's transposes designs (loaded, trans-wy, trans), our GDN fwd+bwd with and without h0
+# 5. the GDN backward's transposes designs (loaded, trans-wy, trans, trans-half), our GDN fwd+bwd with and without h0
 part transposes-371 60 env PYTHONPATH=$P371 python bench/triton_tuning.py --sweep --only transposes --jobs 1 \
   --repeats 20 --tuning "$R/tuning_transposes_triton371.json" > "$R/transposes_triton371.txt" 2>&1
 pack
