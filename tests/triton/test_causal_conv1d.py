@@ -111,8 +111,8 @@ def test_window_kernels_over_chunks_sequences_and_channel_blocks(device, width, 
         assert max_err(a.reshape(r.shape), r) < TOL
 
 
-# (width, rows a step, activation): several halo steps, one step a chunk, a step larger than most segments
-@pytest.mark.parametrize("width,rows,activation", [(4, 4, "silu"), (3, 1, None), (4, 8, "silu")])
+# (width, rows a step, activation): steps larger than the short sequences; several halo steps
+@pytest.mark.parametrize("width,rows,activation", [(4, 4, "silu"), (3, 1, None)])
 def test_segment_kernels_over_chunks_sequences_and_channel_blocks(device, width, rows, activation):
     """The segment design splits each chunk of 8 rows at sequence boundaries: sequences of 1 and 2
     rows, an empty one, ones crossing chunks, 24 channels in blocks of 16, against float64."""
