@@ -15,7 +15,7 @@
 #   3. bench/triton_kernels.py, ours vs fla vs the floor, GPU and host ms, Triton 3.7.1
 #   4. torch.profiler per-kernel times and bandwidth (bench/triton_profile.py), ours and fla, 3.7.1
 #   5. our GDN with the backward's transposes designs (bench/triton_tuning.py --sweep --only transposes), 3.7.1
-#   6. Nsight Compute (ncu) of ours and fla, one forward + backward per op, 3.7.1
+#   6. Nsight Compute (ncu) of ours and fla, one forward + backward per op, 3.7.1 (and the conv's segment preset)
 #   7. under the image's Triton 3.6.0, as long as the budget lasts: the sweep, then the bench (ours)
 # Everything lands in $OUT/r/, packed into $OUT/triton_floor.tar.gz after each part (what comes back
 # is at most 8 files); $OUT/steps.txt says what each part returned and how long it took.
@@ -79,7 +79,7 @@ part profile-371 60 env PYTHONPATH=$P371 python bench/triton_profile.py --arms o
   --csv "$R/profile_triton371.csv" > "$R/profile_triton371.txt" 2>&1
 pack
 
-# 5. the GDN backward's transposes designs (loaded, trans-wy, trans), our GDN fwd+bwd with and without h0
+# 5. the GDN backward's transposes designs (loaded, trans-wy, trans, trans-half), our GDN fwd+bwd with and without h0
 part transposes-371 60 env PYTHONPATH=$P371 python bench/triton_tuning.py --sweep --only transposes --jobs 1 \
   --repeats 20 --tuning "$R/tuning_transposes_triton371.json" > "$R/transposes_triton371.txt" 2>&1
 pack
@@ -93,6 +93,10 @@ if [ -n "$NCU" ]; then
   pack
   part ncu-fla-gdn-371 60 env PYTHONPATH=$P371 "$NCU" "${NCU_ARGS[@]}" python bench/triton_profile.py --ncu-target \
     --arms fla --ops gated_delta_rule > "$R/ncu_fla_gdn_triton371.txt" 2>&1
+  pack
+  # the segment conv design (a preset, not the default until the sweep picks it): what bounds it
+  part ncu-conv-segment-371 40 env PYTHONPATH=$P371 PATCHGEN_TRITON_CONV=segment "$NCU" "${NCU_ARGS[@]}" \
+    python bench/triton_profile.py --ncu-target --arms ours --ops causal_conv1d > "$R/ncu_conv_segment_triton371.txt" 2>&1
   pack
 fi
 

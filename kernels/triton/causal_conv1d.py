@@ -4,7 +4,10 @@ y[t, d] = act(bias[d] + sum_w weight[d, w] * x[t - (W-1) + w, d]), where rows be
 of t's sequence read as zero (every sequence starts from a zero state). W is a kernel parameter.
 
 Each row finds its sequence by a binary search over cu_seqlens inside the kernel, so a call costs
-its launches and no tensor work on the host. Three designs, picked by `ConvTuning`:
+its launches and no tensor work on the host. Four designs, picked by `ConvTuning`:
+- "segment" (causal_conv1d_segment.py, forward and backward): the window walk, split at sequence
+  boundaries, so that the causal padding and sequence ends are masked loads and not per-element
+  selects (the window kernels' step is bound by instruction issue, not memory).
 - "window" (causal_conv1d_window.py, forward and backward): a program walks a chunk of rows, R at
   a time, carrying the rows it shares with the previous step in registers; every element crosses
   L1 once and the activation is evaluated once per element.
@@ -27,6 +30,7 @@ import triton
 import triton.language as tl
 
 from ._common import next_pow2, precision_for, search_steps, sequence_of, shape_cache_get, sum_partials
+from .causal_conv1d_segment import causal_conv1d_bwd_segment_kernel, causal_conv1d_fwd_segment_kernel
 from .causal_conv1d_window import causal_conv1d_bwd_window_kernel, causal_conv1d_fwd_window_kernel
 from .launch_config import config_from_env, table_config
 
@@ -174,13 +178,18 @@ def causal_conv1d_bwd_recompute_kernel(x, weight, bias, dy, dx, part, cu_seqlens
 class ConvTuning:
     """Kernel designs, tile shapes and launch options; docs/triton_kernels.md says how they were chosen.
 
-    fwd_kernel: "tile" or "window"; bwd_kernel: "window", "scratch" (CUDA only: it relies on a
+    fwd_kernel: "tile", "window" or "segment"; bwd_kernel: "window", "segment", "scratch" (CUDA only: it relies on a
     barrier making a program's global stores visible to its own threads, which CUDA's bar.sync does),
     "recompute", or None (scratch on CUDA and under the interpreter, recompute elsewhere).
-    Window fields: rows (R) per step, chunk (L, a multiple of R) rows per program, bd channels per
+    Window fields (also the segment design's): rows (R) per step, chunk (L, a multiple of R) rows per program, bd channels per
     program (at least 32 lanes x the vector width per warp keeps a step's rows inside one thread),
     stages: pipelining depth of the step loop (None or 1: not pipelined); fast: a step whose rows all
-    have their W taps and W shifts inside their sequence skips the per-row masks (a branch per step).
+    have their W taps and W shifts inside their sequence skips the per-row masks (a branch per step;
+    the segment design has no per-row masks, so it ignores fast); maxnreg: a cap on registers per
+    thread for the window and segment kernels (Triton's CUDA launch option; None: the compiler's
+    choice, which for these one-warp programs is all 255 and so 8 warps a multiprocessor); vec (segment
+    only): channels a load takes together, at most (None: the compiler's 16-byte vectors); bd should be
+    32 x vec x warps, so that a step's rows stay inside each thread.
     """
 
     fwd_kernel: str = "tile"
@@ -200,6 +209,10 @@ class ConvTuning:
     bwd_rows: int = 4
     bwd_chunk: int = 512
     bwd_fast: bool = False
+    fwd_maxnreg: int | None = None
+    bwd_maxnreg: int | None = None
+    fwd_vec: int | None = None
+    bwd_vec: int | None = None
     recompute_bt: int = 32
     recompute_bd: int = 64
 
@@ -208,6 +221,10 @@ def _window(**kw) -> ConvTuning:
     base = dict(fwd_kernel="window", fwd_bd=256, fwd_warps=1, fwd_rows=4, fwd_chunk=512, fwd_stages=3,
                 bwd_kernel="window", bwd_bd=256, bwd_warps=1, bwd_rows=4, bwd_chunk=512, bwd_stages=3)
     return ConvTuning(**{**base, **kw})
+
+
+def _segment(**kw) -> ConvTuning:
+    return _window(**{"fwd_kernel": "segment", "bwd_kernel": "segment", **kw})
 
 
 # Candidates that bench/triton_tuning.py --sweep times; PATCHGEN_TRITON_CONV picks one for a process
@@ -224,6 +241,25 @@ PRESETS = {
     "tile-window": _window(fwd_kernel="tile", fwd_bt=32, fwd_bd=128, fwd_warps=4, fwd_stages=None),
     "window-scratch": _window(bwd_kernel=None, bwd_bd=64, bwd_warps=4, bwd_stages=None),
     "window-c256-fast": _window(fwd_chunk=256, bwd_chunk=256, fwd_fast=True, bwd_fast=True),
+    # the segment design (causal_conv1d_segment.py); not a default until the sweep has timed it
+    "segment": _segment(),
+    "segment-c256": _segment(fwd_chunk=256, bwd_chunk=256),
+    "segment-r2": _segment(fwd_rows=2, bwd_rows=2),
+    "segment-bd512-w2": _segment(fwd_bd=512, fwd_warps=2, bwd_bd=512, bwd_warps=2),
+    # 168 registers: 12 one-warp programs a multiprocessor instead of 8, for ~55 spilled registers a step
+    # (in L1); 128: 16 programs, ~110 (counts from ptxas for sm_90)
+    "segment-reg168": _segment(bwd_maxnreg=168),
+    "segment-reg128": _segment(bwd_maxnreg=128),
+    # 4 channels a thread (bf16: 8-byte loads): 128 registers without spills, 16 warps a multiprocessor
+    "segment-v4": _segment(fwd_bd=128, fwd_vec=4, bwd_bd=128, bwd_vec=4, bwd_maxnreg=128),
+    "segment-v4-c256": _segment(fwd_bd=128, fwd_vec=4, bwd_bd=128, bwd_vec=4, bwd_maxnreg=128, fwd_chunk=256,
+                                bwd_chunk=256),
+    "segment-v2": _segment(fwd_bd=64, fwd_vec=2, bwd_bd=64, bwd_vec=2),
+    # no software pipelining: 40 instructions an element instead of 46 (no shared-memory staging and
+    # buffer bookkeeping), the loads' latency left to the 16 warps a multiprocessor
+    "segment-v4-s1": _segment(fwd_bd=128, fwd_vec=4, bwd_bd=128, bwd_vec=4, bwd_maxnreg=128, fwd_stages=None,
+                              bwd_stages=None),
+    "tile-segment": _segment(fwd_kernel="tile", fwd_bt=32, fwd_bd=128, fwd_warps=4, fwd_stages=None),
     "window-r8": _window(fwd_rows=8, bwd_rows=8),  # last: the largest unrolled code, the longest compile
 }
 DEFAULT = PRESETS["tile-scratch"]
@@ -259,6 +295,10 @@ def _stages(num_stages: int | None) -> dict:
     return {} if num_stages is None else {"num_stages": num_stages}
 
 
+def _maxnreg(maxnreg: int | None) -> dict:
+    return {} if maxnreg is None else {"maxnreg": maxnreg}
+
+
 def _window_shape(rows: int, chunk: int, T: int, W: int) -> tuple[int, int, int]:
     """(R, L, HP): rows a step, rows a program, carried rows. L is a multiple of R, cut to the power of
     two that covers T for short rows (L is a compile-time constant: a few values, not one per length)."""
@@ -270,8 +310,8 @@ def _window_shape(rows: int, chunk: int, T: int, W: int) -> tuple[int, int, int]
 
 def _bwd_design(tuning: ConvTuning, device: torch.device) -> str:
     kernel = tuning.bwd_kernel or ("scratch" if device.type in ("cuda", "cpu") else "recompute")
-    if kernel not in ("window", "scratch", "recompute"):
-        raise ValueError(f"bwd_kernel must be 'window', 'scratch' or 'recompute', got {kernel!r}")
+    if kernel not in ("window", "segment", "scratch", "recompute"):
+        raise ValueError(f"bwd_kernel must be 'window', 'segment', 'scratch' or 'recompute', got {kernel!r}")
     return kernel
 
 
@@ -280,15 +320,18 @@ def _fwd_launch(T, D, W, N, dtype, device, has_bias, silu, tuning):
     """(kernel, grid, constexpr keywords) of one forward: worked out once per shape, not per call."""
     prec = precision_for(dtype)
     common = dict(D=D, W=W, HAS_BIAS=has_bias, SILU=silu, ACC=prec.acc)
-    if tuning.fwd_kernel == "window":
+    if tuning.fwd_kernel in ("window", "segment"):
         R, L, HP = _window_shape(tuning.fwd_rows, tuning.fwd_chunk, T, W)
         BD = min(tuning.fwd_bd, next_pow2(D))
+        meta = dict(common, WP=next_pow2(W), HP=HP, R=R, L=L, BD=BD, STAGES=tuning.fwd_stages or 1,
+                    num_warps=tuning.fwd_warps, **_maxnreg(tuning.fwd_maxnreg))
+        if tuning.fwd_kernel == "segment":
+            return (causal_conv1d_fwd_segment_kernel, (triton.cdiv(T, L), triton.cdiv(D, BD)),
+                    dict(meta, VEC=tuning.fwd_vec or 0), search_steps(N))
         return (causal_conv1d_fwd_window_kernel, (triton.cdiv(T, L), triton.cdiv(D, BD)),
-                dict(common, WP=next_pow2(W), HP=HP, R=R, L=L, BD=BD, STAGES=tuning.fwd_stages or 1,
-                     FAST=bool(tuning.fwd_fast),
-                     num_warps=tuning.fwd_warps), search_steps(N))
+                dict(meta, FAST=bool(tuning.fwd_fast)), search_steps(N))
     if tuning.fwd_kernel != "tile":
-        raise ValueError(f"fwd_kernel must be 'tile' or 'window', got {tuning.fwd_kernel!r}")
+        raise ValueError(f"fwd_kernel must be 'tile', 'window' or 'segment', got {tuning.fwd_kernel!r}")
     BT, BD = tuning.fwd_bt, min(tuning.fwd_bd, next_pow2(D))
     return (causal_conv1d_fwd_kernel, (triton.cdiv(T, BT), triton.cdiv(D, BD)),
             dict(common, BT=BT, BD=BD, num_warps=tuning.fwd_warps), search_steps(N))
@@ -311,14 +354,17 @@ def _bwd_launch(T, D, W, N, dtype, device, has_bias, silu, tuning):
     design = _bwd_design(tuning, device)
     PS = D * W + (D if has_bias else 0)
     common = dict(D=D, W=W, HAS_BIAS=has_bias, SILU=silu, ACC=prec.acc, PS=PS)
-    if design == "window":
+    if design in ("window", "segment"):
         R, L, HP = _window_shape(tuning.bwd_rows, tuning.bwd_chunk, T, W)
         BD = min(tuning.bwd_bd, next_pow2(D))
         n_chunks = triton.cdiv(T, L)
+        meta = dict(common, WP=next_pow2(W), HP=HP, R=R, L=L, BD=BD, NH=triton.cdiv(W - 1, R),
+                    STAGES=tuning.bwd_stages or 1, num_warps=tuning.bwd_warps, **_maxnreg(tuning.bwd_maxnreg))
+        if design == "segment":
+            return (design, causal_conv1d_bwd_segment_kernel, (n_chunks, triton.cdiv(D, BD)),
+                    dict(meta, VEC=tuning.bwd_vec or 0), n_chunks, search_steps(N), None)
         return (design, causal_conv1d_bwd_window_kernel, (n_chunks, triton.cdiv(D, BD)),
-                dict(common, WP=next_pow2(W), HP=HP, R=R, L=L, BD=BD, NH=triton.cdiv(W - 1, R),
-                     STAGES=tuning.bwd_stages or 1, FAST=bool(tuning.bwd_fast),
-                     num_warps=tuning.bwd_warps), n_chunks, search_steps(N), None)
+                dict(meta, FAST=bool(tuning.bwd_fast)), n_chunks, search_steps(N), None)
     if design == "recompute":
         BT, BD = tuning.recompute_bt, min(tuning.recompute_bd, next_pow2(D))
         nt = triton.cdiv(T, BT)

@@ -80,15 +80,15 @@ def test_unknown_backward_shift_is_refused(device):
     x = torch.randn(8, 16, dtype=torch.float64, device=device)
     w = torch.randn(16, 4, dtype=torch.float64, device=device)
     cu = torch.tensor([0, 8], dtype=torch.int32, device=device)
-    with pytest.raises(ValueError, match="bwd_kernel must be 'window', 'scratch' or 'recompute', got 'roll'"):
+    with pytest.raises(ValueError, match="bwd_kernel must be 'window', 'segment', 'scratch' or 'recompute', got 'roll'"):
         conv_bwd(x, w, None, torch.randn_like(x), cu, True, ConvTuning(bwd_kernel="roll"))
 
 
-def _window(rows, chunk=8, bd=16):
+def _window(rows, chunk=8, bd=16, design="window"):
     from patchgen.kernels.triton.causal_conv1d import ConvTuning
 
-    return ConvTuning(fwd_kernel="window", fwd_rows=rows, fwd_chunk=chunk, fwd_bd=bd, fwd_warps=1,
-                      bwd_kernel="window", bwd_rows=rows, bwd_chunk=chunk, bwd_bd=bd, bwd_warps=1, bwd_stages=2)
+    return ConvTuning(fwd_kernel=design, fwd_rows=rows, fwd_chunk=chunk, fwd_bd=bd, fwd_warps=1,
+                      bwd_kernel=design, bwd_rows=rows, bwd_chunk=chunk, bwd_bd=bd, bwd_warps=1, bwd_stages=2)
 
 
 # (width, rows a step): rows < width - 1 takes several halo steps; rows > chunk / 2, one step a chunk
@@ -111,6 +111,49 @@ def test_window_kernels_over_chunks_sequences_and_channel_blocks(device, width, 
         assert max_err(a.reshape(r.shape), r) < TOL
 
 
+# (width, rows a step, activation): steps larger than the short sequences; several halo steps
+@pytest.mark.parametrize("width,rows,activation", [(4, 4, "silu"), (3, 1, None)])
+def test_segment_kernels_over_chunks_sequences_and_channel_blocks(device, width, rows, activation):
+    """The segment design splits each chunk of 8 rows at sequence boundaries: sequences of 1 and 2
+    rows, an empty one, ones crossing chunks, 24 channels in blocks of 16, against float64."""
+    from patchgen.kernels.triton.causal_conv1d import conv_bwd, conv_fwd
+
+    cu = torch.tensor([0, 1, 3, 3, 12, 13, 22], dtype=torch.int32, device=device)
+    x = torch.randn(1, 22, 24, dtype=torch.float64, device=device, requires_grad=True)
+    w = torch.randn(24, width, dtype=torch.float64, device=device, requires_grad=True)
+    b = torch.randn(24, dtype=torch.float64, device=device, requires_grad=True)
+    dy = torch.randn(1, 22, 24, dtype=torch.float64, device=device)
+    # the reference takes no empty sequence; the kernels must treat it as absent
+    y_ref = causal_conv1d_reference(x, w, b, activation=activation, cu_seqlens=torch.unique(cu.cpu()))
+    tuning = _window(rows, design="segment")
+    silu = activation is not None
+    assert max_err(conv_fwd(x[0].detach(), w.detach(), b.detach(), cu, silu, tuning), y_ref[0]) < TOL
+    got = conv_bwd(x[0].detach(), w.detach(), b.detach(), dy[0], cu, silu, tuning)
+    for a, r in zip(got, grads([y_ref], [x, w, b], [dy])):
+        assert max_err(a.reshape(r.shape), r) < TOL
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inside the inf sequence
+def test_segment_kernels_do_not_read_other_sequences(device):
+    """Non-finite values in one sequence leave the others' outputs and gradients finite and exact
+    (a masked load, not a product with zero, keeps them out)."""
+    from patchgen.kernels.triton.causal_conv1d import conv_bwd, conv_fwd
+
+    cu = torch.tensor([0, 6, 11, 20], dtype=torch.int32, device=device)
+    x = torch.randn(20, 16, dtype=torch.float64, device=device)
+    x[6:11] = float("inf")
+    w = torch.randn(16, 4, dtype=torch.float64, device=device)
+    dy = torch.randn(20, 16, dtype=torch.float64, device=device)
+    tuning = _window(4, design="segment")
+    y = conv_fwd(x, w, None, cu, True, tuning)
+    dx = conv_bwd(x, w, None, dy, cu, True, tuning)[0]
+    for lo, hi in ((0, 6), (11, 20)):
+        alone = conv_fwd(x[lo:hi].contiguous(), w, None, torch.tensor([0, hi - lo], dtype=torch.int32, device=device),
+                         True, tuning)
+        assert torch.isfinite(y[lo:hi]).all() and max_err(y[lo:hi], alone) < TOL
+        assert torch.isfinite(dx[lo:hi]).all()
+
+
 def test_window_kernels_without_bias_or_activation(device, monkeypatch):
     """Through the autograd op with the window design as the module's launch configuration."""
     import importlib
@@ -128,8 +171,9 @@ def test_window_kernels_without_bias_or_activation(device, monkeypatch):
         assert max_err(a, r) < TOL
 
 
+@pytest.mark.parametrize("design", ["window", "segment"])
 @pytest.mark.parametrize("dtype,bound", [(torch.float32, 1e-5), (torch.bfloat16, 8e-3)], ids=["fp32", "bf16"])
-def test_window_kernels_in_low_precision_against_float64(device, dtype, bound):
+def test_window_kernels_in_low_precision_against_float64(device, dtype, bound, design):
     """fp32 accumulation, one rounding to the input dtype: outputs and all gradients within that
     rounding of the float64 reference taken on the same (rounded) inputs."""
     from patchgen.kernels.triton.causal_conv1d import conv_bwd, conv_fwd
@@ -141,8 +185,8 @@ def test_window_kernels_in_low_precision_against_float64(device, dtype, bound):
     dy = torch.randn(1, 21, 16, device=device).to(dtype)
     ref = [t.double().requires_grad_() for t in (x, w, b)]
     y_ref = causal_conv1d_reference(*ref, cu_seqlens=cu.cpu())
-    y = conv_fwd(x[0], w, b, cu, True, _window(4))
-    got = conv_bwd(x[0], w, b, dy[0], cu, True, _window(4))
+    y = conv_fwd(x[0], w, b, cu, True, _window(4, design=design))
+    got = conv_bwd(x[0], w, b, dy[0], cu, True, _window(4, design=design))
     assert y.dtype == dtype and all(g.dtype == dtype for g in got)
     for a, r in zip([y, *got], [y_ref[0], *grads([y_ref], ref, [dy.double()])]):
         assert max_err(a.reshape(r.shape), r) < bound * r.abs().max().item()
@@ -207,3 +251,23 @@ def test_unpacked_batch_boundaries_are_made_once_per_shape():
     assert first.tolist() == [0, 5, 10, 15] and first.dtype == torch.int32
     assert _batch_cu_seqlens(3, 5, torch.device("cpu")) is first
     assert _batch_cu_seqlens(3, 6, torch.device("cpu")).tolist() == [0, 6, 12, 18]
+
+
+@pytest.mark.parametrize("preset", ["segment", "segment-reg168", "segment-v4"])
+def test_segment_presets_as_the_sweep_runs_them(device, preset):
+    """The presets the sweep times (launch options included: a register cap and a vector width reach
+    the launch), at a tiny width, against float64."""
+    from patchgen.kernels.triton.causal_conv1d import PRESETS, _bwd_launch, conv_bwd, conv_fwd
+
+    tuning = PRESETS[preset]
+    cu = torch.tensor([0, 2, 13], dtype=torch.int32, device=device)
+    x = torch.randn(1, 13, 16, dtype=torch.float64, device=device, requires_grad=True)
+    w = torch.randn(16, 4, dtype=torch.float64, device=device, requires_grad=True)
+    dy = torch.randn(1, 13, 16, dtype=torch.float64, device=device)
+    meta = _bwd_launch(13, 16, 4, 2, torch.float64, torch.device(device), False, True, tuning)[3]
+    assert meta.get("maxnreg") == tuning.bwd_maxnreg and meta["VEC"] == (tuning.bwd_vec or 0)
+    y_ref = causal_conv1d_reference(x, w, cu_seqlens=cu.cpu())
+    assert max_err(conv_fwd(x[0].detach(), w.detach(), None, cu, True, tuning), y_ref[0]) < TOL
+    got = conv_bwd(x[0].detach(), w.detach(), None, dy[0], cu, True, tuning)[:2]
+    for a, r in zip(got, grads([y_ref], [x, w], [dy])):
+        assert max_err(a.reshape(r.shape), r) < TOL

@@ -202,3 +202,31 @@ def test_value_heads_must_be_a_multiple_of_key_heads(device):
     x = gdn_inputs([10], H=3, HV=4, device=device)
     with pytest.raises(ValueError, match="multiple of key heads"):
         gated_delta_rule(*(x[n] for n in ("q", "k", "v", "g", "beta")), cu_seqlens=x["cu"])
+
+
+def test_half_dqk_design_feeds_the_l2norm_backward_bf16_and_stays_accurate(device, monkeypatch):
+    """Preset `trans-half`: with bf16 inputs the per-value-head dq, dk reach the l2norm backward in bf16
+    (half the bytes); every gradient stays within bf16 rounding of the float64 reference."""
+    import importlib
+
+    transposes = importlib.import_module("patchgen.kernels.triton.gated_delta_rule.transposes")
+    autograd = importlib.import_module("patchgen.kernels.triton.gated_delta_rule.autograd")
+    monkeypatch.setattr(transposes, "TUNING", transposes.PRESETS["trans-half"])
+    seen = []
+    real = autograd.l2norm_bwd
+    monkeypatch.setattr(autograd, "l2norm_bwd", lambda y, r, dy, dtype: seen.append(dy.dtype) or real(y, r, dy, dtype))
+    x = gdn_inputs([70, 5], device=device)
+    names = ("q", "k", "v", "g", "beta")
+    bf = [x[n].detach().to(torch.bfloat16).requires_grad_() for n in names]
+    o, _ = gated_delta_rule(*bf, initial_state=x["h0"].detach().float(), output_final_state=True,
+                            use_qk_l2norm_in_kernel=True, cu_seqlens=x["cu"])
+    ref_in = [t.detach().double().requires_grad_() for t in bf]
+    o_ref, _ = recurrent_gdn_ref(*(t[0] for t in ref_in), scale=x["q"].shape[-1] ** -0.5,
+                                     initial_state=x["h0"].detach(), output_final_state=True, use_qk_l2norm=True,
+                                     cu_seqlens=x["cu"].cpu())
+    do = torch.randn_like(o_ref)
+    got = torch.autograd.grad(o[0], bf, do.to(torch.bfloat16))
+    want = torch.autograd.grad(o_ref, ref_in, do.to(torch.bfloat16).double())
+    assert seen == [torch.bfloat16, torch.bfloat16]
+    for name, a, b in zip(names, got, want):
+        assert max_err(a, b) < 5e-2 * max(1.0, b.abs().max().item()), name

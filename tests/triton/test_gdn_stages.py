@@ -162,3 +162,28 @@ def test_chunk_offsets_over_more_sequences_than_one_block(device):
     for length in lengths:
         want.append(want[-1] + -(-length // 64))
     assert make_chunking(cu, cu_seqlens_cpu=cu.cpu()).chunk_offsets.tolist() == want
+
+
+def test_per_head_dq_dk_in_a_narrower_dtype_are_the_wide_ones_rounded(case):
+    """The `half_dqk` design's stages: dq from the output backward and dk from the WY backward written in
+    a narrower dtype are the same sums rounded once (here float64 -> float32); the other outputs, and the
+    fp32 dk the WY backward adds to, are untouched."""
+    scale, chunking = 0.3, case["chunking"]
+    A, w, u = wy_fwd(case["k"], case["v"], case["beta"], case["gc"], chunking)
+    h, v_new, _ = chunk_state_fwd(case["k"], w, u, case["gc"], chunking, initial_state=case["h0"])
+    do = torch.randn(*v_new.shape, dtype=v_new.dtype)
+    dh, du, _ = chunk_state_bwd(case["q"], case["k"], w, case["gc"], do, scale, chunking, block_v=16)
+    wide = chunk_output_bwd(case["q"], case["k"], case["gc"], h, dh, v_new, do, du, scale, chunking, block_v=16)
+    narrow = chunk_output_bwd(case["q"], case["k"], case["gc"], h, dh, v_new, do, du, scale, chunking, block_v=16,
+                              dq_dtype=torch.float32)
+    assert narrow[0].dtype == torch.float32 and torch.equal(narrow[0], wide[0].to(torch.float32))
+    assert all(torch.equal(a, b) for a, b in zip(narrow[1:], wide[1:]))
+    _, dk, dw, dG = wide
+    dk_in = dk.clone()
+    dk_narrow, *rest_narrow = wy_bwd(case["k"], case["v"], case["beta"], case["gc"], A, dw, du, chunking,
+                                     dk=dk.clone(), dg=dG.clone(), block_v=16, dk_dtype=torch.float32)
+    dk_wide, *rest_wide = wy_bwd(case["k"], case["v"], case["beta"], case["gc"], A, dw, du, chunking, dk=dk,
+                                 dg=dG.clone(), block_v=16)
+    assert dk_narrow.dtype == torch.float32 and torch.equal(dk_narrow, dk_wide.to(torch.float32))
+    assert all(torch.equal(a, b) for a, b in zip(rest_narrow, rest_wide))
+    assert dk_wide is dk and not torch.equal(dk_wide, dk_in)  # the wide one is added in place

@@ -35,7 +35,7 @@ def rel_err(a, b) -> float:
 
 
 @DTYPES
-@pytest.mark.parametrize("transposes", ["loaded", "trans"])
+@pytest.mark.parametrize("transposes", ["loaded", "trans", "trans-half"])
 def test_gdn_varlen_with_initial_state_against_float64_reference(dtype, transposes, monkeypatch, value_heads=32):
     # both designs of the backward's transposed tiles (the tuning table picks one per GPU model)
     import importlib
@@ -65,7 +65,7 @@ def test_gdn_varlen_with_initial_state_against_float64_reference(dtype, transpos
 
 
 @DTYPES
-@pytest.mark.parametrize("preset", ["tile-scratch", "window", "window-r2"])
+@pytest.mark.parametrize("preset", ["tile-scratch", "window", "window-r2", "segment", "segment-reg168", "segment-v4"])
 def test_conv_varlen_forward_and_gradients_against_float64_reference(dtype, preset, monkeypatch):
     import importlib
 

@@ -15,6 +15,7 @@ from .chunk_output import chunk_output_bwd, chunk_output_fwd
 from .chunk_state import chunk_state_bwd, chunk_state_fwd
 from .cumsum import chunk_cumsum
 from .l2norm import l2norm_bwd, l2norm_fwd
+from .transposes import transpose_tuning
 from .varlen import Chunking
 from .wy import wy_bwd, wy_fwd
 
@@ -35,14 +36,20 @@ def gdn_forward(q, k, v, g, beta, scale, initial_state, output_final_state, chun
 
 
 def gdn_backward(q, k, v, g, beta, scale, initial_state, gc, A, w, u, do, dht, need_dh0, chunking: Chunking,
-                 block_v=None, sum_value_heads: bool = True):
+                 block_v=None, sum_value_heads: bool = True, dqk_dtype: torch.dtype | None = None):
     """Returns (dq, dk [T, H, K] fp32, dv, dg, dbeta [T, HV], dh0 or None); dq, dk per value head
-    ([T, HV, K]) when `sum_value_heads` is False (the l2norm backward then sums them)."""
+    ([T, HV, K]) when `sum_value_heads` is False (the l2norm backward then sums them), and then in
+    `dqk_dtype` when given (fp32 otherwise)."""
     H = q.shape[1]
+    if sum_value_heads and dqk_dtype is not None:
+        raise ValueError("dqk_dtype applies to per-value-head gradients only (sum_value_heads=False): "
+                         "summed ones stay fp32")
     h, v_new, _ = chunk_state_fwd(k, w, u, gc, chunking, initial_state=initial_state, block_v=block_v)
     dh, du, dh0 = chunk_state_bwd(q, k, w, gc, do, scale, chunking, dht=dht, need_dh0=need_dh0, block_v=block_v)
-    dq, dk, dw, dG = chunk_output_bwd(q, k, gc, h, dh, v_new, do, du, scale, chunking, block_v=block_v)
-    dk, dv, dbeta, dG = wy_bwd(k, v, beta, gc, A, dw, du, chunking, dk=dk, dg=dG, block_v=block_v)
+    dq, dk, dw, dG = chunk_output_bwd(q, k, gc, h, dh, v_new, do, du, scale, chunking, block_v=block_v,
+                                      dq_dtype=dqk_dtype)
+    dk, dv, dbeta, dG = wy_bwd(k, v, beta, gc, A, dw, du, chunking, dk=dk, dg=dG, block_v=block_v,
+                               dk_dtype=dqk_dtype)
     dg = chunk_cumsum(dG, chunking, reverse=True)
     if not sum_value_heads:
         return dq, dk, dv, dg, dbeta, dh0
@@ -72,10 +79,13 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
     def backward(ctx, do, dht):
         q, k, v, g, beta, initial_state, gc, A, w, u, q_rstd, k_rstd = ctx.saved_tensors
         need_dh0 = initial_state is not None and ctx.needs_input_grad[6]
+        # the l2norm backward is then the only reader of dq, dk per value head: the design may store them
+        # in the input dtype (it sums them in fp32)
+        half = ctx.use_qk_l2norm and transpose_tuning(q.device).half_dqk
         dq, dk, dv, dg, dbeta, dh0 = gdn_backward(
             q, k, v, g, beta, ctx.scale, initial_state, gc, A, w, u, do.contiguous(),
             None if dht is None else dht.contiguous(), need_dh0, ctx.chunking, ctx.block_v,
-            sum_value_heads=not ctx.use_qk_l2norm)
+            sum_value_heads=not ctx.use_qk_l2norm, dqk_dtype=q.dtype if half else None)
         if ctx.use_qk_l2norm:  # dq, dk per value head: the l2norm backward sums them onto the key heads
             dq = l2norm_bwd(q, q_rstd, dq, ctx.in_dtypes[0])
             dk = l2norm_bwd(k, k_rstd, dk, ctx.in_dtypes[1])

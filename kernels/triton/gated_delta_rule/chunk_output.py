@@ -172,15 +172,15 @@ def chunk_output_fwd(q, k, gc, h, v_new, scale, chunking: Chunking, *, out_dtype
 
 
 def chunk_output_bwd(q, k, gc, h, dh, v_new, do, du, scale, chunking: Chunking, *, block_v: int | None = None,
-                     trans: bool | None = None):
-    """Returns (dq, dk, dw [T, HV, K], dG [T, HV]), all fp32 and per value head.
+                     trans: bool | None = None, dq_dtype: torch.dtype | None = None):
+    """Returns (dq, dk, dw [T, HV, K], dG [T, HV]), per value head, fp32 (dq in `dq_dtype` when given).
     trans: the `tl.trans` design (None: as `transposes.transpose_tuning(device)` says)."""
     T, H, K = q.shape
     HV, V = v_new.shape[1], v_new.shape[2]
     prec = precision_for(q.dtype)
-    dq = torch.empty(T, HV, K, dtype=prec.acc_torch, device=q.device)
-    dk = torch.empty_like(dq)
-    dw = torch.empty_like(dq)
+    dk = torch.empty(T, HV, K, dtype=prec.acc_torch, device=q.device)
+    dq = torch.empty_like(dk, dtype=dq_dtype or prec.acc_torch)
+    dw = torch.empty_like(dk)
     dg = torch.empty(T, HV, dtype=prec.acc_torch, device=q.device)
     tuning = bwd_tuning(q.dtype)
     chunk_output_bwd_kernel[(chunking.num_chunks, HV)](

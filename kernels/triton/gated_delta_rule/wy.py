@@ -82,12 +82,13 @@ def wy_fwd_kernel(k, v, beta, gc, A, w, u, cu_seqlens, chunk_indices,
 
 
 @triton.jit
-def wy_bwd_kernel(k, v, beta, gc, A, dw, du, dk, dv, dbeta, dg, cu_seqlens, chunk_indices,
+def wy_bwd_kernel(k, v, beta, gc, A, dw, du, dk, dk_out, dv, dbeta, dg, cu_seqlens, chunk_indices,
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   ACC: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, SOLVE_PREC: tl.constexpr,
                   ACCUMULATE: tl.constexpr, TRANS: tl.constexpr):
-    """dk, dg are per value head ([T, HV, K], [T, HV]); with ACCUMULATE they are added to.
+    """dk, dg are per value head ([T, HV, K], [T, HV]); with ACCUMULATE they are added to. dk's result
+    goes to dk_out (dk itself, or a tensor of another dtype).
 
     TRANS: every transposed tile is `tl.trans` of its tile (A, k, v, dA, dL, dKK loaded or computed
     once); else the transposes are loaded or computed as products of their own (the first design)."""
@@ -177,7 +178,7 @@ def wy_bwd_kernel(k, v, beta, gc, A, dw, du, dk, dv, dbeta, dg, cu_seqlens, chun
     if ACCUMULATE:
         dkk += tl.load(dk + dk_offs, mask=m_tk, other=0.0).to(ACC)
         dG += tl.load(dg + rows * HV + i_hv, mask=m_t, other=0.0).to(ACC)
-    tl.store(dk + dk_offs, dkk.to(dk.dtype.element_ty), mask=m_tk)
+    tl.store(dk_out + dk_offs, dkk.to(dk_out.dtype.element_ty), mask=m_tk)
     tl.store(dbeta + rows * HV + i_hv, db.to(dbeta.dtype.element_ty), mask=m_t)
     tl.store(dg + rows * HV + i_hv, dG.to(dg.dtype.element_ty), mask=m_t)
 
@@ -203,10 +204,11 @@ def wy_fwd(k, v, beta, gc, chunking: Chunking, *, block_v: int | None = None):
 
 
 def wy_bwd(k, v, beta, gc, A, dw, du, chunking: Chunking, *, dk=None, dg=None, block_v: int | None = None,
-           trans: bool | None = None):
-    """Gradients of (w, u) = wy(k, v, beta, G). Returns (dk per value head [T, HV, K] fp32, dv, dbeta, dG).
+           trans: bool | None = None, dk_dtype: torch.dtype | None = None):
+    """Gradients of (w, u) = wy(k, v, beta, G). Returns (dk per value head [T, HV, K], dv, dbeta, dG).
 
-    When dk and dg (fp32, per value head) are given, the results are added into them in place.
+    When dk and dg (fp32, per value head) are given, the results are added into them in place; dk_dtype
+    (other than fp32) puts dk's sum into a new tensor of that dtype instead (dk is then only read).
     trans: the `tl.trans` design (None: as `transposes.transpose_tuning(device)` says).
     """
     T, H, K = k.shape
@@ -216,13 +218,14 @@ def wy_bwd(k, v, beta, gc, A, dw, du, chunking: Chunking, *, dk=None, dg=None, b
     if dk is None:
         dk = torch.empty(T, HV, K, dtype=prec.acc_torch, device=k.device)
         dg = torch.empty(T, HV, dtype=prec.acc_torch, device=k.device)
+    dk_out = dk if dk_dtype in (None, dk.dtype) else torch.empty_like(dk, dtype=dk_dtype)
     dv = torch.empty_like(v)
     dbeta = torch.empty(T, HV, dtype=prec.acc_torch, device=k.device)
     tuning = bwd_tuning(k.dtype)
     wy_bwd_kernel[(chunking.num_chunks, HV)](
-        k, v, beta, gc, A, dw, du, dk, dv, dbeta, dg, chunking.cu_seqlens, chunking.chunk_indices,
+        k, v, beta, gc, A, dw, du, dk, dk_out, dv, dbeta, dg, chunking.cu_seqlens, chunking.chunk_indices,
         H=H, HV=HV, K=K, V=V, BT=chunking.chunk_size, BK=head_block(K, k.dtype), BV=_bv(V, k.dtype, block_v or tuning["block_v"]),
         ACC=prec.acc, DOT=prec.dot, PREC=prec.dot_precision, SOLVE_PREC=prec.solve_precision,
         ACCUMULATE=accumulate, TRANS=transpose_tuning(k.device).wy_bwd if trans is None else trans,
         num_warps=8, num_stages=tuning["num_stages"])
-    return dk, dv, dbeta, dg
+    return dk_out, dv, dbeta, dg
