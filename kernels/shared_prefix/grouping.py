@@ -103,9 +103,11 @@ def sorted_runs(
         adjacent = np.zeros(len(first), dtype=np.int64)
         adjacent[same] = _common_prefixes(ids, None, cu_arr, first[same], second[same], key_len, scratch=scratch)
     else:
-        packed = row_symbols(ids, positions, scratch)
-        if packed is None:  # the values take more than 63 bits: compare every row
-            adjacent = _common_prefixes(ids, np.stack(positions), cu_arr, first, second, scratch=scratch)
+        # one packed row pays off when every row of every pair is compared at once; a few pairs
+        # compare their own slices, row by row
+        packed = row_symbols(ids, positions, scratch) if len(first) > PAIRWISE_MAX else None
+        if packed is None:
+            adjacent = _common_prefixes(ids, positions, cu_arr, first, second, scratch=scratch)
         else:
             adjacent = _common_prefixes(packed, None, cu_arr, first, second, scratch=scratch)
     adjacent = adjacent.tolist()
@@ -255,7 +257,8 @@ def _common_prefixes(
     ids, positions, cu: np.ndarray, first: np.ndarray, second: np.ndarray, skip: int = 0, scratch: Arena | None = None
 ) -> np.ndarray:
     """Leading symbols that match for every pair `(first[i], second[i])` of sequences, capped so both
-    keep a suffix token; the first `skip` symbols of every pair are known to match (both sequences
+    keep a suffix token; a symbol is a row's id and its value in every row of `positions` (`[R, T]`,
+    a list of rows, or None). The first `skip` symbols of every pair are known to match (both sequences
     are longer than `skip`). Few pairs: one slice compare each; many (short sequences): the
     overlapping rows of all pairs side by side, compared in one pass (temporaries from `scratch`)."""
     n = np.minimum(cu[first + 1] - cu[first], cu[second + 1] - cu[second])
@@ -264,8 +267,8 @@ def _common_prefixes(
         out = []
         for a, b, k in zip((cu[first] + skip).tolist(), (cu[second] + skip).tolist(), rest.tolist()):
             differs = ids[a : a + k] != ids[b : b + k]
-            if positions is not None:
-                differs |= (positions[:, a : a + k] != positions[:, b : b + k]).any(axis=0)
+            for row in () if positions is None else positions:
+                differs |= row[a : a + k] != row[b : b + k]
             at = int(differs.argmax())
             out.append(at if differs[at] else k)
         return np.minimum(skip + np.asarray(out, dtype=np.int64), n - 1)

@@ -108,10 +108,14 @@ def host(seqs, rows):
 
 @settings(max_examples=60, **SETTINGS)
 @given(position_batches())
-def test_sorted_runs_equal_the_naive_symbol_order_and_prefixes(batch):
+def test_sorted_runs_equal_the_naive_symbol_order_and_prefixes(monkeypatch, batch):
     seqs, rows, min_prefix = batch
     ids, cu = host(seqs, rows)
-    assert grouping.sorted_runs(ids, rows, cu, min_prefix) == reference_runs(seqs, rows, min_prefix)
+    expected = reference_runs(seqs, rows, min_prefix)
+    assert grouping.sorted_runs(ids, rows, cu, min_prefix) == expected
+    with monkeypatch.context() as patched:
+        patched.setattr(grouping, "PAIRWISE_MAX", 0)  # as many pairs as a 64k batch: rows compared at once
+        assert grouping.sorted_runs(ids, rows, cu, min_prefix) == expected
 
 
 def plan_arrays(plan):
@@ -130,8 +134,11 @@ def test_fast_paths_build_the_plans_of_comparing_every_row(monkeypatch, batch, d
     cu = torch.tensor([0] + [len(s) for s in seqs]).cumsum(0).to(torch.int32)
     positions = torch.from_numpy(rows).reshape(len(rows), 1, -1)
     options = {"min_prefix": min_prefix, "max_depth": depth, "level_cost": 0}
-    fast = plan_arrays(build_plan(ids, cu, positions, **options))
     with monkeypatch.context() as patched:
+        patched.setattr(grouping, "PAIRWISE_MAX", 0)  # as many pairs as a 64k batch: rows packed into one
+        fast = plan_arrays(build_plan(ids, cu, positions, **options))
+    with monkeypatch.context() as patched:
+        patched.setattr(grouping, "PAIRWISE_MAX", 0)
         patched.setattr(grouping, "sequence_offsets", lambda *args, **kwargs: None)
         patched.setattr(grouping, "row_symbols", lambda *args, **kwargs: None)
         assert plan_arrays(build_plan(ids, cu, positions, **options)) == fast
