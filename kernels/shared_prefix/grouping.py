@@ -3,6 +3,12 @@
 Pure host code over numpy arrays; it never touches a device. Two sequences share a prefix only
 where their token ids and every position row agree, since RoPE (and M-RoPE) makes a row's hidden
 state depend on its position.
+
+Position rows take the cheapest of three paths, all giving the runs of comparing every row:
+rows that count up from a constant of each sequence (a VL model's M-RoPE rows of text, a global
+arange) agree at every offset exactly where the constants do, so the ids decide the rest; other
+rows are packed into one int64 per row before the compare; rows too wide to pack are compared
+one by one. Per-sequence positions are the first kind with one constant for all: the ids alone.
 """
 
 from __future__ import annotations
