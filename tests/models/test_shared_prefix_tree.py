@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from patchgen.kernels.modeling.shared_prefix import observe_plans
 from patchgen.kernels.shared_prefix import build_plan
 
 from tests.models import tiny
@@ -46,9 +47,15 @@ TREE_CONFIG = {"shared_prefix_max_depth": 4, "shared_prefix_level_cost": 0}
 
 def _run(model, device, flag, kwargs):
     net = tiny.build(model, device, seed=3, shared_prefix_training=flag, **TREE_CONFIG)
-    out = net(**kwargs)
+    plans = []
+    with observe_plans(lambda plan, tokens: plans.append(plan)):
+        out = net(**kwargs)
     out.loss.backward()
-    return out, tiny.grads(net)
+    return out, tiny.grads(net), plans, bool(getattr(net.config, "shared_prefix_chunk_aligned", False))
+
+
+def _nodes(plan):
+    return [(n.members, n.start, n.end, n.parent) for n in plan.nodes]
 
 
 def check_tree(model, device, batch, masked):
@@ -62,7 +69,9 @@ def check_tree(model, device, batch, masked):
         kwargs["position_ids"] = positions
     if model == "qwen3_5_moe":
         kwargs["output_router_logits"] = True  # the loss then carries the load-balancing loss
-    (off, g_off), (on, g_on) = _run(model, device, False, kwargs), _run(model, device, True, kwargs)
+    (off, g_off, _, _), (on, g_on, ran, aligned) = _run(model, device, False, kwargs), _run(model, device, True, kwargs)
+    expected = build_plan(ids, cu, positions, max_depth=4, level_cost=0, chunk_aligned=True) if aligned else plan
+    assert len(ran) == 1 and _nodes(ran[0]) == _nodes(expected)  # the model ran this tree, not a flatter plan
     assert on.logits.shape == off.logits.shape == (1, ids.shape[1], tiny.VOCAB)
     torch.testing.assert_close(on.logits, off.logits, atol=1e-10, rtol=0)
     torch.testing.assert_close(on.loss, off.loss, atol=1e-12, rtol=0)

@@ -6,6 +6,7 @@ first ids, each bucket sorted by the bytes of its `(id, *position rows)` int64 s
 common prefix of adjacent sequences counted symbol by symbol, capped so both keep a row.
 """
 
+import itertools
 import random
 
 import numpy as np
@@ -13,8 +14,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from patchgen.kernels.shared_prefix import build_plan
-from patchgen.kernels.shared_prefix import grouping
+from patchgen.kernels.shared_prefix import build_plan, grouping
 
 SETTINGS = {
     "deadline": None,
@@ -91,7 +91,7 @@ def reference_runs(seqs, rows, min_prefix):
     for members in sorted((m for m in buckets.values() if len(m) >= 2), key=min):
         order = sorted(members, key=lambda i: block[cu[i] : cu[i + 1]].tobytes())
         adjacent = []
-        for a, b in zip(order, order[1:]):
+        for a, b in itertools.pairwise(order):
             n = min(len(seqs[a]), len(seqs[b]))
             k = 0
             while k < n and symbols[a][k] == symbols[b][k]:
