@@ -67,7 +67,9 @@ def sorted_runs(
     if len(candidates) < 2:
         return []
     key_len = min(BUCKET_TOKENS, min_prefix)
-    scratch = Arena(_scratch((8 if positions is None else 8 + len(positions)) * len(ids)))
+    # room for the largest path: offsets (1 row + mask), symbols (1 + R rows), packed (2 rows), and
+    # the batched compare (4 rows + mask)
+    scratch = Arena(_scratch((12 + (0 if positions is None else len(positions))) * len(ids)))
     offsets = None
     if positions is not None:
         offsets = sequence_offsets(positions, cu_arr, scratch)
@@ -125,6 +127,7 @@ def sorted_runs(
 
 
 _SCRATCH = threading.local()
+_SCRATCH_KEPT = 1 << 23  # slots (64 MiB) a thread keeps at most: a row of about 550k tokens with M-RoPE rows
 
 
 def _scratch(slots: int) -> np.ndarray:
@@ -132,11 +135,14 @@ def _scratch(slots: int) -> np.ndarray:
 
     Fresh memory, not arithmetic, is what a 64k-row temporary costs (a page fault per 4 KiB,
     more than the compare that fills it); the temporaries never outlive `sorted_runs`, so one
-    buffer per thread serves every call.
+    buffer per thread serves every call (up to `_SCRATCH_KEPT` slots; longer rows get a fresh one).
     """
+    if slots > _SCRATCH_KEPT:  # a row this long is rare: its buffer is not kept
+        return np.empty(slots, dtype=np.int64)
     buffer = getattr(_SCRATCH, "buffer", None)
     if buffer is None or len(buffer) < slots:
-        buffer = _SCRATCH.buffer = np.empty(max(slots, 2 * (0 if buffer is None else len(buffer))), dtype=np.int64)
+        grown = min(2 * (0 if buffer is None else len(buffer)), _SCRATCH_KEPT)
+        buffer = _SCRATCH.buffer = np.empty(max(slots, grown), dtype=np.int64)
     return buffer
 
 

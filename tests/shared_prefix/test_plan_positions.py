@@ -116,6 +116,8 @@ def test_sorted_runs_equal_the_naive_symbol_order_and_prefixes(monkeypatch, batc
     with monkeypatch.context() as patched:
         patched.setattr(grouping, "PAIRWISE_MAX", 0)  # as many pairs as a 64k batch: rows compared at once
         assert grouping.sorted_runs(ids, rows, cu, min_prefix) == expected
+        patched.setattr(grouping, "_SCRATCH_KEPT", 0)  # a row too long to keep its scratch buffer
+        assert grouping.sorted_runs(ids, rows, cu, min_prefix) == expected
 
 
 def plan_arrays(plan):
