@@ -5,7 +5,7 @@
 Prints the median and the largest plan-building time (wall clock) and the median CPU time of the
 building thread, for RL-like micro-batches of about 16k and 64k tokens: GRPO groups with short
 and long prompts, many short rollouts, a system prompt over all groups, 3-turn agentic trees
-(positions None, and M-RoPE rows [3, 1, T]; `--device cuda` puts the inputs on the GPU, so the
+(positions None; M-RoPE rows [3, 1, T] per sequence, offset, and not counting; `--device cuda` puts the inputs on the GPU, so the
 timing includes the one device-to-host and the index upload), with one level (`max_depth=1`) and
 as a prefix tree (`max_depth=--depth`, the config default); then T, C and T/C for GRPO-like
 batches, the system-prompt control and a 3-turn agentic shape, one level against the tree (T / C
@@ -85,7 +85,11 @@ def main() -> None:
     torch.set_num_threads(1)
 
     print(f"plan building (host: one thread; inputs on {args.device}; median of {args.repeats})")
-    print("[3,1,T]: per-sequence M-RoPE rows; [3,1,T]*: one row offset, so positions are compared exactly")
+    print(
+        "[3,1,T]: per-sequence M-RoPE rows; [3,1,T]*: one row counts from 1 (rows that do not restart per"
+        " sequence); [3,1,T]~: one row also steps by 2 at every 4th offset (rows that do not count up,"
+        " compared row by row)"
+    )
     print(f"depth: max_depth of the plan (1: one level; {args.depth}: the tree); levels: the depth it chose")
     cost = resolve_level_cost(args.device)
     print(f"level cost of the trees: {cost.rows} rows ({cost.source})")
@@ -109,12 +113,15 @@ def main() -> None:
         t = ids.shape[1]
         ids, cu = ids.to(args.device), cu.to(args.device)
         shifted = mrope(cu.cpu(), t).to(args.device)
-        shifted[1] += 1  # rows that are not per-sequence aranges force the exact position compare
+        shifted[1] += 1  # rows that do not restart per sequence: grouped by their per-sequence constants
+        stepped = shifted.clone()
+        stepped[2] += (shifted[0] % 4 == 0).long()  # rows that do not count up: packed and compared row by row
         for depth in sorted({1, args.depth}):
             for label, pos in (
                 ("None", None),
                 ("[3,1,T]", mrope(cu.cpu(), t).to(args.device)),
                 ("[3,1,T]*", shifted),
+                ("[3,1,T]~", stepped),
             ):
                 plan = build_plan(ids, cu, pos, max_depth=depth)
                 sync = torch.cuda.synchronize if ids.is_cuda else (lambda: None)

@@ -1,7 +1,7 @@
 """Plan building, an older builder against this one, interleaved call by call in one process (CPU time).
 
     git archive <commit> kernels | tar -x -C /tmp/before && mv /tmp/before/kernels /tmp/before/kbase
-    python bench/plan_build_ab.py --before /tmp/before [--repeats 60] [--positions none|mrope|shifted]
+    python bench/plan_build_ab.py --before /tmp/before [--repeats 60] [--positions none|mrope|shifted|stepped]
 
 On a host shared with other jobs the wall clock is mostly waiting for a core; the CPU time of the
 building thread, measured for both builders in the same conditions (alternating calls), is what
@@ -47,7 +47,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", required=True, help="a folder holding the older `kernels` package as `kbase`")
     parser.add_argument("--repeats", type=int, default=60)
-    parser.add_argument("--positions", choices=("none", "mrope", "shifted"), default="none")
+    parser.add_argument("--positions", choices=("none", "mrope", "shifted", "stepped"), default="none")
     args = parser.parse_args()
     sys.path.insert(0, args.before)
     before = importlib.import_module("kbase.shared_prefix").build_plan
@@ -58,8 +58,10 @@ def main() -> None:
         pos = None
         if args.positions != "none":
             pos = mrope(cu, ids.shape[1])
-            if args.positions == "shifted":
-                pos[1] += 1
+            if args.positions in ("shifted", "stepped"):
+                pos[1] += 1  # as plan_build.py's [3,1,T]* and [3,1,T]~ rows
+            if args.positions == "stepped":
+                pos[2] += (pos[0] % 4 == 0).long()
         for depth in (1, 4):
             old, new = before(ids, cu, pos, max_depth=depth), after(ids, cu, pos, max_depth=depth)
             if not same_plan(old, new):

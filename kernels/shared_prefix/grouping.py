@@ -3,16 +3,23 @@
 Pure host code over numpy arrays; it never touches a device. Two sequences share a prefix only
 where their token ids and every position row agree, since RoPE (and M-RoPE) makes a row's hidden
 state depend on its position.
+
+Position rows take the cheapest of three paths, all giving the runs of comparing every row:
+rows that count up from a constant of each sequence (a VL model's M-RoPE rows of text, a global
+arange) agree at every offset exactly where the constants do, so the ids decide the rest; other
+rows are packed into one int64 per row before the compare; rows too wide to pack are compared
+one by one. Per-sequence positions are the first kind with one constant for all: the ids alone.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 
-from .rows import counting, ranges
+from .rows import Arena, counting
 
 BUCKET_TOKENS = 64  # sequences are bucketed by their first 64 token ids
 
@@ -60,12 +67,32 @@ def sorted_runs(
     if len(candidates) < 2:
         return []
     key_len = min(BUCKET_TOKENS, min_prefix)
+    # room for the largest path: offsets (1 row + mask), symbols (1 + R rows), packed (2 rows), and
+    # the batched compare (4 rows + mask)
+    scratch = Arena(_scratch((12 + (0 if positions is None else len(positions))) * len(ids)))
+    offsets = None
+    if positions is not None:
+        offsets = sequence_offsets(positions, cu_arr, scratch)
+        if offsets is None:
+            positions = _distinct_rows(positions)
+        elif (offsets[candidates] == offsets[candidates[0]]).all():
+            positions = offsets = None  # one constant for all: positions agree wherever offsets do
     # one symbol per row: the id, then every position row; the raw bytes of a sequence's
     # row-major block give one lexicographic order
     if positions is None:
         orders = _sorted_buckets(ids, cu_arr, candidates, key_len)
+    elif offsets is not None:
+        # Rows that count up from a constant of each sequence: at every offset two sequences'
+        # positions agree exactly when their constants do. The ids of a bucket agree on row 0,
+        # so its symbols compare as the constants (bytes of row 0's positions), then as the ids.
+        constants = [row.tobytes() for row in offsets]
+        orders = [
+            sorted(seqs, key=lambda s: (constants[s], ids[cu[s] : cu[s + 1]].tobytes()))
+            for seqs in _buckets(ids, cu_arr, candidates, key_len)
+        ]
     else:
-        symbols = np.stack([ids, *positions], axis=1)
+        symbols = scratch.take(len(ids) * (1 + len(positions))).reshape(len(ids), -1)
+        np.stack([ids, *positions], axis=1, out=symbols)
         buckets = _buckets(ids, cu_arr, candidates, key_len)
         orders = [sorted(seqs, key=lambda s: symbols[cu[s] : cu[s + 1]].tobytes()) for seqs in buckets]
     if not orders:
@@ -75,15 +102,48 @@ def sorted_runs(
     pairs = np.ones(len(flat), dtype=bool)
     pairs[last] = False
     first, second = flat[pairs], flat[1:][pairs[:-1]]
-    # members of a bucket agree on their first key_len ids: without position rows there is
-    # nothing to compare there
-    skip = key_len if positions is None else 0
-    adjacent = _common_prefixes(ids, positions, cu_arr, first, second, skip).tolist()
+    if positions is None:
+        # members of a bucket agree on their first key_len ids: nothing to compare there
+        adjacent = _common_prefixes(ids, None, cu_arr, first, second, key_len, scratch=scratch)
+    elif offsets is not None:
+        # different constants differ on row 0; equal ones leave the ids to compare
+        same = (offsets[first] == offsets[second]).all(axis=1)
+        adjacent = np.zeros(len(first), dtype=np.int64)
+        adjacent[same] = _common_prefixes(ids, None, cu_arr, first[same], second[same], key_len, scratch=scratch)
+    else:
+        # one packed row pays off when every row of every pair is compared at once; a few pairs
+        # compare their own slices, row by row
+        packed = row_symbols(ids, positions, scratch) if len(first) > PAIRWISE_MAX else None
+        if packed is None:
+            adjacent = _common_prefixes(ids, positions, cu_arr, first, second, scratch=scratch)
+        else:
+            adjacent = _common_prefixes(packed, None, cu_arr, first, second, scratch=scratch)
+    adjacent = adjacent.tolist()
     runs, at = [], 0
     for order in orders:
         runs.append((order, adjacent[at : at + len(order) - 1]))
         at += len(order) - 1
     return runs
+
+
+_SCRATCH = threading.local()
+_SCRATCH_KEPT = 1 << 23  # slots (64 MiB) a thread keeps at most: a row of about 550k tokens with M-RoPE rows
+
+
+def _scratch(slots: int) -> np.ndarray:
+    """This thread's buffer for the grouping's temporaries, grown as needed and kept.
+
+    Fresh memory, not arithmetic, is what a 64k-row temporary costs (a page fault per 4 KiB,
+    more than the compare that fills it); the temporaries never outlive `sorted_runs`, so one
+    buffer per thread serves every call (up to `_SCRATCH_KEPT` slots; longer rows get a fresh one).
+    """
+    if slots > _SCRATCH_KEPT:  # a row this long is rare: its buffer is not kept
+        return np.empty(slots, dtype=np.int64)
+    buffer = getattr(_SCRATCH, "buffer", None)
+    if buffer is None or len(buffer) < slots:
+        grown = min(2 * (0 if buffer is None else len(buffer)), _SCRATCH_KEPT)
+        buffer = _SCRATCH.buffer = np.empty(max(slots, grown), dtype=np.int64)
+    return buffer
 
 
 def _sorted_buckets(ids: np.ndarray, cu: np.ndarray, candidates: np.ndarray, key_len: int) -> list[list[int]]:
@@ -127,31 +187,112 @@ def _buckets(ids: np.ndarray, cu: np.ndarray, candidates: np.ndarray, key_len: i
     return sorted((members[a:b] for a, b in itertools.pairwise(edges)), key=lambda m: m[0])
 
 
+def _distinct_rows(positions: np.ndarray) -> list[np.ndarray]:
+    """The position rows without those equal to an earlier row (M-RoPE rows of text tokens are all
+    equal). Which rows are equal, and the byte order of the sort keys, stay the same: a dropped
+    row differs between two rows only where its equal, earlier row already does."""
+    kept: list[np.ndarray] = []
+    for row in positions:
+        if not any(np.array_equal(row, earlier) for earlier in kept):
+            kept.append(row)
+    return kept
+
+
+def sequence_offsets(positions: list[np.ndarray], cu: np.ndarray, scratch: Arena | None = None) -> np.ndarray | None:
+    """`[N, R]`: the constant each position row adds to each sequence's own count (0, 1, 2, ...),
+    or None when a row does not count up by one inside some sequence (0 for an empty sequence).
+
+    Per-sequence positions are all zeros; a global arange, or M-RoPE rows of text that continue
+    after earlier content, are other constants.
+    """
+    t = int(cu[-1])
+    out = np.zeros((len(cu) - 1, len(positions)), dtype=np.int64)
+    if t == 0:
+        return out
+    scratch = scratch or Arena()
+    step, counts = scratch.take(t - 1), scratch.take(t - 1, bool)
+    inner = cu[1:-1]
+    inner = inner[(inner > 0) & (inner < t)] - 1  # steps that cross into the next sequence
+    starts = np.minimum(cu[:-1], t - 1)
+    for r, row in enumerate(positions):
+        np.subtract(row[1:], row[:-1], out=step)
+        np.equal(step, 1, out=counts)
+        counts[inner] = True
+        if not counts.all():
+            return None
+        out[:, r] = row[starts]
+    out[np.diff(cu) == 0] = 0
+    return out
+
+
+def row_symbols(ids: np.ndarray, positions: list[np.ndarray], scratch: Arena | None = None) -> np.ndarray | None:
+    """One int64 per row, equal for two rows exactly when their id and every position row are;
+    None when the values need more than 63 bits.
+
+    Comparing one array instead of 1 + R is what keeps position rows that do not restart per
+    sequence (a VL model's M-RoPE rows) as cheap as per-sequence ones. Each field is its value
+    minus the field's smallest, in bits of its own (an injective packing); rows after the first
+    are packed as differences from it (a bijection given the first): M-RoPE rows differ by
+    little, so they take few bits.
+    """
+    scratch = scratch or Arena()
+    out, tmp = scratch.take(len(ids)), scratch.take(len(ids))
+    fields = [ids, *positions]
+    lows, widths = [], []
+    for r, field in enumerate(fields):
+        if r >= 2:
+            field = np.subtract(field, positions[0], out=tmp)
+        lo, hi = int(field.min()), int(field.max())
+        lows.append(lo)
+        widths.append((hi - lo).bit_length())
+    if sum(widths) > 63:
+        return None
+    out[...] = 0
+    shift = 0
+    for r, (field, lo, width) in enumerate(zip(fields, lows, widths)):
+        if not width:  # one value throughout: tells no rows apart
+            continue
+        if r >= 2:
+            field = np.subtract(field, positions[0], out=tmp)
+        # the true difference lies in [0, 2**width): int64 wrap-around in the subtraction cannot change it
+        np.subtract(field, lo, out=tmp)
+        tmp <<= shift
+        out |= tmp
+        shift += width
+    return out
+
+
 PAIRWISE_MAX = 128  # up to this many pairs, one slice compare each beats building the side-by-side rows
 
 
 def _common_prefixes(
-    ids, positions, cu: np.ndarray, first: np.ndarray, second: np.ndarray, skip: int = 0
+    ids, positions, cu: np.ndarray, first: np.ndarray, second: np.ndarray, skip: int = 0, scratch: Arena | None = None
 ) -> np.ndarray:
     """Leading symbols that match for every pair `(first[i], second[i])` of sequences, capped so both
-    keep a suffix token; the first `skip` symbols of every pair are known to match (both sequences
+    keep a suffix token; a symbol is a row's id and its value in every row of `positions` (`[R, T]`,
+    a list of rows, or None). The first `skip` symbols of every pair are known to match (both sequences
     are longer than `skip`). Few pairs: one slice compare each; many (short sequences): the
-    overlapping rows of all pairs side by side, compared in one pass."""
+    overlapping rows of all pairs side by side, compared in one pass (temporaries from `scratch`)."""
     n = np.minimum(cu[first + 1] - cu[first], cu[second + 1] - cu[second])
     rest = n - skip
     if len(first) <= PAIRWISE_MAX:
         out = []
         for a, b, k in zip((cu[first] + skip).tolist(), (cu[second] + skip).tolist(), rest.tolist()):
             differs = ids[a : a + k] != ids[b : b + k]
-            if positions is not None:
-                differs |= (positions[:, a : a + k] != positions[:, b : b + k]).any(axis=0)
+            for row in () if positions is None else positions:
+                differs |= row[a : a + k] != row[b : b + k]
             at = int(differs.argmax())
             out.append(at if differs[at] else k)
         return np.minimum(skip + np.asarray(out, dtype=np.int64), n - 1)
-    left, right = ranges(cu[first] + skip, rest), ranges(cu[second] + skip, rest)
-    differs = ids[left] != ids[right]
+    scratch = scratch or Arena()
+    left, right = scratch.ranges(cu[first] + skip, rest), scratch.ranges(cu[second] + skip, rest)
+    # indices built from `cu` are in range: 'clip' only spares numpy's bounds-checking copy
+    at_left = np.take(ids, left, out=scratch.take(len(left)), mode="clip")
+    at_right = np.take(ids, right, out=scratch.take(len(left)), mode="clip")
+    differs = np.not_equal(at_left, at_right, out=scratch.take(len(left), bool))
     if positions is not None:
-        differs |= (positions[:, left] != positions[:, right]).any(axis=0)
+        for row in positions:
+            differs |= np.take(row, left) != np.take(row, right)
     pair_start = np.cumsum(rest) - rest
     hits = np.flatnonzero(differs)
     if not len(hits):

@@ -21,7 +21,7 @@ from .grouping import Group
 from .layout import Layout, build_layout, ranges
 from .level_cost import LevelCost, resolve_level_cost
 from .lm_rows import LMIndex, LMRows, lm_host_index, lm_index, lm_rows
-from .positions import host_positions
+from .positions import are_per_sequence
 from .rows import Arena
 from .tree import Node, find_tree
 
@@ -144,7 +144,7 @@ def build_plan(
     cu, ids, pos = _to_host(cu_seqlens, input_ids, pos_rows)
     if cu[0] != 0 or cu[-1] != length or bool((np.diff(cu) < 0).any()):
         raise ValueError(f"cu_seqlens must rise from 0 to T={length}, got {cu[:4]}...{cu[-2:]}")
-    if pos is not None and np.array_equal(pos, np.broadcast_to(host_positions(cu), pos.shape)):
+    if pos is not None and are_per_sequence(pos, cu):
         pos = None  # per-sequence positions (text-only M-RoPE too) agree wherever offsets agree
     nodes = find_tree(
         ids,
@@ -174,7 +174,7 @@ def build_plan(
     if pos is None:  # per-sequence positions: a compact row's position is its offset in its sequence
         positions[...] = ranges(layout.offset, layout.length)
     else:
-        positions[...] = pos[:, layout.compact_src].reshape(shape)
+        np.take(pos, layout.compact_src, axis=1, out=positions.reshape(len(pos), -1))
     host = {
         "plan": {
             "compact_src": layout.compact_src,

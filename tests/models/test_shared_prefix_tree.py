@@ -7,8 +7,9 @@ The trees are small (a float64 model on two CPU cores): depth 2-3, node lengths 
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from patchgen.kernels.modeling.shared_prefix import observe_plans
 from patchgen.kernels.shared_prefix import build_plan
 
 from tests.models import tiny
@@ -46,9 +47,15 @@ TREE_CONFIG = {"shared_prefix_max_depth": 4, "shared_prefix_level_cost": 0}
 
 def _run(model, device, flag, kwargs):
     net = tiny.build(model, device, seed=3, shared_prefix_training=flag, **TREE_CONFIG)
-    out = net(**kwargs)
+    plans = []
+    with observe_plans(lambda plan, tokens: plans.append(plan)):
+        out = net(**kwargs)
     out.loss.backward()
-    return out, tiny.grads(net)
+    return out, tiny.grads(net), plans, bool(getattr(net.config, "shared_prefix_chunk_aligned", False))
+
+
+def _nodes(plan):
+    return [(n.members, n.start, n.end, n.parent) for n in plan.nodes]
 
 
 def check_tree(model, device, batch, masked):
@@ -62,7 +69,9 @@ def check_tree(model, device, batch, masked):
         kwargs["position_ids"] = positions
     if model == "qwen3_5_moe":
         kwargs["output_router_logits"] = True  # the loss then carries the load-balancing loss
-    (off, g_off), (on, g_on) = _run(model, device, False, kwargs), _run(model, device, True, kwargs)
+    (off, g_off, _, _), (on, g_on, ran, aligned) = _run(model, device, False, kwargs), _run(model, device, True, kwargs)
+    expected = build_plan(ids, cu, positions, max_depth=4, level_cost=0, chunk_aligned=True) if aligned else plan
+    assert len(ran) == 1 and _nodes(ran[0]) == _nodes(expected)  # the model ran this tree, not a flatter plan
     assert on.logits.shape == off.logits.shape == (1, ids.shape[1], tiny.VOCAB)
     torch.testing.assert_close(on.logits, off.logits, atol=1e-10, rtol=0)
     torch.testing.assert_close(on.loss, off.loss, atol=1e-12, rtol=0)
@@ -72,9 +81,34 @@ def check_tree(model, device, batch, masked):
     return plan
 
 
+def fixed_tree(children, positions=None, seed=0):
+    """A 64-row root whose children are `(length, leaves)` nodes (0: a leaf of the root), sequences
+    in a scrambled packed order; `positions`: None, or "shifted" M-RoPE rows that do not restart
+    per sequence alone (one row counts from 1), as a VL model's rows can."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def toks(n):
+        return torch.randint(0, tiny.VOCAB, (n,), generator=gen).tolist()
+
+    root, pairs = toks(64), []
+    for length, leaves in children:
+        head = root + toks(length)
+        pairs += [(head + toks(1 + i), len(head)) for i in range(max(leaves, 1))]
+    pairs = pairs[1::2] + pairs[::2]
+    seqs, prompt_lengths = [s for s, _ in pairs], [p for _, p in pairs]
+    rows = None
+    if positions == "shifted":
+        per_seq = torch.cat([torch.arange(len(s)) for s in seqs])
+        rows = per_seq.expand(3, -1).reshape(3, 1, -1).clone()
+        rows[1] += 1
+    return seqs, prompt_lengths, rows
+
+
+# examples that every run checks, whatever hypothesis draws: fan-out 3, positions None, prompt labelled
 @pytest.mark.parametrize("model", ["qwen3_5", "qwen3_5_moe"])
 @settings(max_examples=3, **SETTINGS)
 @given(batch=TREES, masked=st.booleans())
+@example(batch=fixed_tree([(65, 2), (64, 2), (0, 1)]), masked=False)
 def test_random_trees_match_packed_gpu_target(float64_router, model, batch, masked):
     check_tree(model, "gpu", batch, masked)
 
@@ -82,6 +116,7 @@ def test_random_trees_match_packed_gpu_target(float64_router, model, batch, mask
 @pytest.mark.parametrize("model", ["qwen3_5", "qwen3_5_moe"])
 @settings(max_examples=1, **SETTINGS)
 @given(batch=NPU_TREES, masked=st.booleans())
+@example(batch=fixed_tree([(64, 2), (0, 1)], positions="shifted"), masked=True)
 def test_random_trees_match_packed_npu_target(float64_router, model, batch, masked):
     assert check_tree(model, "npu", batch, masked).depth >= 2
 

@@ -1,0 +1,174 @@
+"""Position rows in the grouping: the fast paths (rows that count up from a constant per sequence,
+rows packed into one int64) give exactly the runs and plans of comparing every row.
+
+The reference is the grouping's specification written out naively: candidates bucketed by their
+first ids, each bucket sorted by the bytes of its `(id, *position rows)` int64 symbols, and the
+common prefix of adjacent sequences counted symbol by symbol, capped so both keep a row.
+"""
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from patchgen.kernels.shared_prefix import build_plan, grouping
+
+SETTINGS = {
+    "deadline": None,
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+}
+MODES = [
+    "per_sequence",
+    "shifted",
+    "constants",
+    "late_constants",
+    "global",
+    "broken",
+    "negative",
+    "wide",
+    "one_row_constants",
+]
+
+
+@st.composite
+def position_batches(draw):
+    """Prompts (some under one system prompt) with rollouts, singletons and empty segments, and
+    position rows of every kind the grouping tells apart."""
+    rng = random.Random(draw(st.integers(0, 2**32 - 1)))
+    vocab = draw(st.sampled_from([3, 500]))  # 3: long common prefixes and many ties in the sort
+    min_prefix = draw(st.sampled_from([16, 64]))
+
+    def toks(n):
+        return [rng.randrange(1, vocab + 1) for _ in range(n)]
+
+    system = toks(draw(st.integers(0, 90)))
+    seqs = []
+    for _ in range(draw(st.integers(1, 4))):
+        prompt = (system if draw(st.booleans()) else []) + toks(draw(st.integers(0, 80)))
+        seqs += [prompt + toks(draw(st.integers(0, 6))) for _ in range(draw(st.integers(1, 4)))]
+    seqs += [toks(draw(st.integers(0, 80))) for _ in range(draw(st.integers(0, 2)))]
+    seqs += [[] for _ in range(draw(st.integers(0, 1)))]
+    rng.shuffle(seqs)
+
+    lengths = [len(s) for s in seqs]
+    t = sum(lengths)
+    local = np.concatenate([np.arange(n) for n in lengths]).astype(np.int64) if seqs else np.zeros(0, np.int64)
+    mode = draw(st.sampled_from(MODES))
+    rows = np.stack([local] * 3)
+    if mode == "shifted":  # the bench's [3,1,T]*: one row offset by one everywhere
+        rows[1] += 1
+    elif mode in ("constants", "late_constants", "broken", "one_row_constants"):  # a constant per sequence and row
+        for r in range(1 if mode == "late_constants" else 0, 3):  # late: row 0 alike, the others not
+            rows[r] += np.repeat([rng.choice([0, 0, 0, 5]) for _ in seqs], lengths).astype(np.int64)
+    elif mode == "global":
+        rows += np.arange(t) - local
+    elif mode == "negative":
+        rows[2] = -local
+    elif mode == "wide":  # needs more than 63 bits as one int64 per row: every row is compared
+        rows[1] += (local % 2) << 55
+    if mode == "broken" and t:
+        rows[rng.randrange(3), rng.randrange(t)] += 1
+    if mode == "one_row_constants":
+        rows = rows[:1]
+    return seqs, rows, min_prefix
+
+
+def reference_runs(seqs, rows, min_prefix):
+    """The grouping's sorted runs, computed naively from their definition."""
+    key_len = min(grouping.BUCKET_TOKENS, min_prefix)
+    cu = np.cumsum([0] + [len(s) for s in seqs])
+    ids = np.array([t for s in seqs for t in s], dtype=np.int64)
+    block = np.stack([ids, *rows], axis=1)
+    symbols = [[tuple(r) for r in block[cu[i] : cu[i + 1]].tolist()] for i in range(len(seqs))]
+    buckets = {}
+    for i, s in enumerate(seqs):
+        if len(s) > min_prefix:
+            buckets.setdefault(tuple(s[:key_len]), []).append(i)
+    runs = []
+    for members in sorted((m for m in buckets.values() if len(m) >= 2), key=min):
+        order = sorted(members, key=lambda i: block[cu[i] : cu[i + 1]].tobytes())
+        adjacent = []
+        for a, b in itertools.pairwise(order):
+            n = min(len(seqs[a]), len(seqs[b]))
+            k = 0
+            while k < n and symbols[a][k] == symbols[b][k]:
+                k += 1
+            adjacent.append(min(k, n - 1))
+        runs.append((order, adjacent))
+    return runs
+
+
+def host(seqs, rows):
+    ids = np.array([t for s in seqs for t in s], dtype=np.int64)
+    return ids, [0, *np.cumsum([len(s) for s in seqs]).tolist()]
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(position_batches())
+def test_sorted_runs_equal_the_naive_symbol_order_and_prefixes(monkeypatch, batch):
+    seqs, rows, min_prefix = batch
+    ids, cu = host(seqs, rows)
+    expected = reference_runs(seqs, rows, min_prefix)
+    assert grouping.sorted_runs(ids, rows, cu, min_prefix) == expected
+    with monkeypatch.context() as patched:
+        patched.setattr(grouping, "PAIRWISE_MAX", 0)  # as many pairs as a 64k batch: rows compared at once
+        assert grouping.sorted_runs(ids, rows, cu, min_prefix) == expected
+        patched.setattr(grouping, "_SCRATCH_KEPT", 0)  # a row too long to keep its scratch buffer
+        assert grouping.sorted_runs(ids, rows, cu, min_prefix) == expected
+
+
+def plan_arrays(plan):
+    if plan is None:
+        return None
+    nodes = [(n.members, n.start, n.end, n.parent) for n in plan.nodes]
+    tensors = ("compact_src", "expand_index", "position_ids", "cu_seqlens")
+    return nodes, [getattr(plan, k).tolist() for k in tensors], plan.lm.length
+
+
+@settings(max_examples=25, **SETTINGS)
+@given(position_batches(), st.sampled_from([1, 4]))
+def test_fast_paths_build_the_plans_of_comparing_every_row(monkeypatch, batch, depth):
+    seqs, rows, min_prefix = batch
+    ids = torch.tensor([t for s in seqs for t in s], dtype=torch.long).reshape(1, -1)
+    cu = torch.tensor([0] + [len(s) for s in seqs]).cumsum(0).to(torch.int32)
+    positions = torch.from_numpy(rows).reshape(len(rows), 1, -1)
+    options = {"min_prefix": min_prefix, "max_depth": depth, "level_cost": 0}
+    with monkeypatch.context() as patched:
+        patched.setattr(grouping, "PAIRWISE_MAX", 0)  # as many pairs as a 64k batch: rows packed into one
+        fast = plan_arrays(build_plan(ids, cu, positions, **options))
+    with monkeypatch.context() as patched:
+        patched.setattr(grouping, "PAIRWISE_MAX", 0)
+        patched.setattr(grouping, "sequence_offsets", lambda *args, **kwargs: None)
+        patched.setattr(grouping, "row_symbols", lambda *args, **kwargs: None)
+        assert plan_arrays(build_plan(ids, cu, positions, **options)) == fast
+
+
+def test_sequence_offsets_are_what_each_row_adds_to_the_sequences_own_count():
+    cu = np.array([0, 3, 3, 5])  # an empty sequence in the middle
+    rows = [np.array([0, 1, 2, 7, 8]), np.array([5, 6, 7, 0, 1])]
+    assert grouping.sequence_offsets(rows, cu).tolist() == [[0, 5], [0, 0], [7, 0]]
+
+
+@pytest.mark.parametrize("row", [[0, 1, 1, 0, 1], [0, 2, 4, 0, 1], [0, 1, 2, 1, 0]])
+def test_a_row_that_does_not_count_up_by_one_has_no_offsets(row):
+    assert grouping.sequence_offsets([np.arange(5), np.array(row)], np.array([0, 3, 5])) is None
+
+
+def test_row_symbols_are_equal_exactly_where_the_id_and_every_position_row_are():
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 3, 400)
+    first = rng.integers(-25, 25, 400)  # M-RoPE-like: the later rows differ from the first by little
+    rows = [first, first + rng.integers(0, 2, 400) + 2**40, first + 2 * rng.integers(0, 2, 400)]
+    packed = grouping.row_symbols(ids, rows)
+    full = np.stack([ids, *rows], axis=1)
+    same_symbol = (full[:, None, :] == full[None, :, :]).all(axis=2)
+    assert np.array_equal(packed[:, None] == packed[None, :], same_symbol)
+
+
+def test_row_symbols_give_up_past_63_bits():
+    ids = np.array([0, 2**20])
+    assert grouping.row_symbols(ids, [np.array([0, 2**42])]) is None
+    assert grouping.row_symbols(ids, [np.array([0, 2**41])]) is not None
