@@ -40,7 +40,7 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (
 from patchgen.kernels import ops
 from patchgen.kernels.modeling import fields, shared_prefix, verify
 from patchgen.kernels.modeling.boundaries import resolve_packed
-from patchgen.kernels.modeling.generation import use_cache_for, prefill_rows, starts_from_zero_state
+from patchgen.kernels.modeling.generation import prefill_rows, starts_from_zero_state, use_cache_for
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
 from patchgen.kernels.modeling.packing import (
     PACKED_ROW,
