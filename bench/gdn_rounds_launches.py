@@ -1,11 +1,13 @@
 """GDN launches per layer on our Triton backend, per-round stages vs joint rounds, for plans of 2 and 3 rounds.
 
     python bench/gdn_rounds_launches.py [--prompt 128] [--turn 64] [--response 16] [--out FILE]
+    python bench/gdn_rounds_launches.py --backend fla --device cuda   # on a GPU (fla's kernels do not interpret)
 
 One shared-prefix GDN layer (`shared_prefix_gated_delta_rule`, l2norm in kernel), tiny widths,
-float32, our Triton kernels under TRITON_INTERPRET=1 on the CPU: every Triton launch is counted
-(it is one launch on the GPU too), and the aten ops of the layer's glue (gathers, casts, cats, the
-state hand-over) as `host_ops.count_events` counts them. Plans: a group of 4 rollouts of one
+float32; on the CPU our Triton kernels run under TRITON_INTERPRET=1. Every Triton launch is counted
+(one launch on the GPU too; on a GPU after a warm-up call, so autotuning is not counted), and the
+aten ops of the layer's glue (gathers, casts, cats, the state hand-over) as `host_ops.count_events`
+counts them. Plans: a group of 4 rollouts of one
 prompt (2 rounds: the prompt, then the rollouts from its state) and a two-turn tree (3 rounds:
 prompt, turn, responses). Arms: `Rounds` (every stage once per round, the path before the joint
 rounds) and `JointRounds` (state-free stages once for all rounds).
@@ -20,7 +22,8 @@ import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: the CPU interpreter
+if "cuda" not in sys.argv:  # before triton is imported: the CPU interpreter unless asked for a GPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch
 import torch.nn.functional as F
@@ -55,7 +58,7 @@ def triton_launch_scopes():
             cls.run = run
 
 
-def plans(prompt: int, turn: int, response: int):
+def plans(prompt: int, turn: int, response: int, device="cpu"):
     """{rounds: plan}: 4 rollouts of one prompt (2 rounds) and a tree branching after a turn (3 rounds)."""
     from patchgen.kernels.shared_prefix import build_plan
 
@@ -71,7 +74,7 @@ def plans(prompt: int, turn: int, response: int):
     for seqs in (group, tree):
         ids = torch.tensor([t for s in seqs for t in s]).unsqueeze(0)
         cu = torch.tensor([0, *torch.tensor([len(s) for s in seqs]).cumsum(0).tolist()], dtype=torch.int32)
-        plan = build_plan(ids, cu, max_depth=4, level_cost=0)
+        plan = build_plan(ids.to(device), cu.to(device), max_depth=4, level_cost=0)
         out[len(plan.gdn.present)] = plan
     return out
 
@@ -79,10 +82,9 @@ def plans(prompt: int, turn: int, response: int):
 def count_layer(plan, rounds, h=1, hv=2, k=16, v=16):
     """{"forward"/"backward": {"triton": launches, "glue": aten launches}} of one GDN layer."""
     from patchgen.kernels.shared_prefix import shared_prefix_gated_delta_rule
-    from patchgen.kernels.triton import gated_delta_rule
 
     def gdn(*args, **kwargs):
-        return gated_delta_rule(*args, **kwargs)
+        raise AssertionError("the stages run, not the public function")
 
     gdn.rounds = rounds
     gen = torch.Generator().manual_seed(1)
@@ -90,7 +92,12 @@ def count_layer(plan, rounds, h=1, hv=2, k=16, v=16):
     q, kk = (torch.randn(1, c, h, k, generator=gen) for _ in range(2))
     inputs = [q, kk, torch.randn(1, c, hv, v, generator=gen), F.logsigmoid(torch.randn(1, c, hv, generator=gen)),
               torch.rand(1, c, hv, generator=gen)]
-    inputs = [x.requires_grad_() for x in inputs]
+    device = plan.compact_src.device
+    inputs = [x.to(device).requires_grad_() for x in inputs]
+    if device.type == "cuda":  # compile and autotune before counting
+        o = shared_prefix_gated_delta_rule(plan, gdn, *inputs, use_qk_l2norm_in_kernel=True)
+        torch.autograd.grad(o, inputs, torch.ones_like(o))
+        torch.cuda.synchronize()
     out = {}
     with triton_launch_scopes():
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
@@ -112,14 +119,21 @@ def main(argv=None):
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--turn", type=int, default=64)
     parser.add_argument("--response", type=int, default=16)
+    parser.add_argument("--backend", choices=["triton", "fla"], default="triton")
+    parser.add_argument("--device", default="cpu", help="cpu (Triton's interpreter) or cuda")
     parser.add_argument("--out", default=None, help="also write the report to this file")
     args = parser.parse_args(argv)
-    from patchgen.kernels.triton.gated_delta_rule.rounds import JointRounds, Rounds
+    if args.backend == "fla":
+        from patchgen.kernels.backends.fla import _JointRounds as JointRounds
+        from patchgen.kernels.backends.fla import _Rounds as Rounds
+    else:
+        from patchgen.kernels.triton.gated_delta_rule.rounds import JointRounds, Rounds
 
     arms = {"per-round": Rounds(), "joint": JointRounds()}
     results = {n: {arm: count_layer(plan, rounds) for arm, rounds in arms.items()}
-               for n, plan in plans(args.prompt, args.turn, args.response).items()}
-    lines = [f"GDN launches per layer, our Triton backend (interpreter, float32, tiny widths), torch {torch.__version__};"
+               for n, plan in plans(args.prompt, args.turn, args.response, args.device).items()}
+    mode = "interpreter" if args.device == "cpu" else args.device
+    lines = [f"GDN launches per layer, {args.backend} ({mode}, float32, tiny widths), torch {torch.__version__};"
              " triton = kernel launches, glue = aten ops that launch on CUDA",
              f"{'rounds':>6} {'phase':>9} {'arm':>10} {'triton':>7} {'glue':>5} {'total':>6}"]
     for n, by_arm in results.items():
