@@ -133,8 +133,8 @@ def main(argv=None):
     results = {n: {arm: count_layer(plan, rounds) for arm, rounds in arms.items()}
                for n, plan in plans(args.prompt, args.turn, args.response, args.device).items()}
     mode = "interpreter" if args.device == "cpu" else args.device
-    lines = [f"GDN launches per layer, {args.backend} ({mode}, float32, tiny widths), torch {torch.__version__};"
-             " triton = kernel launches, glue = aten ops that launch on CUDA",
+    lines = [(f"GDN launches per layer, {args.backend} ({mode}, float32, tiny widths), torch {torch.__version__};"
+              " triton = kernel launches, glue = aten ops that launch on CUDA"),
              f"{'rounds':>6} {'phase':>9} {'arm':>10} {'triton':>7} {'glue':>5} {'total':>6}"]
     for n, by_arm in results.items():
         for phase in ("forward", "backward"):

@@ -7,15 +7,14 @@ from fla.modules.causal_conv1d import causal_conv1d as _fla_causal_conv1d
 from fla.modules.norm.fused_norm_gate import rms_norm_gated as _fla_rms_norm_gated
 from fla.modules.norm.l2norm import l2norm_bwd as _fla_l2norm_bwd
 from fla.modules.norm.l2norm import l2norm_fwd as _fla_l2norm_fwd
-from fla.ops.gated_delta_rule import chunk_gated_delta_rule as _fla_chunk_gated_delta_rule
-from fla.ops.gated_delta_rule.chunk import chunk_gated_delta_rule_bwd as _fla_gdn_bwd
-from fla.ops.gated_delta_rule.chunk import chunk_gated_delta_rule_fwd as _fla_gdn_fwd
-
 from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_bwd_dhu as _fla_bwd_dhu
 from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h as _fla_fwd_h
 from fla.ops.common.chunk_o import chunk_bwd_dqkwg as _fla_bwd_dqkwg
 from fla.ops.common.chunk_o import chunk_bwd_dv_local as _fla_bwd_dv_local
 from fla.ops.common.chunk_o import chunk_fwd_o as _fla_fwd_o
+from fla.ops.gated_delta_rule import chunk_gated_delta_rule as _fla_chunk_gated_delta_rule
+from fla.ops.gated_delta_rule.chunk import chunk_gated_delta_rule_bwd as _fla_gdn_bwd
+from fla.ops.gated_delta_rule.chunk import chunk_gated_delta_rule_fwd as _fla_gdn_fwd
 from fla.ops.gated_delta_rule.chunk_fwd import chunk_gated_delta_rule_fwd_intra as _fla_fwd_intra
 from fla.ops.gated_delta_rule.wy_fast import prepare_wy_repr_bwd as _fla_wy_bwd
 from fla.ops.gated_delta_rule.wy_fast import recompute_w_u_fwd as _fla_recompute_w_u

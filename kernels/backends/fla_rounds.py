@@ -15,9 +15,9 @@ This module does not import fla: the stage functions come in through `stages` (`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

@@ -19,7 +19,11 @@ per-row operation, so the forward is bit-identical to the loop's; gradients diff
 the order in which a replayed tail row's contributions are summed.
 
 A backend offers this by giving its `gated_delta_rule` function a `rounds` attribute that follows
-`RoundKernels`; a backend without one takes the loop.
+`RoundKernels`; a backend without one takes the loop. Stages that also follow `JointRounds` run the
+stages that do not read the state once over every round's rows (`GDNIndex.joint`), and only the
+state recurrence and what reads it per round; the state hand-over between rounds stays here
+(`initial_state`, `final_state_grad`). Without them every stage runs once per round
+(`loop_forward`, `loop_backward`).
 """
 
 from __future__ import annotations

@@ -104,5 +104,5 @@ def test_joint_rounds_equal_the_per_round_stages_bit_for_bit_at_4b_widths(backen
     (first, first_grads), (fused, fused_grads), (again, again_grads) = runs
     assert torch.equal(first, again) and all(torch.equal(a, b) for a, b in zip(first_grads, again_grads))
     assert torch.equal(fused, first)
-    for name, a, b in zip("q k v g beta".split(), fused_grads, first_grads):
+    for name, a, b in zip(["q", "k", "v", "g", "beta"], fused_grads, first_grads):
         assert torch.equal(a, b), f"d{name}: max |joint - per-round| = {(a.float() - b.float()).abs().max().item()}"
