@@ -151,7 +151,8 @@ class GDNRounds(torch.autograd.Function):
         def h0_of(rnd, states):
             return initial_state(rnd, states, vs, ks.shape[3])
 
-        joint = getattr(kernels, "forward_rounds", None)
+        joint = getattr(kernels, "forward_rounds", None) if idx.joint is not None else None
+        ctx.joint = joint is not None  # an index built without joint tables takes the loop, same results
         if joint is not None:
             o, initial, saved, meta = joint(qs, ks, vs, gs, bs, scale, idx, h0_of)
         else:
@@ -183,7 +184,7 @@ class GDNRounds(torch.autograd.Function):
                 return None
             return final_state_grad(rnd, present[i - 1][0], dh0)
 
-        joint = getattr(kernels, "backward_rounds", None)
+        joint = kernels.backward_rounds if ctx.joint else None
         args = (qs, ks, vs, gs, bs, scale, idx, initial, saved, ctx.meta, d_out, dht_of)
         dq, dk, dv, dg, db = joint(*args) if joint is not None else loop_backward(kernels, *args)
         if ctx.l2norm:

@@ -15,7 +15,7 @@ import gdn_rounds_launches
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("gdn_launches") / "report.txt"
-    return gdn_rounds_launches.main(["--prompt", "128", "--turn", "64", "--response", "4", "--out", str(out)])
+    return gdn_rounds_launches.main(["--prompt", "64", "--turn", "64", "--response", "2", "--out", str(out)])
 
 
 def test_the_bench_builds_plans_of_two_and_three_rounds(results):

@@ -11,11 +11,11 @@ from patchgen.kernels.shared_prefix.gdn_rounds import loop_forward
 from tests.models.prefix_trees import pack
 from tests.shared_prefix.test_tree import agentic, spine
 
-PLANS = {
-    "two-levels-unaligned": (spine(2, root=64, node=65, leaf=3), 4),  # a 1-row tail replayed per child
+PLANS = {  # every node's state feeds two or three sequences; ends at 65 replay a 1-row tail per child
+    "two-levels-unaligned": (spine(2, root=64, node=65, leaf=3), 4),
     "three-levels": (spine(3, root=64, node=65, leaf=3), 4),
     "no-round-0": (spine(3, root=30, leaf=3), 4),  # the first shared round starts from zeros
-    "three-children": (agentic(prompt=100, turns=(70,), last=5, fan=3), 4),
+    "three-children": (agentic(prompt=64, turns=(65,), last=3, fan=3), 4),
 }
 
 
@@ -68,7 +68,9 @@ def test_the_plan_holds_every_rounds_chunks_as_one_varlen_row():
     assert idx.joint.num_sequences == sequences
 
 
-@pytest.mark.parametrize("name", list(PLANS))
+# the interpreter is slow on 2 cores: two trees cover the cases (3 rounds, the first shared one from
+# zeros, a replayed tail; round 0, three children of one state, a replayed tail)
+@pytest.mark.parametrize("name", ["no-round-0", "three-children"])
 def test_joint_rounds_equal_the_per_round_stages_bit_for_bit(name):
     from patchgen.kernels.triton.gated_delta_rule.rounds import JointRounds, Rounds
 
@@ -89,7 +91,7 @@ def test_joint_rounds_match_packed_execution_in_float64(ref):
         plan,
         lambda *xs: shared_prefix_gated_delta_rule(plan, gdn, *xs, use_qk_l2norm_in_kernel=True),
         lambda *xs: ref.gdn_chunked(*xs, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)[0],
-        _inputs(plan.compact_length, torch.float64, h=2, hv=4, k=4, v=3),
+        _inputs(plan.compact_length, torch.float64, h=1, hv=2, k=4, v=3),
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from .._common import precision_for
 from .autograd import _sum_value_heads, gdn_backward, gdn_forward
 from .chunk_output import chunk_output_bwd, chunk_output_fwd
 from .chunk_state import chunk_state_bwd, chunk_state_fwd
@@ -77,7 +78,7 @@ class JointRounds(Rounds):
         gc, A, w, u = saved
         q, k, v, g, beta, do = map(_rows, (q, k, v, g, beta, do))
         T, HV, K = w.shape
-        acc = gc.dtype  # the stages' accumulation dtype
+        acc = precision_for(k.dtype).acc_torch  # what the state and output backward stages accumulate in
         dq, dk, dw = (torch.empty(T, HV, K, dtype=acc, device=k.device) for _ in range(3))
         dG = torch.empty(T, HV, dtype=acc, device=k.device)
         du = torch.empty(*v.shape, dtype=acc, device=k.device)
