@@ -13,8 +13,9 @@ Gradients reach every ancestor through the states: the backend must return `dh0`
 
 The rounds are plain data (`GDNIndex.rounds`). A backend that exposes its forward and backward
 stages runs every round of a layer in one autograd node (`gdn_rounds.py`: forward in order,
-backward in reverse, `dh0` of round `l` handed to round `l - 1` as its `dht`); any other backend
-takes the loop below, one public call per round.
+backward in reverse, `dh0` of round `l` handed to round `l - 1` as its `dht`), and when those stages
+allow it, the ones that do not read the state once over every round's rows (`GDNIndex.joint`);
+any other backend takes the loop below, one public call per round.
 """
 
 from __future__ import annotations
