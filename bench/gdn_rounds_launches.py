@@ -8,8 +8,8 @@ float32; on the CPU our Triton kernels run under TRITON_INTERPRET=1. Every Trito
 (one launch on the GPU too; on a GPU after a warm-up call, so autotuning is not counted), and the
 aten ops of the layer's glue (gathers, casts, cats, the state hand-over) as `host_ops.count_events`
 counts them. Plans: a group of 4 rollouts of one
-prompt (2 rounds: the prompt, then the rollouts from its state) and a two-turn tree (3 rounds:
-prompt, turn, responses). Arms: `Rounds` (every stage once per round, the path before the joint
+prompt (plan depth 1, 2 rounds: the prompt, then the rollouts from its state) and trees branching
+after one turn (depth 2, 3 rounds) and after two (depth 3, 4 rounds). Arms: `Rounds` (every stage once per round, the path before the joint
 rounds) and `JointRounds` (state-free stages once for all rounds).
 """
 
@@ -59,7 +59,8 @@ def triton_launch_scopes():
 
 
 def plans(prompt: int, turn: int, response: int, device="cpu"):
-    """{rounds: plan}: 4 rollouts of one prompt (2 rounds) and a tree branching after a turn (3 rounds)."""
+    """{rounds: plan}: 4 rollouts of one prompt (plan depth 1, 2 rounds), a tree branching after a turn
+    (depth 2, 3 rounds) and after two turns (depth 3, 4 rounds)."""
     from patchgen.kernels.shared_prefix import build_plan
 
     gen = torch.Generator().manual_seed(0)
@@ -70,8 +71,10 @@ def plans(prompt: int, turn: int, response: int, device="cpu"):
     base = tokens(prompt)
     group = [base + tokens(response) for _ in range(4)]
     tree = [base + mid + tokens(response) for mid in (tokens(turn), tokens(turn)) for _ in range(2)]
+    turns = [base + a + b + tokens(response) for a in (tokens(turn), tokens(turn)) for b in (tokens(turn), tokens(turn))
+             for _ in range(2)]
     out = {}
-    for seqs in (group, tree):
+    for seqs in (group, tree, turns):
         ids = torch.tensor([t for s in seqs for t in s]).unsqueeze(0)
         cu = torch.tensor([0, *torch.tensor([len(s) for s in seqs]).cumsum(0).tolist()], dtype=torch.int32)
         plan = build_plan(ids.to(device), cu.to(device), max_depth=4, level_cost=0)
@@ -135,12 +138,12 @@ def main(argv=None):
     mode = "interpreter" if args.device == "cpu" else args.device
     lines = [(f"GDN launches per layer, {args.backend} ({mode}, float32, tiny widths), torch {torch.__version__};"
               " triton = kernel launches, glue = aten ops that launch on CUDA"),
-             f"{'rounds':>6} {'phase':>9} {'arm':>10} {'triton':>7} {'glue':>5} {'total':>6}"]
+             f"{'depth':>5} {'rounds':>6} {'phase':>9} {'arm':>10} {'triton':>7} {'glue':>5} {'total':>6}"]
     for n, by_arm in results.items():
         for phase in ("forward", "backward"):
             for arm, counts in by_arm.items():
                 c = counts[phase]
-                lines.append(f"{n:>6} {phase:>9} {arm:>10} {c['triton']:>7} {c['glue']:>5} {c['triton'] + c['glue']:>6}")
+                lines.append(f"{n - 1:>5} {n:>6} {phase:>9} {arm:>10} {c['triton']:>7} {c['glue']:>5} {c['triton'] + c['glue']:>6}")
     text = "\n".join(lines)
     print(text)
     if args.out:
