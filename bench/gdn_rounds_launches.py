@@ -122,6 +122,8 @@ def main(argv=None):
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--turn", type=int, default=64)
     parser.add_argument("--response", type=int, default=16)
+    parser.add_argument("--rounds", type=int, nargs="+", default=[2, 3, 4], choices=[2, 3, 4],
+                        help="plans to count, by their rounds (plan depth + 1)")
     parser.add_argument("--backend", choices=["triton", "fla"], default="triton")
     parser.add_argument("--device", default="cpu", help="cpu (Triton's interpreter) or cuda")
     parser.add_argument("--out", default=None, help="also write the report to this file")
@@ -134,7 +136,7 @@ def main(argv=None):
 
     arms = {"per-round": Rounds(), "joint": JointRounds()}
     results = {n: {arm: count_layer(plan, rounds) for arm, rounds in arms.items()}
-               for n, plan in plans(args.prompt, args.turn, args.response, args.device).items()}
+               for n, plan in plans(args.prompt, args.turn, args.response, args.device).items() if n in args.rounds}
     mode = "interpreter" if args.device == "cpu" else args.device
     lines = [(f"GDN launches per layer, {args.backend} ({mode}, float32, tiny widths), torch {torch.__version__};"
               " triton = kernel launches, glue = aten ops that launch on CUDA"),
