@@ -15,16 +15,16 @@ import gdn_rounds_launches
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("gdn_launches") / "report.txt"
-    # 2 and 4 rounds: the interpreter is slow on 2 cores, and the counts are linear in the rounds
-    return gdn_rounds_launches.main(["--prompt", "64", "--turn", "64", "--response", "2", "--rounds", "2", "4",
+    # 2 and 3 rounds: the interpreter is slow on 2 cores, and the counts are linear in the rounds
+    return gdn_rounds_launches.main(["--prompt", "64", "--turn", "64", "--response", "2", "--rounds", "2", "3",
                                      "--out", str(out)])
 
 
 def test_the_bench_builds_the_plans_asked_for(results):
-    assert sorted(results) == [2, 4]
+    assert sorted(results) == [2, 3]
 
 
-@pytest.mark.parametrize("rounds", [2, 4])
+@pytest.mark.parametrize("rounds", [2, 3])
 def test_per_round_stages_launch_every_stage_once_per_round(results, rounds):
     counts = results[rounds]["per-round"]
     # l2norm of q and k; cumsum, wy, state, output per round / state (recomputed), state backward,
@@ -33,7 +33,7 @@ def test_per_round_stages_launch_every_stage_once_per_round(results, rounds):
     assert counts["backward"]["triton"] == 2 + 5 * rounds
 
 
-@pytest.mark.parametrize("rounds", [2, 4])
+@pytest.mark.parametrize("rounds", [2, 3])
 def test_joint_rounds_launch_state_free_stages_once(results, rounds):
     counts = results[rounds]["joint"]
     assert counts["forward"]["kernels"]["triton:chunk_cumsum_kernel"] == 1
@@ -44,7 +44,7 @@ def test_joint_rounds_launch_state_free_stages_once(results, rounds):
     assert counts["backward"]["triton"] == 2 + 2 + 3 * rounds
 
 
-@pytest.mark.parametrize("rounds", [2, 4])
+@pytest.mark.parametrize("rounds", [2, 3])
 def test_joint_rounds_need_no_more_glue(results, rounds):
     for phase in ("forward", "backward"):
         assert results[rounds]["joint"][phase]["glue"] < results[rounds]["per-round"][phase]["glue"]
