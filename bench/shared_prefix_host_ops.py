@@ -9,6 +9,7 @@ and per attention layer (by difference between models of 2, 3 and 3 layers), slo
 top glue ops of each layer kind, the host reads (possible syncs on a GPU) with their call sites,
 and host ms per step (median wall, and the part outside the slots). The layer counts carry over to
 the GPU, where each launch costs the host tens of microseconds (docs/bench/host_profile_*).
+The GDN kernels inside the slot, per-round stages vs joint rounds: `bench/gdn_rounds_launches.py`.
 """
 
 from __future__ import annotations

@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from fla.modules.causal_conv1d import causal_conv1d as _fla_causal_conv1d
 from fla.modules.norm.fused_norm_gate import rms_norm_gated as _fla_rms_norm_gated
 from fla.modules.norm.l2norm import l2norm_bwd as _fla_l2norm_bwd
 from fla.modules.norm.l2norm import l2norm_fwd as _fla_l2norm_fwd
+from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_bwd_dhu as _fla_bwd_dhu
+from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h as _fla_fwd_h
+from fla.ops.common.chunk_o import chunk_bwd_dqkwg as _fla_bwd_dqkwg
+from fla.ops.common.chunk_o import chunk_bwd_dv_local as _fla_bwd_dv_local
+from fla.ops.common.chunk_o import chunk_fwd_o as _fla_fwd_o
 from fla.ops.gated_delta_rule import chunk_gated_delta_rule as _fla_chunk_gated_delta_rule
 from fla.ops.gated_delta_rule.chunk import chunk_gated_delta_rule_bwd as _fla_gdn_bwd
 from fla.ops.gated_delta_rule.chunk import chunk_gated_delta_rule_fwd as _fla_gdn_fwd
+from fla.ops.gated_delta_rule.chunk_fwd import chunk_gated_delta_rule_fwd_intra as _fla_fwd_intra
+from fla.ops.gated_delta_rule.wy_fast import prepare_wy_repr_bwd as _fla_wy_bwd
+from fla.ops.gated_delta_rule.wy_fast import recompute_w_u_fwd as _fla_recompute_w_u
+from fla.ops.utils import chunk_local_cumsum as _fla_chunk_local_cumsum
+from fla.ops.utils.constant import RCP_LN2 as _FLA_RCP_LN2
+
+from .fla_rounds import FlaJointRounds, FlaStages
 
 
 def gated_delta_rule(
@@ -90,4 +104,18 @@ class _Rounds:
         return dq, dk, dv.to(v.dtype), dg.to(g.dtype), db.to(beta.dtype), dh0
 
 
-gated_delta_rule.rounds = _Rounds()
+class _JointRounds(FlaJointRounds, _Rounds):
+    """`_Rounds` with every round's state-free stages in one launch each (`fla_rounds.py`)."""
+
+    stages = FlaStages(
+        chunk_local_cumsum=_fla_chunk_local_cumsum, fwd_intra=_fla_fwd_intra, fwd_h=_fla_fwd_h, fwd_o=_fla_fwd_o,
+        recompute_w_u=_fla_recompute_w_u, bwd_dv_local=_fla_bwd_dv_local, bwd_dhu=_fla_bwd_dhu,
+        bwd_dqkwg=_fla_bwd_dqkwg, wy_bwd=_fla_wy_bwd, gate_scale=_FLA_RCP_LN2,
+    )
+
+
+# The joint stages are checked against fla's per-round stages on the CPU with stand-ins only (fla's
+# state kernel does not run under Triton's interpreter); until the H200 test
+# (tests/shared_prefix/test_gdn_rounds_gpu.py) has passed, fla keeps the per-round path, which that
+# test has checked bit for bit. PATCHGEN_FLA_JOINT_ROUNDS=1 opts in.
+gated_delta_rule.rounds = _JointRounds() if os.environ.get("PATCHGEN_FLA_JOINT_ROUNDS") == "1" else _Rounds()

@@ -13,8 +13,9 @@ Gradients reach every ancestor through the states: the backend must return `dh0`
 
 The rounds are plain data (`GDNIndex.rounds`). A backend that exposes its forward and backward
 stages runs every round of a layer in one autograd node (`gdn_rounds.py`: forward in order,
-backward in reverse, `dh0` of round `l` handed to round `l - 1` as its `dht`); any other backend
-takes the loop below, one public call per round.
+backward in reverse, `dh0` of round `l` handed to round `l - 1` as its `dht`), and when those stages
+allow it, the ones that do not read the state once over every round's rows (`GDNIndex.joint`);
+any other backend takes the loop below, one public call per round.
 """
 
 from __future__ import annotations
@@ -57,6 +58,20 @@ class GDNIndex:
     # true for chunk-aligned prefixes of one group (every tail empty, rounds in compact order).
     src_identity: bool = False
     out_identity: bool = False
+    # every round's sequences as one varlen row (`src`'s rows): the chunk tables of the stages that
+    # do not read the state, which a backend may run once for all rounds (`gdn_rounds.py`); the
+    # chunks are each round's own, since chunks restart at every sequence start
+    joint: GDNRound | None = None
+
+    @property
+    def present(self) -> tuple[tuple[GDNRound, slice], ...]:
+        """The rounds that have rows, each with its rows in `src` (and in `joint`)."""
+        out, start = [], 0
+        for rnd in self.rounds:
+            if rnd is not None:
+                out.append((rnd, slice(start, start + rnd.rows)))
+                start += rnd.rows
+        return tuple(out)
 
     @property
     def round_a(self) -> GDNRound | None:
@@ -160,6 +175,12 @@ def gdn_host_index(layout: Layout, arena: Arena | None = None) -> dict:
             host[f"state{r}"] = arena.put(np.where(state < 0, 0, state + zero))
     # every round's rows in order: one gather per input serves all rounds (gdn_rounds)
     host["src"] = arena.put(np.concatenate([host[f"src{r}"] for r in range(len(rounds)) if f"src{r}" in host]))
+    joint = np.concatenate([seq_lengths for *_, seq_lengths, _ in rounds])
+    host |= {
+        "cu_joint": arena.boundaries(joint),
+        "chunks_joint": chunk_indices(joint, arena, np.int32),
+        "offsets_joint": arena.boundaries(-(-joint // CHUNK)),
+    }
     host["src_identity"] = _is_identity(host["src"], layout.compact_length)
     host["out_identity"] = _is_identity(out, layout.compact_length)
     return host
@@ -196,6 +217,15 @@ def gdn_index(host: dict, dev: dict) -> GDNIndex:
         src=dev["src"],
         src_identity=host["src_identity"],
         out_identity=host["out_identity"],
+        joint=GDNRound(
+            src=dev["src"],
+            cu_seqlens=dev["cu_joint"],
+            cu_seqlens_cpu=torch.from_numpy(host["cu_joint"]),
+            chunk_indices=dev["chunks_joint"],
+            chunk_offsets=dev["offsets_joint"],
+            num_sequences=len(host["cu_joint"]) - 1,
+            rows=int(host["cu_joint"][-1]),
+        ),
     )
 
 

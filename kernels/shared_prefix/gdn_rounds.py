@@ -19,7 +19,11 @@ per-row operation, so the forward is bit-identical to the loop's; gradients diff
 the order in which a replayed tail row's contributions are summed.
 
 A backend offers this by giving its `gated_delta_rule` function a `rounds` attribute that follows
-`RoundKernels`; a backend without one takes the loop.
+`RoundKernels`; a backend without one takes the loop. Stages that also follow `JointRounds` run the
+stages that do not read the state once over every round's rows (`GDNIndex.joint`), and only the
+state recurrence and what reads it per round; the state hand-over between rounds stays here
+(`initial_state`, `final_state_grad`). Without them every stage runs once per round
+(`loop_forward`, `loop_backward`).
 """
 
 from __future__ import annotations
@@ -33,7 +37,11 @@ if TYPE_CHECKING:
 
 
 class RoundKernels(Protocol):
-    """A GDN backend's stages on `[1, rows, heads, dim]` tensors of one round (varlen by `rnd`)."""
+    """A GDN backend's stages on `[1, rows, heads, dim]` tensors of one round (varlen by `rnd`).
+
+    A backend may also offer `forward_rounds` and `backward_rounds` (`JointRounds`): the stages
+    that do not read the state once over every round's rows; without them the rounds loop over
+    `forward` and `backward` (`loop_forward`, `loop_backward`)."""
 
     def l2norm_fwd(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(y, rstd): x (contiguous, as every stage's inputs) normalised over its last dimension."""
@@ -48,6 +56,22 @@ class RoundKernels(Protocol):
         """(dq, dk, dv, dg, dbeta, dh0 or None): dq and dk before the l2norm backward, if any."""
 
 
+class JointRounds(Protocol):
+    """Every round of a layer at once, on `[1, rows, ...]` tensors holding every round's rows in order
+    (`idx.present` says which rows are whose, `idx.joint` is their chunk tables as one varlen row).
+
+    The state hand-over stays the caller's: `h0_of(rnd, states)` is a round's initial states from the
+    previous round's final states (None before the first), `dht_of(i, dh0)` the previous round's
+    `dht` from round i's `dh0` (None when nothing flows back)."""
+
+    def forward_rounds(self, q, k, v, g, beta, scale: float, idx: GDNIndex, h0_of) -> tuple:
+        """(o for every row, each round's initial states, saved tensors, saved non-tensors)."""
+
+    def backward_rounds(self, q, k, v, g, beta, scale: float, idx: GDNIndex, initial, saved: tuple, meta,
+                        do, dht_of) -> tuple:
+        """(dq, dk, dv, dg, dbeta) for every row: dq and dk before the l2norm backward, if any."""
+
+
 def round_kernels(gdn_fn, dtype: torch.dtype) -> RoundKernels | None:
     """The stages behind an op table's `gated_delta_rule` for inputs of `dtype`, if its backend has them."""
     by_dtype = getattr(gdn_fn, "by_dtype", None)  # a DtypeDispatch slot: the backend serving this dtype
@@ -55,7 +79,8 @@ def round_kernels(gdn_fn, dtype: torch.dtype) -> RoundKernels | None:
     return getattr(fn, "rounds", None)
 
 
-def _initial_state(rnd: GDNRound, states, like: torch.Tensor, k_dim: int) -> torch.Tensor | None:
+def initial_state(rnd: GDNRound, states, like: torch.Tensor, k_dim: int) -> torch.Tensor | None:
+    """Round `rnd`'s initial states, picked from the previous round's final `states`."""
     if states is None:
         # no round 0 (every root shorter than one chunk): the level-1 sequences start from zeros
         return None if rnd.state_index is None else like.new_zeros(
@@ -65,6 +90,48 @@ def _initial_state(rnd: GDNRound, states, like: torch.Tensor, k_dim: int) -> tor
     if rnd.zero_state:
         states = torch.cat([states.new_zeros((1, *states.shape[1:])), states])
     return states.index_select(0, rnd.state_index)
+
+
+def final_state_grad(rnd: GDNRound, prev: GDNRound, dh0: torch.Tensor) -> torch.Tensor:
+    """The previous round's `dht`: round `rnd`'s `dh0` summed onto the states it was picked from."""
+    zero = 1 if rnd.zero_state else 0
+    dstates = dh0.new_zeros((prev.num_sequences + zero, *dh0.shape[1:]))
+    dstates.index_add_(0, rnd.state_index, dh0)
+    return dstates[zero:]
+
+
+def loop_forward(kernels: RoundKernels, q, k, v, g, beta, scale, idx: GDNIndex, h0_of) -> tuple:
+    """`JointRounds.forward_rounds` from per-round stages: every stage once per round."""
+    outputs, initial, saved, counts = [], [], [], []
+    states = None
+    for rnd, rows in idx.present:
+        h0 = h0_of(rnd, states)
+        o, states, kept = kernels.forward(q[:, rows], k[:, rows], v[:, rows], g[:, rows], beta[:, rows],
+                                          scale, h0, rnd)
+        outputs.append(o)
+        initial.append(h0)
+        saved.extend(kept)
+        counts.append(len(kept))
+    o = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+    return o, initial, tuple(saved), counts
+
+
+def loop_backward(kernels: RoundKernels, q, k, v, g, beta, scale, idx: GDNIndex, initial, saved, counts,
+                  do, dht_of) -> tuple:
+    """`JointRounds.backward_rounds` from per-round stages: rounds in reverse, every stage once per round."""
+    present = idx.present
+    kept, at = [], 0
+    for n in counts:
+        kept.append(tuple(saved[at : at + n]))
+        at += n
+    grads = [None] * len(present)
+    dht = None
+    for i in range(len(present) - 1, -1, -1):
+        rnd, rows = present[i]
+        *grads[i], dh0 = kernels.backward(q[:, rows], k[:, rows], v[:, rows], g[:, rows], beta[:, rows],
+                                          scale, initial[i], kept[i], do[:, rows], dht, rnd)
+        dht = dht_of(i, dh0)
+    return tuple(torch.cat(parts, dim=1) if len(parts) > 1 else parts[0] for parts in zip(*grads))
 
 
 class GDNRounds(torch.autograd.Function):
@@ -80,24 +147,20 @@ class GDNRounds(torch.autograd.Function):
         if l2norm:
             qs, q_rstd = kernels.l2norm_fwd(qs)
             ks, k_rstd = kernels.l2norm_fwd(ks)
-        outputs, initial, saved = [], [], []
-        states, start = None, 0
-        for rnd in idx.rounds:
-            if rnd is None:
-                continue
-            h0 = _initial_state(rnd, states, vs, ks.shape[3])
-            rows = slice(start, start + rnd.rows)
-            o, states, kept = kernels.forward(
-                qs[:, rows], ks[:, rows], vs[:, rows], gs[:, rows], bs[:, rows], scale, h0, rnd
-            )
-            outputs.append(o)
-            initial.append(h0)
-            saved.append(kept)
-            start += rnd.rows
-        o = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+
+        def h0_of(rnd, states):
+            return initial_state(rnd, states, vs, ks.shape[3])
+
+        joint = getattr(kernels, "forward_rounds", None) if idx.joint is not None else None
+        ctx.joint = joint is not None  # an index built without joint tables takes the loop, same results
+        if joint is not None:
+            o, initial, saved, meta = joint(qs, ks, vs, gs, bs, scale, idx, h0_of)
+        else:
+            o, initial, saved, meta = loop_forward(kernels, qs, ks, vs, gs, bs, scale, idx, h0_of)
         # states travel through the saved tensors; None entries are kept as None by autograd
-        ctx.counts = [len(kept) for kept in saved]
-        ctx.save_for_backward(qs, ks, vs, gs, bs, q_rstd, k_rstd, *initial, *(t for kept in saved for t in kept))
+        ctx.rounds = len(initial)
+        ctx.meta = meta
+        ctx.save_for_backward(qs, ks, vs, gs, bs, q_rstd, k_rstd, *initial, *saved)
         ctx.kernels, ctx.idx, ctx.scale, ctx.l2norm = kernels, idx, scale, l2norm
         ctx.dtypes = (q.dtype, k.dtype)
         ctx.shapes = (q.shape, k.shape, v.shape, g.shape, beta.shape)
@@ -107,36 +170,23 @@ class GDNRounds(torch.autograd.Function):
     def backward(ctx, do):
         kernels, idx, scale = ctx.kernels, ctx.idx, ctx.scale
         qs, ks, vs, gs, bs, q_rstd, k_rstd, *rest = ctx.saved_tensors
-        rounds = [rnd for rnd in idx.rounds if rnd is not None]
-        initial, flat = rest[: len(rounds)], rest[len(rounds) :]
-        saved, at = [], 0
-        for n in ctx.counts:
-            saved.append(tuple(flat[at : at + n]))
-            at += n
+        initial, saved = rest[: ctx.rounds], tuple(rest[ctx.rounds :])
         # outputs of replayed tail rows were dropped: their gradient is zero
         if idx.out_identity:
             d_out = do.contiguous()
         else:
             d_out = do.new_zeros((1, qs.shape[1], *do.shape[2:])).index_copy_(1, idx.out_index, do.contiguous())
-        grads = [None] * len(rounds)
-        dht, end = None, qs.shape[1]
-        for i in range(len(rounds) - 1, -1, -1):
-            rnd = rounds[i]
-            rows = slice(end - rnd.rows, end)
-            end -= rnd.rows
-            dq, dk, dv, dg, db, dh0 = kernels.backward(
-                qs[:, rows], ks[:, rows], vs[:, rows], gs[:, rows], bs[:, rows],
-                scale, initial[i], saved[i], d_out[:, rows], dht, rnd,
-            )
-            grads[i] = (dq, dk, dv, dg, db)
-            dht = None
-            if i > 0 and rnd.state_index is not None and dh0 is not None and initial[i] is not None:
-                prev = rounds[i - 1]
-                zero = 1 if rnd.zero_state else 0
-                dstates = dh0.new_zeros((prev.num_sequences + zero, *dh0.shape[1:]))
-                dstates.index_add_(0, rnd.state_index, dh0)
-                dht = dstates[zero:]
-        dq, dk, dv, dg, db = (torch.cat(parts, dim=1) if len(parts) > 1 else parts[0] for parts in zip(*grads))
+        present = idx.present
+
+        def dht_of(i, dh0):
+            rnd = present[i][0]
+            if i == 0 or rnd.state_index is None or dh0 is None or initial[i] is None:
+                return None
+            return final_state_grad(rnd, present[i - 1][0], dh0)
+
+        joint = kernels.backward_rounds if ctx.joint else None
+        args = (qs, ks, vs, gs, bs, scale, idx, initial, saved, ctx.meta, d_out, dht_of)
+        dq, dk, dv, dg, db = joint(*args) if joint is not None else loop_backward(kernels, *args)
         if ctx.l2norm:
             dq = kernels.l2norm_bwd(qs, q_rstd, dq, ctx.dtypes[0])
             dk = kernels.l2norm_bwd(ks, k_rstd, dk, ctx.dtypes[1])

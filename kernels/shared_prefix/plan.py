@@ -250,6 +250,7 @@ def _arena(nodes: list[Node], cu: list[int], position_rows: int, device: torch.d
     # again per level), LM rows and labels, positions; boundaries and chunk tables
     slots = 3 * t + 2 * c + 2 * (c + 64 * segments) + 2 * c + 2 * t + 2 * (c + segments) + position_rows * c
     slots += 8 * segments + (c + 64 * segments) // 32 + 1024
+    slots += 4 * segments + (c + 64 * segments) // 32  # the GDN rounds' joint chunk tables
     if device.type == "cuda":
         staging = torch.empty(slots, dtype=torch.int64, pin_memory=True)
         return Arena(staging.numpy(), owner=staging)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from patchgen.kernels.shared_prefix import build_plan, shared_prefix_gated_delta_rule
 
 from tests.models.prefix_trees import pack
-from tests.shared_prefix.test_tree import agentic
+from tests.shared_prefix.test_tree import agentic, tokens
 
 pytestmark = pytest.mark.gpu
 
@@ -51,3 +51,58 @@ def test_one_node_forward_is_the_loops_bit_for_bit(gdn):
     for a, b in zip(fused_grads, looped_grads):
         scale = b.float().abs().max().clamp_min(1e-6)
         assert ((a.float() - b.float()).abs().max() / scale).item() < 1e-2
+
+
+def _per_round_and_joint(backend):
+    """(per-round stages, joint stages) of a backend: the path before the joint rounds, and the one after."""
+    if backend == "triton":
+        from patchgen.kernels.triton.gated_delta_rule.rounds import JointRounds, Rounds
+
+        return Rounds(), JointRounds()
+    fla = pytest.importorskip("patchgen.kernels.backends.fla", exc_type=ImportError)
+    return fla._Rounds(), fla._JointRounds()
+
+
+def _tree(rounds):
+    if rounds == 2:  # 4 rollouts of an unaligned prompt: its tail replayed per rollout
+        return [tokens(1000, 0) + tokens(96 + i, 1 + i) for i in range(4)]
+    return agentic(prompt=1000, turns=(130,), last=96, fan=3)  # 3 rounds, unaligned ends
+
+
+@pytest.mark.parametrize("rounds", [2, 3])
+@pytest.mark.parametrize("backend", ["triton", "fla"])
+def test_joint_rounds_equal_the_per_round_stages_bit_for_bit_at_4b_widths(backend, rounds):
+    """The state-free stages once for every round (`forward_rounds` / `backward_rounds`) give the
+    per-round stages' outputs and gradients bit for bit: each chunk is computed from its own rows."""
+    per_round, joint = _per_round_and_joint(backend)
+    ids, cu = pack(_tree(rounds))
+    plan = build_plan(ids.cuda(), cu.cuda(), max_depth=4, level_cost=0)
+    assert len(plan.gdn.present) == rounds
+    torch.manual_seed(0)
+    c = plan.compact_length
+    q, k = (torch.randn(1, c, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    v = torch.randn(1, c, 32, 128, device="cuda", dtype=torch.bfloat16)
+    g = F.logsigmoid(torch.randn(1, c, 32, device="cuda"))
+    beta = torch.rand(1, c, 32, device="cuda", dtype=torch.bfloat16)
+    inputs = [x.requires_grad_() for x in (q, k, v, g, beta)]
+    weight = torch.randn(1, c, 32, 128, device="cuda", dtype=torch.bfloat16)
+    runs = []
+    # the states' and replayed rows' gradients are summed by index_add_, atomic on CUDA unless asked
+    # for its deterministic kernel; the per-round path runs twice to show the sums are then reproducible
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        for stages in (per_round, per_round, joint, per_round):  # the first compiles and autotunes
+            def gdn(*args, **kwargs):
+                raise AssertionError("the public function must not be called when the backend has stages")
+
+            gdn.rounds = stages
+            out = shared_prefix_gated_delta_rule(plan, gdn, *inputs, use_qk_l2norm_in_kernel=True)
+            runs.append((out, torch.autograd.grad((out.float() * weight).sum(), inputs)))
+    finally:
+        torch.use_deterministic_algorithms(was)
+    _, (first, first_grads), (fused, fused_grads), (again, again_grads) = runs
+    assert torch.equal(first, again) and all(torch.equal(a, b) for a, b in zip(first_grads, again_grads))
+    assert torch.equal(fused, first)
+    for name, a, b in zip(["q", "k", "v", "g", "beta"], fused_grads, first_grads):
+        assert torch.equal(a, b), f"d{name}: max |joint - per-round| = {(a.float() - b.float()).abs().max().item()}"

@@ -10,7 +10,7 @@ import torch
 
 from .._common import shape_cache_get
 from .autograd import ChunkGatedDeltaRule
-from .rounds import Rounds
+from .rounds import JointRounds
 from .varlen import CHUNK, Chunking, make_chunking
 
 __all__ = ["CHUNK", "Chunking", "gated_delta_rule", "make_chunking"]
@@ -63,4 +63,4 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output
     return o.view(B, T, HV, V), final
 
 
-gated_delta_rule.rounds = Rounds()  # every shared-prefix round of a layer in one autograd node
+gated_delta_rule.rounds = JointRounds()  # every shared-prefix round of a layer in one autograd node

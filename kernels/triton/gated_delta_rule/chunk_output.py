@@ -157,12 +157,14 @@ def _bv(v: int, dtype, block_v: int | None) -> int:
     return block_v or head_block(v, dtype, cap=64)
 
 
-def chunk_output_fwd(q, k, gc, h, v_new, scale, chunking: Chunking, *, out_dtype=None, block_v: int | None = None):
-    """Returns o [T, HV, V] in `out_dtype` (v_new's dtype by default)."""
+def chunk_output_fwd(q, k, gc, h, v_new, scale, chunking: Chunking, *, out_dtype=None, block_v: int | None = None,
+                     out=None):
+    """Returns o [T, HV, V] in `out_dtype` (v_new's dtype by default), written into `out` when given
+    (contiguous rows of a larger buffer: the joint GDN rounds)."""
     T, H, K = q.shape
     HV, V = v_new.shape[1], v_new.shape[2]
     prec = precision_for(q.dtype)
-    o = torch.empty(T, HV, V, dtype=out_dtype or v_new.dtype, device=q.device)
+    o = torch.empty(T, HV, V, dtype=out_dtype or v_new.dtype, device=q.device) if out is None else out
     BV = _bv(V, q.dtype, block_v)
     chunk_output_fwd_kernel[(triton.cdiv(V, BV), chunking.num_chunks, HV)](
         q, k, gc, h, v_new, o, chunking.cu_seqlens, chunking.chunk_indices, scale_arg(scale, prec, q.device),
@@ -172,16 +174,22 @@ def chunk_output_fwd(q, k, gc, h, v_new, scale, chunking: Chunking, *, out_dtype
 
 
 def chunk_output_bwd(q, k, gc, h, dh, v_new, do, du, scale, chunking: Chunking, *, block_v: int | None = None,
-                     trans: bool | None = None, dq_dtype: torch.dtype | None = None):
-    """Returns (dq, dk, dw [T, HV, K], dG [T, HV]), per value head, fp32 (dq in `dq_dtype` when given).
+                     trans: bool | None = None, dq_dtype: torch.dtype | None = None, out=None):
+    """Returns (dq, dk, dw [T, HV, K], dG [T, HV]), per value head, fp32 (dq in `dq_dtype` when given),
+    written into `out` (four such tensors) when given.
     trans: the `tl.trans` design (None: as `transposes.transpose_tuning(device)` says)."""
     T, H, K = q.shape
     HV, V = v_new.shape[1], v_new.shape[2]
     prec = precision_for(q.dtype)
-    dk = torch.empty(T, HV, K, dtype=prec.acc_torch, device=q.device)
-    dq = torch.empty_like(dk, dtype=dq_dtype or prec.acc_torch)
-    dw = torch.empty_like(dk)
-    dg = torch.empty(T, HV, dtype=prec.acc_torch, device=q.device)
+    if out is None:
+        dk = torch.empty(T, HV, K, dtype=prec.acc_torch, device=q.device)
+        dq = torch.empty_like(dk, dtype=dq_dtype or prec.acc_torch)
+        dw = torch.empty_like(dk)
+        dg = torch.empty(T, HV, dtype=prec.acc_torch, device=q.device)
+    else:
+        dq, dk, dw, dg = out
+        if dq_dtype is not None and dq.dtype != dq_dtype:
+            raise ValueError(f"chunk_output_bwd: out's dq is {dq.dtype}, but dq_dtype={dq_dtype} was asked for")
     tuning = bwd_tuning(q.dtype)
     chunk_output_bwd_kernel[(chunking.num_chunks, HV)](
         q, k, gc, h, dh, v_new, do, du, dq, dk, dw, dg, chunking.cu_seqlens, chunking.chunk_indices, scale_arg(scale, prec, q.device),

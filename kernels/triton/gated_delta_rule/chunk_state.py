@@ -164,14 +164,16 @@ def chunk_state_fwd(k, w, u, gc, chunking: Chunking, *, initial_state=None, outp
 
 
 def chunk_state_bwd(q, k, w, gc, do, scale, chunking: Chunking, *, dht=None, need_dh0=False,
-                    block_v: int | None = None):
-    """Returns (dh [NT, HV, K, V] gradients of the chunk-end states, du [T, HV, V] fp32, dh0 or None)."""
+                    block_v: int | None = None, du=None):
+    """Returns (dh [NT, HV, K, V] gradients of the chunk-end states, du [T, HV, V] fp32, dh0 or None);
+    du is written into `du` when given."""
     T, H, K = k.shape
     HV, V = do.shape[1], do.shape[2]
     prec = precision_for(k.dtype)
     N = chunking.num_seqs
     dh = torch.empty(chunking.num_chunks, HV, K, V, dtype=k.dtype, device=k.device)
-    du = torch.empty(T, HV, V, dtype=prec.acc_torch, device=k.device)
+    if du is None:
+        du = torch.empty(T, HV, V, dtype=prec.acc_torch, device=k.device)
     dh0 = torch.empty(N, HV, K, V, dtype=prec.acc_torch, device=k.device) if need_dh0 else None
     tuning = bwd_tuning(k.dtype)
     tuned = min(TUNING.bwd_block_v, tuning["block_v"]) if TUNING.bwd_block_v else None  # wide dtypes stay narrow
