@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from fla.modules.causal_conv1d import causal_conv1d as _fla_causal_conv1d
+from fla.modules.causal_conv1d import causal_conv1d_bwd as _fla_conv_bwd
+from fla.modules.causal_conv1d import causal_conv1d_fwd as _fla_conv_fwd
 from fla.modules.norm.fused_norm_gate import rms_norm_gated as _fla_rms_norm_gated
 from fla.modules.norm.l2norm import l2norm_bwd as _fla_l2norm_bwd
 from fla.modules.norm.l2norm import l2norm_fwd as _fla_l2norm_fwd
@@ -45,10 +48,44 @@ def gated_delta_rule(
     return o, (final if output_final_state else None)
 
 
-def causal_conv1d(x, weight, bias=None, *, activation="silu", cu_seqlens=None):
-    """fla's varlen depthwise conv (Triton backend); the final conv state is dropped."""
-    y, _ = _fla_causal_conv1d(x, weight, bias, activation=activation, cu_seqlens=cu_seqlens)
+def causal_conv1d(x, weight, bias=None, *, activation="silu", cu_seqlens=None, initial_state=None):
+    """fla's varlen depthwise conv (Triton backend); the final conv state is dropped.
+
+    ``initial_state: [N, W-1, D]`` (the slot's layout, rows in time order) goes to fla as its
+    ``[N, D, W]`` (slot 0 unread); fla returns its gradient.
+    """
+    if initial_state is not None:
+        initial_state = F.pad(initial_state.transpose(1, 2), (1, 0))
+    y, _ = _fla_causal_conv1d(
+        x, weight, bias, activation=activation, cu_seqlens=cu_seqlens, initial_state=initial_state
+    )
     return y
+
+
+class _LookBack:
+    """fla's conv forward and backward for `shared_prefix.conv.LookBackConv`, with the plan's chunk
+    table (no per-call chunk indices); the state in fla's own layout `[N, D, W]`, slot 0 unread."""
+
+    layout = "fla"
+
+    def forward(self, x, weight, bias, state, idx, activation):
+        with torch.cuda.device(x.device):
+            y, _ = _fla_conv_fwd(
+                x=x, weight=weight, bias=bias, residual=None, initial_state=state, output_final_state=False,
+                activation=activation, cu_seqlens=idx.segment_cu, chunk_indices=idx.segment_chunks,
+            )
+        return y
+
+    def backward(self, x, weight, bias, state, dy, idx, activation):
+        with torch.cuda.device(x.device):
+            dx, dweight, dbias, _, dstate = _fla_conv_bwd(
+                x=x, dy=dy, dht=None, weight=weight, bias=bias, residual=None, initial_state=state,
+                activation=activation, cu_seqlens=idx.segment_cu, chunk_indices=idx.segment_chunks,
+            )
+        return dx, dweight, dbias, dstate
+
+
+causal_conv1d.look_back = _LookBack()
 
 
 def rms_norm_gated(x, gate, weight, eps):

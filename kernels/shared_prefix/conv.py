@@ -1,27 +1,59 @@
-"""Causal depthwise conv1d on the compact row: look-back rows in front of every segment, dropped after.
+"""Causal depthwise conv1d on the compact row, in one varlen call whatever the depth of the prefix tree.
 
-One varlen call, whatever the depth of the prefix tree: a root or singleton whole, every other
-segment (nested node or leaf) as `[last W-1 rows of its parent | its rows]`. A row's output then
-reads exactly the rows it reads when packed (a nested node is at least W-1 rows long).
+Two ways to give a segment (nested node or leaf) the `W-1` rows of its parent that its first outputs
+read (a root or singleton reads zeros, as when packed; a nested node is at least W-1 rows long):
+- initial state: every segment is one sequence of the call, its look-back rows are its initial conv
+  state (one gather of those few rows forward, one index_add_ of their gradient into the parent's rows
+  backward, the conv's output is the compact row as it is). For backends that expose state kernels
+  (`conv_fn.look_back`: fla, the torch reference); `LookBackConv` ties them into one autograd node.
+- gathered rows: `[last W-1 rows of its parent | its rows]` gathered in front of every segment, the
+  look-back outputs dropped after (two gathers forward, two scatters backward). Any varlen backend.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from .gdn import chunk_indices
 from .layout import Layout
 from .rows import Arena
 
 
 @dataclass(frozen=True, eq=False)
 class ConvIndex:
-    src: torch.Tensor  # [rows] compact row of each conv input row
-    cu_seqlens: torch.Tensor  # [n + 1] int32
-    out_index: torch.Tensor  # [C] conv output row kept for each compact row
+    src: torch.Tensor  # [rows] compact row of each conv input row (gathered path)
+    cu_seqlens: torch.Tensor  # [n + 1] int32 (gathered path)
+    out_index: torch.Tensor  # [C] conv output row kept for each compact row (gathered path)
     kernel_size: int  # the largest conv kernel the look-back serves
+    segment_cu: torch.Tensor  # [S + 1] int32: the non-empty segments, which tile the compact row (state path)
+    segment_chunks: torch.Tensor  # [chunks, 2] int32: fla's chunk table of those segments (chunks of 64)
+    state_rows: torch.Tensor  # [S, W] int64: compact row in state slot w (slot w is row w - W before the
+    # segment's first row; slot 0 is never read, rows a segment does not have are 0)
+    state_keep: torch.Tensor  # [S, W] bool: the slot holds a row of the parent (else it reads as zero)
+    state_index: dict = field(default_factory=dict, repr=False)  # (D, W, layout, device) -> (flat, keep)
+
+    def state_gather(self, width: int, channels: int, layout: str, device: torch.device):
+        """(flat element index into x.view(-1), keep mask) for a state of `width` taps, built once per plan.
+
+        layout "fla": `[S, D, W]` (slot 0 unused, fla's `initial_state`); "rows": `[S, W-1, D]`, rows in time order.
+        """
+        key = (width, channels, layout, device)
+        found = self.state_index.get(key)
+        if found is None:
+            rows = self.state_rows[:, self.kernel_size - width :].to(device)  # the last `width` slots
+            keep = self.state_keep[:, self.kernel_size - width :].to(device)
+            d = torch.arange(channels, device=device)
+            if layout == "fla":
+                flat, keep = rows[:, None, :] * channels + d[None, :, None], keep[:, None, :]
+            elif layout == "rows":
+                flat, keep = rows[:, 1:, None] * channels + d[None, None, :], keep[:, 1:, None]
+            else:
+                raise ValueError(f"state layout must be 'fla' or 'rows', got {layout!r}")
+            found = self.state_index[key] = (flat.contiguous(), keep.contiguous())
+        return found
 
 
 def conv_host_index(layout: Layout, kernel_size: int, arena: Arena | None = None) -> dict:
@@ -41,16 +73,64 @@ def conv_host_index(layout: Layout, kernel_size: int, arena: Arena | None = None
     seq_lengths = back + length
     kept_from = np.cumsum(seq_lengths) - seq_lengths + back  # conv output row of each segment's first row
     starts = np.stack([parent_end - back, layout.start[segs]], 1).reshape(-1)
+    if not np.array_equal(layout.start[segs], np.cumsum(length) - length):
+        raise AssertionError("the non-empty segments do not tile the compact row in order")
+    # state slot w (of W) holds the row W - w before the segment's first row: parent_end - (W - w)
+    slot = np.arange(kernel_size, dtype=np.int64)[None, :]
+    keep = (slot >= kernel_size - back[:, None]) & (slot > 0)
+    rows = np.where(keep, parent_end[:, None] - kernel_size + slot, 0)
     return {
         "kernel_size": kernel_size,
         "src": arena.ranges(starts, np.stack([back, length], 1).reshape(-1)),
         "cu": arena.boundaries(seq_lengths),
         "out_index": arena.ranges(kept_from, length),  # non-empty segments tile the compact row in order
+        "segment_cu": arena.boundaries(length),
+        "segment_chunks": chunk_indices(length, arena, np.int32),
+        "state_rows": arena.put(rows),
+        "state_keep": arena.put(keep, np.int32),
     }
 
 
 def conv_index(host: dict, dev: dict) -> ConvIndex:
-    return ConvIndex(dev["src"], dev["cu"], dev["out_index"], host["kernel_size"])
+    return ConvIndex(
+        dev["src"], dev["cu"], dev["out_index"], host["kernel_size"], dev["segment_cu"], dev["segment_chunks"],
+        dev["state_rows"], dev["state_keep"].bool(),
+    )
+
+
+def look_back_kernels(conv_fn, dtype: torch.dtype):
+    """The state kernels behind an op table's `causal_conv1d` for inputs of `dtype`, if its backend has them."""
+    by_dtype = getattr(conv_fn, "by_dtype", None)  # a DtypeDispatch slot: the backend serving this dtype
+    fn = conv_fn if by_dtype is None else by_dtype.get(dtype)
+    return getattr(fn, "look_back", None)
+
+
+class LookBackConv(torch.autograd.Function):
+    """The conv over the compact row with every segment's look-back as its initial state, one autograd node.
+
+    `kernels.forward(x, weight, bias, state, idx, activation) -> y` and
+    `kernels.backward(x, weight, bias, state, dy, idx, activation) -> (dx, dweight, dbias, dstate)`,
+    with the state in `kernels.layout`; the state's gradient is added into the parent rows of dx.
+    """
+
+    @staticmethod
+    def forward(ctx, kernels, idx: ConvIndex, activation, x, weight, bias):
+        flat, keep = idx.state_gather(weight.shape[-1], x.shape[-1], kernels.layout, x.device)
+        state = torch.where(keep, x.reshape(-1)[flat], 0)  # one gather; rows a segment lacks read as zero
+        ctx.kernels, ctx.idx, ctx.activation = kernels, idx, activation
+        ctx.save_for_backward(x, weight, bias, state)
+        return kernels.forward(x, weight, bias, state, idx, activation)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, bias, state = ctx.saved_tensors
+        dx, dweight, dbias, dstate = ctx.kernels.backward(
+            x, weight, bias, state, dy.contiguous(), ctx.idx, ctx.activation
+        )
+        flat, keep = ctx.idx.state_gather(weight.shape[-1], x.shape[-1], ctx.kernels.layout, x.device)
+        # one scatter: every child's look-back gradient into its parent's rows (a root's state is zeros)
+        dx.reshape(-1).index_add_(0, flat.reshape(-1), torch.where(keep, dstate, 0).reshape(-1))
+        return None, None, None, dx, dweight, dbias
 
 
 def shared_prefix_causal_conv1d(
@@ -66,5 +146,8 @@ def shared_prefix_causal_conv1d(
             f"conv kernel width {weight.shape[-1]} exceeds the plan's conv_kernel_size={idx.kernel_size}: "
             f"build the plan with conv_kernel_size={weight.shape[-1]}"
         )
+    kernels = look_back_kernels(conv_fn, x.dtype)
+    if kernels is not None and weight.shape[-1] > 1:
+        return LookBackConv.apply(kernels, idx, activation, x.contiguous(), weight, bias)
     y = conv_fn(x.index_select(1, idx.src), weight, bias, activation=activation, cu_seqlens=idx.cu_seqlens)
     return y.index_select(1, idx.out_index)
