@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from fla.modules.causal_conv1d import causal_conv1d as _fla_causal_conv1d
@@ -62,6 +64,11 @@ def causal_conv1d(x, weight, bias=None, *, activation="silu", cu_seqlens=None, i
     return y
 
 
+def _on(device: torch.device):
+    """fla launches on the current CUDA device, as its own guard ensures (nothing to set on the CPU interpreter)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
 class _LookBack:
     """fla's conv forward and backward for `shared_prefix.conv.LookBackConv`, with the plan's chunk
     table (no per-call chunk indices); the state in fla's own layout `[N, D, W]`, slot 0 unread."""
@@ -69,7 +76,7 @@ class _LookBack:
     layout = "fla"
 
     def forward(self, x, weight, bias, state, idx, activation):
-        with torch.cuda.device(x.device):
+        with _on(x.device):
             y, _ = _fla_conv_fwd(
                 x=x, weight=weight, bias=bias, residual=None, initial_state=state, output_final_state=False,
                 activation=activation, cu_seqlens=idx.segment_cu, chunk_indices=idx.segment_chunks,
@@ -77,7 +84,7 @@ class _LookBack:
         return y
 
     def backward(self, x, weight, bias, state, dy, idx, activation):
-        with torch.cuda.device(x.device):
+        with _on(x.device):
             dx, dweight, dbias, _, dstate = _fla_conv_bwd(
                 x=x, dy=dy, dht=None, weight=weight, bias=bias, residual=None, initial_state=state,
                 activation=activation, cu_seqlens=idx.segment_cu, chunk_indices=idx.segment_chunks,

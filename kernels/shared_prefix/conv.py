@@ -116,7 +116,8 @@ class LookBackConv(torch.autograd.Function):
     @staticmethod
     def forward(ctx, kernels, idx: ConvIndex, activation, x, weight, bias):
         flat, keep = idx.state_gather(weight.shape[-1], x.shape[-1], kernels.layout, x.device)
-        state = torch.where(keep, x.reshape(-1)[flat], 0)  # one gather; rows a segment lacks read as zero
+        # one gather; rows a segment lacks read as zero
+        state = torch.where(keep, x.reshape(-1).index_select(0, flat.reshape(-1)).view(flat.shape), 0)
         ctx.kernels, ctx.idx, ctx.activation = kernels, idx, activation
         ctx.save_for_backward(x, weight, bias, state)
         return kernels.forward(x, weight, bias, state, idx, activation)
