@@ -170,7 +170,7 @@ def _handles() -> dict[str, tuple[KernelHandle, ...]]:
                 "triton",
                 f"{ours}:causal_conv1d",
                 (),
-                {caps.VARLEN},
+                CONV_STATE,
                 triton_ready,
                 "our portable Triton kernels",
             ),

@@ -1,7 +1,7 @@
 """The conv's look-back as an initial state on the GPU (issue 15), at Qwen3.5-4B conv widths (D = 8192,
-W = 4) on a three-level tree: on fla the state path (`LookBackConv`) equals the gathered-rows path
-(the slot function alone) and packed execution, in bf16 and fp32; our Triton conv has no state
-kernels and takes the gathered rows, also equal to packed. Skipped without CUDA."""
+W = 4) on a three-level tree: on fla and on our Triton conv the state path (`LookBackConv`) equals
+the gathered-rows path (the slot function alone) and packed execution, in bf16 and fp32. Skipped
+without CUDA."""
 
 import pytest
 import torch
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.gpu
 def _backends():
     from patchgen.kernels.triton import causal_conv1d as ours
 
-    found = [pytest.param(ours, False, id="triton")]
+    found = [pytest.param(ours, True, id="triton")]
     try:
         from patchgen.kernels.backends.fla import causal_conv1d as fla
     except ImportError:
