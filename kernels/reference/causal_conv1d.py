@@ -81,10 +81,29 @@ class LookBack:
         leaves = [t.detach().requires_grad_() for t in (x, weight, state)]
         b = None if bias is None else bias.detach().requires_grad_()
         with torch.enable_grad():
-            y = self.forward(*leaves[:2], b, leaves[2], idx, activation)
+            y = LookBack.forward(self, *leaves[:2], b, leaves[2], idx, activation)
             grads = torch.autograd.grad(y, [*leaves, *([] if b is None else [b])], dy)
         dx, dweight, dstate = grads[:3]
         return dx, dweight, None if b is None else grads[3], dstate
 
 
 causal_conv1d.look_back = LookBack()
+
+
+class LookBackFromX(LookBack):
+    """The same with layout "x" (our Triton kernels' protocol): `state` is `[S, W]` rows of x (slot 0
+    unread, -1: zero), read here; the returned dx holds no state gradient, dstate is zero where no row."""
+
+    layout = "x"
+
+    def _state(self, x, rows):
+        taps = rows[:, 1:]
+        state = x[0].index_select(0, taps.clamp(min=0).reshape(-1)).view(*taps.shape, x.shape[-1])
+        return torch.where((taps >= 0)[..., None], state, 0)
+
+    def forward(self, x, weight, bias, state, idx, activation):
+        return super().forward(x, weight, bias, self._state(x, state), idx, activation)
+
+    def backward(self, x, weight, bias, state, dy, idx, activation):
+        dx, dweight, dbias, dstate = super().backward(x, weight, bias, self._state(x, state), dy, idx, activation)
+        return dx, dweight, dbias, torch.where((state[:, 1:] >= 0)[..., None], dstate, 0)

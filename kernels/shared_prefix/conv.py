@@ -31,28 +31,32 @@ class ConvIndex:
     segment_cu: torch.Tensor  # [S + 1] int32: the non-empty segments, which tile the compact row (state path)
     segment_chunks: torch.Tensor  # [chunks, 2] int32: fla's chunk table of those segments (chunks of 64)
     state_rows: torch.Tensor  # [S, W] int64: compact row in state slot w (slot w is row w - W before the
-    # segment's first row; slot 0 is never read, rows a segment does not have are 0)
-    state_keep: torch.Tensor  # [S, W] bool: the slot holds a row of the parent (else it reads as zero)
-    state_index: dict = field(default_factory=dict, repr=False)  # (D, W, layout, device) -> (flat, keep)
+    # segment's first row; slot 0 is never read), -1 where the segment has no such row (it reads zero)
+    state_index: dict = field(default_factory=dict, repr=False)  # (W, D, layout) -> index tensors
 
-    def state_gather(self, width: int, channels: int, layout: str, device: torch.device):
-        """(flat element index into x.view(-1), keep mask) for a state of `width` taps, built once per plan.
+    def state_gather(self, width: int, channels: int, layout: str):
+        """Index tensors of a state of `width` taps in `layout`, built once per plan (then cached).
 
-        layout "fla": `[S, D, W]` (slot 0 unused, fla's `initial_state`); "rows": `[S, W-1, D]`, rows in time order.
+        "fla": `(flat, keep)`, flat element index into `x.view(-1)` and mask of the `[S, D, W]` state
+        (slot 0 unread, fla's `initial_state`); "rows": the same for `[S, W-1, D]`, rows in time order;
+        "x": `(rows, scatter)`, the `[S, W]` rows of x the kernels read (-1: zero) and the rows
+        `[S * (W-1)]` their gradient goes to (0 where none: the kernels give those slots zero).
         """
-        key = (width, channels, layout, device)
+        key = (width, channels, layout)
         found = self.state_index.get(key)
         if found is None:
-            rows = self.state_rows[:, self.kernel_size - width :].to(device)  # the last `width` slots
-            keep = self.state_keep[:, self.kernel_size - width :].to(device)
-            d = torch.arange(channels, device=device)
+            rows = self.state_rows[:, self.kernel_size - width :]  # the last `width` slots
+            keep, safe = rows >= 0, rows.clamp(min=0)
+            d = torch.arange(channels, device=rows.device)
             if layout == "fla":
-                flat, keep = rows[:, None, :] * channels + d[None, :, None], keep[:, None, :]
+                found = (safe[:, None, :] * channels + d[None, :, None], keep[:, None, :])
             elif layout == "rows":
-                flat, keep = rows[:, 1:, None] * channels + d[None, None, :], keep[:, 1:, None]
+                found = (safe[:, 1:, None] * channels + d[None, None, :], keep[:, 1:, None])
+            elif layout == "x":
+                found = (rows, safe[:, 1:].reshape(-1))
             else:
-                raise ValueError(f"state layout must be 'fla' or 'rows', got {layout!r}")
-            found = self.state_index[key] = (flat.contiguous(), keep.contiguous())
+                raise ValueError(f"state layout must be 'fla', 'rows' or 'x', got {layout!r}")
+            found = self.state_index[key] = tuple(t.contiguous() for t in found)
         return found
 
 
@@ -78,7 +82,7 @@ def conv_host_index(layout: Layout, kernel_size: int, arena: Arena | None = None
     # state slot w (of W) holds the row W - w before the segment's first row: parent_end - (W - w)
     slot = np.arange(kernel_size, dtype=np.int64)[None, :]
     keep = (slot >= kernel_size - back[:, None]) & (slot > 0)
-    rows = np.where(keep, parent_end[:, None] - kernel_size + slot, 0)
+    rows = np.where(keep, parent_end[:, None] - kernel_size + slot, -1)
     return {
         "kernel_size": kernel_size,
         "src": arena.ranges(starts, np.stack([back, length], 1).reshape(-1)),
@@ -87,14 +91,13 @@ def conv_host_index(layout: Layout, kernel_size: int, arena: Arena | None = None
         "segment_cu": arena.boundaries(length),
         "segment_chunks": chunk_indices(length, arena, np.int32),
         "state_rows": arena.put(rows),
-        "state_keep": arena.put(keep, np.int32),
     }
 
 
 def conv_index(host: dict, dev: dict) -> ConvIndex:
     return ConvIndex(
         dev["src"], dev["cu"], dev["out_index"], host["kernel_size"], dev["segment_cu"], dev["segment_chunks"],
-        dev["state_rows"], dev["state_keep"].bool(),
+        dev["state_rows"],
     )
 
 
@@ -109,15 +112,19 @@ class LookBackConv(torch.autograd.Function):
     """The conv over the compact row with every segment's look-back as its initial state, one autograd node.
 
     `kernels.forward(x, weight, bias, state, idx, activation) -> y` and
-    `kernels.backward(x, weight, bias, state, dy, idx, activation) -> (dx, dweight, dbias, dstate)`,
-    with the state in `kernels.layout`; the state's gradient is added into the parent rows of dx.
+    `kernels.backward(x, weight, bias, state, dy, idx, activation) -> (dx, dweight, dbias, dstate)`:
+    layout "fla" / "rows": the state gathered here (one gather, rows a segment lacks set to zero), its
+    gradient added into the parent rows of dx (one index_add_); "x": `state` is the `[S, W]` rows of x
+    the kernels read themselves (nothing gathered), dstate `[S, W-1, D]` added into dx by row.
     """
 
     @staticmethod
     def forward(ctx, kernels, idx: ConvIndex, activation, x, weight, bias):
-        flat, keep = idx.state_gather(weight.shape[-1], x.shape[-1], kernels.layout, x.device)
-        # one gather; rows a segment lacks read as zero
-        state = torch.where(keep, x.reshape(-1).index_select(0, flat.reshape(-1)).view(flat.shape), 0)
+        a, b = idx.state_gather(weight.shape[-1], x.shape[-1], kernels.layout)
+        if kernels.layout == "x":
+            state = a
+        else:
+            state = torch.where(b, x.reshape(-1).index_select(0, a.reshape(-1)).view(a.shape), 0)
         ctx.kernels, ctx.idx, ctx.activation = kernels, idx, activation
         ctx.save_for_backward(x, weight, bias, state)
         return kernels.forward(x, weight, bias, state, idx, activation)
@@ -125,12 +132,16 @@ class LookBackConv(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, weight, bias, state = ctx.saved_tensors
+        layout = ctx.kernels.layout
         dx, dweight, dbias, dstate = ctx.kernels.backward(
             x, weight, bias, state, dy.contiguous(), ctx.idx, ctx.activation
         )
-        flat, keep = ctx.idx.state_gather(weight.shape[-1], x.shape[-1], ctx.kernels.layout, x.device)
+        a, b = ctx.idx.state_gather(weight.shape[-1], x.shape[-1], layout)
         # one scatter: every child's look-back gradient into its parent's rows (a root's state is zeros)
-        dx.reshape(-1).index_add_(0, flat.reshape(-1), torch.where(keep, dstate, 0).reshape(-1))
+        if layout == "x":
+            dx.view(-1, x.shape[-1]).index_add_(0, b, dstate.reshape(-1, x.shape[-1]))
+        else:
+            dx.reshape(-1).index_add_(0, a.reshape(-1), torch.where(b, dstate, 0).reshape(-1))
         return None, None, None, dx, dweight, dbias
 
 

@@ -10,6 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from patchgen.kernels import capabilities as caps
 from patchgen.kernels import registry
+from patchgen.kernels.reference.causal_conv1d import LookBackFromX
 from patchgen.kernels.reference.causal_conv1d import causal_conv1d as conv
 from patchgen.kernels.shared_prefix import build_plan, shared_prefix_causal_conv1d
 
@@ -64,10 +65,10 @@ def test_initial_state_of_the_wrong_shape_is_refused():
 class Counting:
     """The reference behind a slot function, counting slot calls and state-kernel calls."""
 
-    def __init__(self, with_state=True):
+    def __init__(self, with_state=True, layout="rows"):
         self.calls, self.state_calls = 0, 0
         if with_state:
-            self.look_back = _CountingLookBack(self, conv.look_back)
+            self.look_back = _CountingLookBack(self, conv.look_back if layout == "rows" else LookBackFromX())
 
     def __call__(self, *args, **kwargs):
         self.calls += 1
@@ -87,20 +88,22 @@ class _CountingLookBack:
 
 
 def check(ref, plan, cu, width=4, channels=3, bias=True):
-    """Shared conv on the state path vs packed; the state path must be the one taken."""
-    x = torch.randn(1, plan.compact_length, channels, **F64, requires_grad=True)
-    params = [torch.randn(channels, width, **F64, requires_grad=True)]
-    if bias:
-        params.append(torch.randn(channels, **F64, requires_grad=True))
-    fn = Counting()
-    ref.assert_matches_packed(
-        plan,
-        lambda x, w, b=None: shared_prefix_causal_conv1d(plan, fn, x, w, b, activation="silu"),
-        lambda x, w, b=None: ref.causal_conv1d(x, w, b, activation="silu", cu_seqlens=cu),
-        [x],
-        params,
-    )
-    assert (fn.calls, fn.state_calls) == (0, 1)
+    """Shared conv on the state path vs packed, in both state protocols (the state gathered around the
+    call, "rows"; the rows of x read by the kernels, "x"); the state path must be the one taken."""
+    for layout in ("rows", "x"):
+        x = torch.randn(1, plan.compact_length, channels, **F64, requires_grad=True)
+        params = [torch.randn(channels, width, **F64, requires_grad=True)]
+        if bias:
+            params.append(torch.randn(channels, **F64, requires_grad=True))
+        fn = Counting(layout=layout)
+        ref.assert_matches_packed(
+            plan,
+            lambda x, w, b=None: shared_prefix_causal_conv1d(plan, fn, x, w, b, activation="silu"),
+            lambda x, w, b=None: ref.causal_conv1d(x, w, b, activation="silu", cu_seqlens=cu),
+            [x],
+            params,
+        )
+        assert (fn.calls, fn.state_calls) == (0, 1)
 
 
 def tokens(n, seed):
