@@ -5,6 +5,8 @@ sequence with its parent's last W-1 rows as that state (`LookBackConv`) and equa
 to 1e-10, on one-level plans, on trees, and where a segment starts fewer than W-1 rows into its sequence.
 """
 
+import itertools
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -25,7 +27,7 @@ def gathered(x, weight, bias, cu, state):
     w = weight.shape[1]
     bounds = cu.tolist()
     outs = []
-    for n, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+    for n, (a, b) in enumerate(itertools.pairwise(bounds)):
         if a == b:
             continue
         rows = torch.cat([state[n], x[0, a:b]])[None]
@@ -98,7 +100,7 @@ def check(ref, plan, cu, width=4, channels=3, bias=True):
         fn = Counting(layout=layout)
         ref.assert_matches_packed(
             plan,
-            lambda x, w, b=None: shared_prefix_causal_conv1d(plan, fn, x, w, b, activation="silu"),
+            lambda x, w, b=None, fn=fn: shared_prefix_causal_conv1d(plan, fn, x, w, b, activation="silu"),
             lambda x, w, b=None: ref.causal_conv1d(x, w, b, activation="silu", cu_seqlens=cu),
             [x],
             params,

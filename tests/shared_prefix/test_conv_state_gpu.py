@@ -25,6 +25,16 @@ def _backends():
     return [*found, pytest.param(fla, True, id="fla")]
 
 
+def _same_forward_order(conv):
+    """fla's state path runs its own forward kernel; ours runs a tile kernel, which sums as our tile
+    forward does (a window forward, picked by PATCHGEN_TRITON_CONV, sums in another order)."""
+    if not conv.__module__.startswith("patchgen.kernels.triton"):
+        return True
+    from patchgen.kernels.triton.causal_conv1d import default_tuning
+
+    return default_tuning(torch.device("cuda")).fwd_kernel == "tile"
+
+
 def _relative(a, b):
     return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6)).item()
 
@@ -57,8 +67,12 @@ def test_state_path_equals_gathered_rows_and_packed(conv, has_state, dtype):
         return y, torch.autograd.grad((y.float() * dy.float()).sum(), (x, weight, bias))
 
     (y_s, g_s), (y_g, g_g), (y_p, g_p) = run(conv), run(gathered), packed()
-    # the same taps in the same order: outputs equal the gathered path's and packed's bit for bit
-    assert torch.equal(y_s, y_g) and torch.equal(y_s, y_p)
+    assert torch.equal(y_g, y_p)
+    if _same_forward_order(conv):
+        # the same taps in the same order: outputs equal the gathered path's and packed's bit for bit
+        assert torch.equal(y_s, y_p)
+    else:
+        assert _relative(y_s, y_p) < (1e-2 if dtype == torch.bfloat16 else 1e-6)
     # gradients: the parent rows sum their children's look-back gradients in another order
     limit = 2e-2 if dtype == torch.bfloat16 else 1e-5
     for a, b, p in zip(g_s, g_g, g_p):
