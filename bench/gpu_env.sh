@@ -34,4 +34,12 @@ fi
 export PYTHONPATH=/tmp/pg:/tmp/site-xz:/tmp/site
 python -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name(), 'x', torch.cuda.device_count())"
 [ -d $T371/triton ] && PYTHONPATH=$T371:$PYTHONPATH python -c "import triton; print('on request: triton', triton.__version__, 'from', triton.__file__)"
+# fla's tuned configurations from earlier runs on this GPU model (bench/fla_configs.py), read in
+# strict mode: a tuning key seen before skips fla's autotuning (minutes on a cold machine)
+FLA_GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | sed 's/[^0-9A-Za-z]\{1,\}/_/g; s/^_//; s/_$//')
+export FLA_GPU
+if [ -z "${FLA_CACHE_MODE:-}" ] && [ -n "$FLA_GPU" ] && [ -d "$PWD/bench/fla_configs/$FLA_GPU" ]; then
+  export FLA_CONFIG_DIR=$PWD/bench/fla_configs/$FLA_GPU FLA_CACHE_MODE=strict
+  echo "fla: tuned configurations from bench/fla_configs/$FLA_GPU ($(ls "$FLA_CONFIG_DIR" | wc -l) kernels, strict)"
+fi
 set +e

@@ -36,19 +36,8 @@ P371=$T371:$PYTHONPATH
 T0=$SECONDS
 echo "environment ready in $((T0 - START)) s; budget $BUDGET s from here" | tee "$OUT/steps.txt"
 
-pack() { tar -C "$OUT" -czf "$OUT/triton_floor.tar.gz.new" r && mv "$OUT/triton_floor.tar.gz.new" "$OUT/triton_floor.tar.gz"; }
-
-# part NAME WANT CMD...: CMD under `timeout`, capped at WANT s and at the budget left (less RESERVE)
-part() {
-  local name=$1 want=$2; shift 2
-  local left=$(( BUDGET - (SECONDS - T0) - RESERVE ))
-  local cap=$(( want < left ? want : left ))
-  if (( cap < 15 )); then echo "== $name: skipped, $left s of the budget left" | tee -a "$OUT/steps.txt"; return 0; fi
-  local t=$SECONDS
-  echo "== $name: start at $((SECONDS - T0)) s, cap $cap s" | tee -a "$OUT/steps.txt"
-  timeout -k 5 "$cap" "$@"
-  echo "== $name: rc $? in $((SECONDS - t)) s" | tee -a "$OUT/steps.txt"
-}
+PACK=triton_floor.tar.gz
+. bench/parts.sh
 
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 echo "ncu: ${NCU:-not found}" | tee -a "$OUT/steps.txt"
@@ -115,6 +104,7 @@ pack
 part bench-360 60 env PYTHONPATH=$P360 python bench/triton_kernels.py --arms ours --repeats 20 \
   --csv "$R/triton_kernels_triton360.csv" > "$R/triton_kernels_triton360.txt" 2>&1
 
+save_fla_configs
 cp "$OUT/steps.txt" "$R/steps.txt"
 echo "done in $((SECONDS - START)) s" | tee -a "$R/steps.txt"
 pack && rm -rf "$R"
