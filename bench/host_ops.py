@@ -207,6 +207,9 @@ class _Slot:
         rounds = _rounds_of(fn)
         if rounds is not None:
             self.rounds = _ScopedRounds(rounds)
+        look_back = _rounds_of(fn, "look_back")
+        if look_back is not None:  # the conv's state kernels (shared_prefix/conv.py)
+            self.look_back = _ScopedRounds(look_back, "causal_conv1d.")
 
     def __call__(self, *args, **kwargs):
         spec = [_TENSOR if torch.is_tensor(a) else a for a in args]
@@ -225,24 +228,27 @@ class _Slot:
         return _unflatten(list(flat), probe["spec"])
 
 
-def _rounds_of(fn):
+def _rounds_of(fn, name="rounds"):
     by_dtype = getattr(fn, "by_dtype", None)
     if by_dtype is not None:
         fn = next(iter(by_dtype.values()))
-    return getattr(fn, "rounds", None)
+    return getattr(fn, name, None)
 
 
 class _ScopedRounds:
-    """A backend's GDN round stages, each call inside the slot scope (they run inside GDNRounds' own node)."""
+    """A backend's stages (GDN rounds, conv state kernels), each call inside the slot scope (they run
+    inside the shared path's own autograd node)."""
 
-    def __init__(self, rounds):
-        self.inner = rounds
+    def __init__(self, rounds, prefix="gated_delta_rule."):
+        self.inner, self.prefix = rounds, prefix
 
     def __getattr__(self, stage):
         inner = getattr(self.inner, stage)
+        if not callable(inner):  # data, such as the conv kernels' state layout
+            return inner
 
         def scoped(*args, **kwargs):
-            with torch.profiler.record_function(SLOT_PREFIX + "gated_delta_rule." + stage), Timer.slot():
+            with torch.profiler.record_function(SLOT_PREFIX + self.prefix + stage), Timer.slot():
                 return inner(*args, **kwargs)
 
         return scoped

@@ -1,6 +1,7 @@
 """Host work of a training step on the CPU, packed vs shared prefix: launches per layer and per step.
 
     python bench/shared_prefix_host_ops.py [--shape 4x256x32] [--repeats 5] [--top 25] [--out FILE]
+                                           [--conv-look-back gathered|rows|x]
 
 The tiny Qwen3.5 of the generated GPU module (torch backends), float32, activation checkpointing
 as on the GPU bench, every op slot opaque (`host_ops.py`). Per arm: launch-equivalent aten ops of
@@ -35,7 +36,13 @@ LIN, FULL = "linear_attention", "full_attention"
 MODELS = {"base": [LIN, FULL], "gdn": [LIN, LIN, FULL], "attn": [LIN, FULL, FULL]}
 
 
-def build(layer_types, checkpointing: bool):
+# How the shared conv gets its look-back (shared_prefix/conv.py), emulated by the torch reference:
+# "gathered" rows around the call (a backend without state kernels), "rows" state gathered around the
+# call (fla's protocol, the reference's own), "x": the kernels read it from x (our Triton conv's).
+CONV_LOOK_BACK = ("gathered", "rows", "x")
+
+
+def build(layer_types, checkpointing: bool, conv_look_back: str = "rows"):
     import importlib
 
     from patchgen.kernels.reference.gated_delta_rule import gated_delta_rule as ref_gdn
@@ -50,7 +57,15 @@ def build(layer_types, checkpointing: bool):
     model = importlib.import_module(MODULE).Qwen3_5ForCausalLM(config).float()
     if checkpointing:
         (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
-    scope_slots(model, SLOTS, gdn_rounds=ReferenceRounds(ref_gdn))
+    scoped = scope_slots(model, SLOTS, gdn_rounds=ReferenceRounds(ref_gdn))
+    conv = scoped.causal_conv1d
+    if conv_look_back == "gathered":
+        del conv.look_back
+    elif conv_look_back == "x":
+        from host_ops import _ScopedRounds
+        from patchgen.kernels.reference.causal_conv1d import LookBackFromX
+
+        conv.look_back = _ScopedRounds(LookBackFromX(), "causal_conv1d.")
     return model.train()
 
 
@@ -123,6 +138,9 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--no-checkpointing", action="store_true")
+    parser.add_argument("--conv-look-back", choices=CONV_LOOK_BACK, default="rows",
+                        help="the shared conv's look-back: gathered rows, a state gathered around the call (fla), "
+                             "or read by the kernels from x (our Triton conv); default: the torch reference's (rows)")
     parser.add_argument("--out", default=None, help="also write the report to this file")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -130,7 +148,7 @@ def main(argv=None):
     ids, cu, max_len, _ = batch([(n, p, r)] * args.groups, [], TINY["vocab_size"], "cpu")
     results = {}
     for kind, layer_types in MODELS.items():
-        model = build(layer_types, not args.no_checkpointing)
+        model = build(layer_types, not args.no_checkpointing, args.conv_look_back)
         results[kind] = {arm: measure(model, arm, (ids, cu, max_len), args.repeats) for arm in ARMS}
     lines = report(results, args, n, p, r)
     text = "\n".join(lines)
@@ -143,8 +161,8 @@ def main(argv=None):
 def report(results, args, n, p, r):
     arms = list(ARMS)
     lines = [(f"{args.groups} group(s) of n={n} P={p} R={r}, tiny widths, float32, torch {torch.__version__}, "
-             f"checkpointing {'off' if args.no_checkpointing else 'on'}, 1 thread; arms: packed, shared (default "
-             "plan), aligned (shared_prefix_chunk_aligned)"),
+             f"checkpointing {'off' if args.no_checkpointing else 'on'}, conv look-back {args.conv_look_back}, "
+             "1 thread; arms: packed, shared (default plan), aligned (shared_prefix_chunk_aligned)"),
              "launches = aten ops outside the op slots that launch a kernel on CUDA; slot calls = backend calls",
              "", f"{'':34}" + "".join(f" {a:>8}" for a in arms)]
     base = results["base"]

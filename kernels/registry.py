@@ -32,6 +32,9 @@ TRITON_ASCEND = Requirement("triton-ascend", ">=3.2")
 TORCH_NPU = Requirement("torch-npu", ">=2.6,<2.15")
 
 GDN_STATE = {caps.VARLEN, caps.INITIAL_STATE, caps.INITIAL_STATE_GRAD, caps.FINAL_STATE_GRAD, caps.GQA}
+# A conv that takes a per-sequence initial state (its last W-1 input rows) and returns its gradient:
+# the shared-prefix look-back then needs no gathered rows (shared_prefix/conv.py).
+CONV_STATE = {caps.VARLEN, caps.INITIAL_STATE, caps.INITIAL_STATE_GRAD}
 ATTENTION = {caps.VARLEN, caps.BOTTOM_RIGHT_CAUSAL, caps.GQA}
 
 
@@ -159,7 +162,7 @@ def _handles() -> dict[str, tuple[KernelHandle, ...]]:
                 "fla",
                 f"{_ADAPT}.fla:causal_conv1d",
                 (FLA,),
-                {caps.VARLEN} | gpu,
+                CONV_STATE | gpu,
                 summary="fla causal_conv1d (Triton)",
             ),
             h(
@@ -167,7 +170,7 @@ def _handles() -> dict[str, tuple[KernelHandle, ...]]:
                 "triton",
                 f"{ours}:causal_conv1d",
                 (),
-                {caps.VARLEN},
+                CONV_STATE,
                 triton_ready,
                 "our portable Triton kernels",
             ),
@@ -176,7 +179,7 @@ def _handles() -> dict[str, tuple[KernelHandle, ...]]:
                 "torch",
                 f"{_REF}.causal_conv1d:causal_conv1d",
                 (),
-                {caps.VARLEN} | f64,
+                CONV_STATE | f64,
                 summary="masked taps, boundary-respecting",
             ),
         ),

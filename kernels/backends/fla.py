@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import contextlib
 
 import torch
+import torch.nn.functional as F
 from fla.modules.causal_conv1d import causal_conv1d as _fla_causal_conv1d
+from fla.modules.causal_conv1d import causal_conv1d_bwd as _fla_conv_bwd
+from fla.modules.causal_conv1d import causal_conv1d_fwd as _fla_conv_fwd
 from fla.modules.norm.fused_norm_gate import rms_norm_gated as _fla_rms_norm_gated
 from fla.modules.norm.l2norm import l2norm_bwd as _fla_l2norm_bwd
 from fla.modules.norm.l2norm import l2norm_fwd as _fla_l2norm_fwd
@@ -59,10 +63,55 @@ def gated_delta_rule(
     return o, (final if output_final_state else None)
 
 
-def causal_conv1d(x, weight, bias=None, *, activation="silu", cu_seqlens=None):
-    """fla's varlen depthwise conv (Triton backend); the final conv state is dropped."""
-    y, _ = _fla_causal_conv1d(x, weight, bias, activation=activation, cu_seqlens=cu_seqlens)
+def causal_conv1d(x, weight, bias=None, *, activation="silu", cu_seqlens=None, initial_state=None):
+    """fla's varlen depthwise conv (Triton backend); the final conv state is dropped.
+
+    ``initial_state: [N, W-1, D]`` (the slot's layout, rows in time order) goes to fla as its
+    ``[N, D, W]`` (slot 0 unread); fla returns its gradient.
+    """
+    if initial_state is not None:
+        initial_state = F.pad(initial_state.transpose(1, 2), (1, 0))
+    y, _ = _fla_causal_conv1d(
+        x, weight, bias, activation=activation, cu_seqlens=cu_seqlens, initial_state=initial_state
+    )
     return y
+
+
+def _on(device: torch.device):
+    """fla launches on the current CUDA device, as its own guard ensures (nothing to set on the CPU interpreter)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+class _LookBack:
+    """fla's conv forward and backward for `shared_prefix.conv.LookBackConv`, with the plan's chunk
+    table (no per-call chunk indices); the state in fla's own layout `[N, D, W]`, slot 0 unread."""
+
+    layout = "fla"
+
+    def forward(self, x, weight, bias, state, idx, activation):
+        with _on(x.device):
+            y, _ = _fla_conv_fwd(
+                x=x, weight=weight, bias=bias, residual=None, initial_state=state, output_final_state=False,
+                activation=activation, cu_seqlens=idx.segment_cu, chunk_indices=idx.segment_chunks,
+            )
+        return y
+
+    def backward(self, x, weight, bias, state, dy, idx, activation):
+        with _on(x.device):
+            dx, dweight, dbias, _, dstate = _fla_conv_bwd(
+                x=x, dy=dy, dht=None, weight=weight, bias=bias, residual=None, initial_state=state,
+                activation=activation, cu_seqlens=idx.segment_cu, chunk_indices=idx.segment_chunks,
+            )
+        return dx, dweight, dbias, dstate
+
+
+# fla's state kernels are checked against our float64 reference on the CPU only with a patched copy of
+# fla (its compute_dh0 kernel does not run under Triton's interpreter as shipped); until the H200 test
+# (tests/shared_prefix/test_conv_state_gpu.py) has passed, the shared-prefix conv keeps the gathered
+# look-back rows on fla, the path the H200 runs have measured. PATCHGEN_FLA_CONV_LOOK_BACK=1 opts in.
+CONV_LOOK_BACK = _LookBack()
+if os.environ.get("PATCHGEN_FLA_CONV_LOOK_BACK") == "1":
+    causal_conv1d.look_back = CONV_LOOK_BACK
 
 
 def rms_norm_gated(x, gate, weight, eps):

@@ -1,27 +1,63 @@
-"""Causal depthwise conv1d on the compact row: look-back rows in front of every segment, dropped after.
+"""Causal depthwise conv1d on the compact row, in one varlen call whatever the depth of the prefix tree.
 
-One varlen call, whatever the depth of the prefix tree: a root or singleton whole, every other
-segment (nested node or leaf) as `[last W-1 rows of its parent | its rows]`. A row's output then
-reads exactly the rows it reads when packed (a nested node is at least W-1 rows long).
+Two ways to give a segment (nested node or leaf) the `W-1` rows of its parent that its first outputs
+read (a root or singleton reads zeros, as when packed; a nested node is at least W-1 rows long):
+- initial state: every segment is one sequence of the call, its look-back rows are its initial conv
+  state (one gather of those few rows forward, one index_add_ of their gradient into the parent's rows
+  backward, the conv's output is the compact row as it is). For backends that expose state kernels
+  (`conv_fn.look_back`: fla, the torch reference); `LookBackConv` ties them into one autograd node.
+- gathered rows: `[last W-1 rows of its parent | its rows]` gathered in front of every segment, the
+  look-back outputs dropped after (two gathers forward, two scatters backward). Any varlen backend.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from .gdn import chunk_indices
 from .layout import Layout
 from .rows import Arena
 
 
 @dataclass(frozen=True, eq=False)
 class ConvIndex:
-    src: torch.Tensor  # [rows] compact row of each conv input row
-    cu_seqlens: torch.Tensor  # [n + 1] int32
-    out_index: torch.Tensor  # [C] conv output row kept for each compact row
+    src: torch.Tensor  # [rows] compact row of each conv input row (gathered path)
+    cu_seqlens: torch.Tensor  # [n + 1] int32 (gathered path)
+    out_index: torch.Tensor  # [C] conv output row kept for each compact row (gathered path)
     kernel_size: int  # the largest conv kernel the look-back serves
+    segment_cu: torch.Tensor  # [S + 1] int32: the non-empty segments, which tile the compact row (state path)
+    segment_chunks: torch.Tensor  # [chunks, 2] int32: fla's chunk table of those segments (chunks of 64)
+    state_rows: torch.Tensor  # [S, W] int64: compact row in state slot w (slot w is row w - W before the
+    # segment's first row; slot 0 is never read), -1 where the segment has no such row (it reads zero)
+    state_index: dict = field(default_factory=dict, repr=False)  # (W, D, layout) -> index tensors
+
+    def state_gather(self, width: int, channels: int, layout: str):
+        """Index tensors of a state of `width` taps in `layout`, built once per plan (then cached).
+
+        "fla": `(flat, keep)`, flat element index into `x.view(-1)` and mask of the `[S, D, W]` state
+        (slot 0 unread, fla's `initial_state`); "rows": the same for `[S, W-1, D]`, rows in time order;
+        "x": `(rows, scatter)`, the `[S, W]` rows of x the kernels read (-1: zero) and the rows
+        `[S * (W-1)]` their gradient goes to (0 where none: the kernels give those slots zero).
+        """
+        key = (width, channels, layout)
+        found = self.state_index.get(key)
+        if found is None:
+            rows = self.state_rows[:, self.kernel_size - width :]  # the last `width` slots
+            keep, safe = rows >= 0, rows.clamp(min=0)
+            d = torch.arange(channels, device=rows.device)
+            if layout == "fla":
+                found = (safe[:, None, :] * channels + d[None, :, None], keep[:, None, :])
+            elif layout == "rows":
+                found = (safe[:, 1:, None] * channels + d[None, None, :], keep[:, 1:, None])
+            elif layout == "x":
+                found = (rows, safe[:, 1:].reshape(-1))
+            else:
+                raise ValueError(f"state layout must be 'fla', 'rows' or 'x', got {layout!r}")
+            found = self.state_index[key] = tuple(t.contiguous() for t in found)
+        return found
 
 
 def conv_host_index(layout: Layout, kernel_size: int, arena: Arena | None = None) -> dict:
@@ -41,16 +77,72 @@ def conv_host_index(layout: Layout, kernel_size: int, arena: Arena | None = None
     seq_lengths = back + length
     kept_from = np.cumsum(seq_lengths) - seq_lengths + back  # conv output row of each segment's first row
     starts = np.stack([parent_end - back, layout.start[segs]], 1).reshape(-1)
+    if not np.array_equal(layout.start[segs], np.cumsum(length) - length):
+        raise AssertionError("the non-empty segments do not tile the compact row in order")
+    # state slot w (of W) holds the row W - w before the segment's first row: parent_end - (W - w)
+    slot = np.arange(kernel_size, dtype=np.int64)[None, :]
+    keep = (slot >= kernel_size - back[:, None]) & (slot > 0)
+    rows = np.where(keep, parent_end[:, None] - kernel_size + slot, -1)
     return {
         "kernel_size": kernel_size,
         "src": arena.ranges(starts, np.stack([back, length], 1).reshape(-1)),
         "cu": arena.boundaries(seq_lengths),
         "out_index": arena.ranges(kept_from, length),  # non-empty segments tile the compact row in order
+        "segment_cu": arena.boundaries(length),
+        "segment_chunks": chunk_indices(length, arena, np.int32),
+        "state_rows": arena.put(rows),
     }
 
 
 def conv_index(host: dict, dev: dict) -> ConvIndex:
-    return ConvIndex(dev["src"], dev["cu"], dev["out_index"], host["kernel_size"])
+    return ConvIndex(
+        dev["src"], dev["cu"], dev["out_index"], host["kernel_size"], dev["segment_cu"], dev["segment_chunks"],
+        dev["state_rows"],
+    )
+
+
+def look_back_kernels(conv_fn, dtype: torch.dtype):
+    """The state kernels behind an op table's `causal_conv1d` for inputs of `dtype`, if its backend has them."""
+    by_dtype = getattr(conv_fn, "by_dtype", None)  # a DtypeDispatch slot: the backend serving this dtype
+    fn = conv_fn if by_dtype is None else by_dtype.get(dtype)
+    return getattr(fn, "look_back", None)
+
+
+class LookBackConv(torch.autograd.Function):
+    """The conv over the compact row with every segment's look-back as its initial state, one autograd node.
+
+    `kernels.forward(x, weight, bias, state, idx, activation) -> y` and
+    `kernels.backward(x, weight, bias, state, dy, idx, activation) -> (dx, dweight, dbias, dstate)`:
+    layout "fla" / "rows": the state gathered here (one gather, rows a segment lacks set to zero), its
+    gradient added into the parent rows of dx (one index_add_); "x": `state` is the `[S, W]` rows of x
+    the kernels read themselves (nothing gathered), dstate `[S, W-1, D]` added into dx by row.
+    """
+
+    @staticmethod
+    def forward(ctx, kernels, idx: ConvIndex, activation, x, weight, bias):
+        a, b = idx.state_gather(weight.shape[-1], x.shape[-1], kernels.layout)
+        if kernels.layout == "x":
+            state = a
+        else:
+            state = torch.where(b, x.reshape(-1).index_select(0, a.reshape(-1)).view(a.shape), 0)
+        ctx.kernels, ctx.idx, ctx.activation = kernels, idx, activation
+        ctx.save_for_backward(x, weight, bias, state)
+        return kernels.forward(x, weight, bias, state, idx, activation)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, bias, state = ctx.saved_tensors
+        layout = ctx.kernels.layout
+        dx, dweight, dbias, dstate = ctx.kernels.backward(
+            x, weight, bias, state, dy.contiguous(), ctx.idx, ctx.activation
+        )
+        a, b = ctx.idx.state_gather(weight.shape[-1], x.shape[-1], layout)
+        # one scatter: every child's look-back gradient into its parent's rows (a root's state is zeros)
+        if layout == "x":
+            dx.view(-1, x.shape[-1]).index_add_(0, b, dstate.reshape(-1, x.shape[-1]))
+        else:
+            dx.reshape(-1).index_add_(0, a.reshape(-1), torch.where(b, dstate, 0).reshape(-1))
+        return None, None, None, dx, dweight, dbias
 
 
 def shared_prefix_causal_conv1d(
@@ -66,5 +158,8 @@ def shared_prefix_causal_conv1d(
             f"conv kernel width {weight.shape[-1]} exceeds the plan's conv_kernel_size={idx.kernel_size}: "
             f"build the plan with conv_kernel_size={weight.shape[-1]}"
         )
+    kernels = look_back_kernels(conv_fn, x.dtype)
+    if kernels is not None and weight.shape[-1] > 1:
+        return LookBackConv.apply(kernels, idx, activation, x.contiguous(), weight, bias)
     y = conv_fn(x.index_select(1, idx.src), weight, bias, activation=activation, cu_seqlens=idx.cu_seqlens)
     return y.index_select(1, idx.out_index)

@@ -251,6 +251,8 @@ def _arena(nodes: list[Node], cu: list[int], position_rows: int, device: torch.d
     slots = 3 * t + 2 * c + 2 * (c + 64 * segments) + 2 * c + 2 * t + 2 * (c + segments) + position_rows * c
     slots += 8 * segments + (c + 64 * segments) // 32 + 1024
     slots += 4 * segments + (c + 64 * segments) // 32  # the GDN rounds' joint chunk tables
+    # the conv's state path: segment boundaries and chunk table, state rows and keep mask (W <= 8)
+    slots += 17 * segments + c // 64 + 1
     if device.type == "cuda":
         staging = torch.empty(slots, dtype=torch.int64, pin_memory=True)
         return Arena(staging.numpy(), owner=staging)

@@ -31,6 +31,7 @@ import triton.language as tl
 
 from ._common import next_pow2, precision_for, search_steps, sequence_of, shape_cache_get, sum_partials
 from .causal_conv1d_segment import causal_conv1d_bwd_segment_kernel, causal_conv1d_fwd_segment_kernel
+from .causal_conv1d_state import CausalConv1dState
 from .causal_conv1d_window import causal_conv1d_bwd_window_kernel, causal_conv1d_fwd_window_kernel
 from .launch_config import config_from_env, table_config
 
@@ -426,8 +427,9 @@ def _batch_cu_seqlens(B: int, T: int, device: torch.device) -> torch.Tensor:
                            lambda: torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=device))
 
 
-def causal_conv1d(x, weight, bias=None, *, activation="silu", cu_seqlens=None):
-    """Depthwise causal conv over x [B, T, D] with weight [D, W]; varlen through cu_seqlens (B == 1)."""
+def causal_conv1d(x, weight, bias=None, *, activation="silu", cu_seqlens=None, initial_state=None):
+    """Depthwise causal conv over x [B, T, D] with weight [D, W]; varlen through cu_seqlens (B == 1);
+    `initial_state [N, W-1, D]`: each sequence's W-1 input rows before its start (causal_conv1d_state.py)."""
     if activation not in _ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(map(str, _ACTIVATIONS))}, got {activation!r}")
     B, T, D = x.shape
@@ -442,6 +444,15 @@ def causal_conv1d(x, weight, bias=None, *, activation="silu", cu_seqlens=None):
                          f"once (the shared-prefix plan and packed_row keep a device copy)")
     elif cu_seqlens.dtype != torch.int32 or not cu_seqlens.is_contiguous():
         cu_seqlens = cu_seqlens.to(torch.int32).contiguous()
+    if initial_state is not None:
+        expected = (cu_seqlens.shape[0] - 1, weight.shape[1] - 1, D)
+        if B != 1 or tuple(initial_state.shape) != expected:
+            raise ValueError(f"initial_state must be [sequences, W-1, D] = {list(expected)} over one packed row "
+                             f"(batch 1), got {list(initial_state.shape)} for x {list(x.shape)}")
+        y = CausalConv1dState.apply(x.reshape(T, D).contiguous(), weight.contiguous(),
+                                    None if bias is None else bias.contiguous(), initial_state.contiguous(),
+                                    cu_seqlens, _ACTIVATIONS[activation])
+        return y.view(B, T, D)
     y = CausalConv1d.apply(x.reshape(B * T, D).contiguous(), weight.contiguous(),
                            None if bias is None else bias.contiguous(), cu_seqlens, _ACTIVATIONS[activation])
     return y.view(B, T, D)
