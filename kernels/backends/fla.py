@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import contextlib
+import os
 
 import torch
 import torch.nn.functional as F
