@@ -24,24 +24,28 @@ def _backends():
     return [*found, pytest.param(fla, id="fla")]
 
 
+def _gdn_inputs(c: int) -> list:
+    """q, k, v, g, beta of a compact row of `c` rows at Qwen3.5-4B GDN widths (16 key / 32 value heads of 128), bf16."""
+    torch.manual_seed(0)
+    q, k = (torch.randn(1, c, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    v = torch.randn(1, c, 32, 128, device="cuda", dtype=torch.bfloat16)
+    g = F.logsigmoid(torch.randn(1, c, 32, device="cuda"))
+    beta = torch.rand(1, c, 32, device="cuda", dtype=torch.bfloat16)
+    return [x.requires_grad_() for x in (q, k, v, g, beta)]
+
+
 @pytest.mark.parametrize("gdn", _backends())
 def test_one_node_forward_is_the_loops_bit_for_bit(gdn):
     ids, cu = pack(agentic(prompt=1000, turns=(130,), last=96, fan=3))  # unaligned ends: tails replayed
     plan = build_plan(ids.cuda(), cu.cuda(), max_depth=4, level_cost=0)
     assert plan.depth == 2
-    torch.manual_seed(0)
-    c = plan.compact_length
-    q, k = (torch.randn(1, c, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    v = torch.randn(1, c, 32, 128, device="cuda", dtype=torch.bfloat16)
-    g = F.logsigmoid(torch.randn(1, c, 32, device="cuda"))
-    beta = torch.rand(1, c, 32, device="cuda", dtype=torch.bfloat16)
-    inputs = [x.requires_grad_() for x in (q, k, v, g, beta)]
+    inputs = _gdn_inputs(plan.compact_length)
 
     def loop(*args, **kwargs):  # the public function alone: no stages
         return gdn(*args, **kwargs)
 
     assert getattr(gdn, "rounds", None) is not None
-    weight = torch.randn(1, c, 32, 128, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(1, plan.compact_length, 32, 128, device="cuda", dtype=torch.bfloat16)
     runs = []
     for fn in (gdn, loop):
         out = shared_prefix_gated_delta_rule(plan, fn, *inputs, use_qk_l2norm_in_kernel=True)
@@ -78,14 +82,8 @@ def test_joint_rounds_equal_the_per_round_stages_bit_for_bit_at_4b_widths(backen
     ids, cu = pack(_tree(rounds))
     plan = build_plan(ids.cuda(), cu.cuda(), max_depth=4, level_cost=0)
     assert len(plan.gdn.present) == rounds
-    torch.manual_seed(0)
-    c = plan.compact_length
-    q, k = (torch.randn(1, c, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    v = torch.randn(1, c, 32, 128, device="cuda", dtype=torch.bfloat16)
-    g = F.logsigmoid(torch.randn(1, c, 32, device="cuda"))
-    beta = torch.rand(1, c, 32, device="cuda", dtype=torch.bfloat16)
-    inputs = [x.requires_grad_() for x in (q, k, v, g, beta)]
-    weight = torch.randn(1, c, 32, 128, device="cuda", dtype=torch.bfloat16)
+    inputs = _gdn_inputs(plan.compact_length)
+    weight = torch.randn(1, plan.compact_length, 32, 128, device="cuda", dtype=torch.bfloat16)
     runs = []
     # the states' and replayed rows' gradients are summed by index_add_, atomic on CUDA unless asked
     # for its deterministic kernel; the per-round path runs twice to show the sums are then reproducible
