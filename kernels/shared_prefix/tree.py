@@ -132,9 +132,12 @@ class _Solver:
     """Most rows saved under a trie node, given the end of the nearest kept ancestor, for every
     number of levels left at once (`0 .. max_depth`: one pass over the trie serves every depth).
 
-    At a trie node with prefix `p`, any contiguous run of two or more of its children may become one
-    kept node of rows `[above, p)`; the other children are solved on their own. A run's value is
-    linear in prefix sums, so the best split of `k` children costs O(k) per depth.
+    At a trie node with prefix `p`, any set of its children holding two or more sequences may become
+    one kept node of rows `[above, p)`, the other children solved on their own. One node is the most
+    there is to keep: two nodes of the same rows save `length` fewer rows than one node of both
+    member sets. So the best set is every child whose gain from joining, `members * length + kept -
+    alone`, is positive, kept when the total (less the `length` that a node's first member does not
+    save) is positive: O(k) per depth for `k` children.
     """
 
     def __init__(self, min_root: int, min_nested: int, max_depth: int):
@@ -166,7 +169,7 @@ class _Solver:
         return self._solve(node, above)[0][depth]
 
     def _solve(self, node: _TrieNode | int, above: int) -> tuple[list[int], list[list]]:
-        """(rows saved, kept runs of children) for every depth; more depth than the node's height changes nothing."""
+        """(rows saved, the children kept together at the node) for every depth; more depth than the node's height changes nothing."""
         if isinstance(node, int):
             return self.none
         key = (id(node), above)
@@ -180,65 +183,40 @@ class _Solver:
             if length < self._shortest(above):
                 result = self.none
             else:
-                runs = [(0, len(children))]
-                result = ([0] + [(node.hi - node.lo - 1) * length] * top, [[]] + [runs] * top)
+                every = list(range(len(children)))
+                result = ([0] + [(node.hi - node.lo - 1) * length] * top, [[]] + [every] * top)
             self.memo[key] = result
             return result
         alone = [self._values(c, above) for c in children]
-        values, runs_of = [0] * (top + 1), [[] for _ in range(top + 1)]
+        values, joined_at = [0] * (top + 1), [[] for _ in range(top + 1)]
         if length < self._shortest(above):
             for d in range(1, top + 1):
                 values[d] = sum(0 if a is None else a[d] for a in alone)
         else:
             kept = [self._values(c, node.prefix) for c in children]
-            k = len(children)
-            m_sum = [0] * (k + 1)
-            for j in range(1, k + 1):
-                m_sum[j] = m_sum[j - 1] + _size(children[j - 1])
+            sizes = [_size(c) for c in children]
             for d in range(1, min(top, node.height) + 1):
-                values[d], runs_of[d] = self._split(
+                values[d], joined_at[d] = self._split(
                     [0 if a is None else a[d] for a in alone],
                     [0 if a is None else a[d - 1] for a in kept],
-                    m_sum,
+                    sizes,
                     length,
                 )
             for d in range(node.height + 1, top + 1):
-                values[d], runs_of[d] = values[node.height], runs_of[node.height]
-        result = (values, runs_of)
+                values[d], joined_at[d] = values[node.height], joined_at[node.height]
+        result = (values, joined_at)
         self.memo[key] = result
         return result
 
     @staticmethod
-    def _split(alone: list[int], kept: list[int], m_sum: list[int], length: int) -> tuple[int, list]:
-        """Best split of the children into runs kept at this node and children alone."""
-        k = len(alone)
-        if k == 2:  # a binary branch (every turn of an agentic tree): both together or both alone
-            together = (m_sum[2] - 1) * length + kept[0] + kept[1]
-            apart = alone[0] + alone[1]
-            return (together, [(0, 2)]) if together > apart else (apart, [])
-        best = [0] * (k + 1)
-        choice = [0] * (k + 1)  # start of the last segment; j - 1 means child j - 1 alone
-        lead_best, lead_at = None, -1  # max over i <= j - 2 of best[i] - M_i * length - K_i
-        k_sum = [0] * (k + 1)
-        for j in range(1, k + 1):
-            k_sum[j] = k_sum[j - 1] + kept[j - 1]
-        for j in range(1, k + 1):
-            best[j], choice[j] = best[j - 1] + alone[j - 1], j - 1
-            if j >= 2:
-                i = j - 2
-                lead = best[i] - m_sum[i] * length - k_sum[i]
-                if lead_best is None or lead > lead_best:
-                    lead_best, lead_at = lead, i
-                run = lead_best + (m_sum[j] - 1) * length + k_sum[j]
-                if run > best[j]:
-                    best[j], choice[j] = run, lead_at
-        runs, j = [], k
-        while j > 0:
-            i = choice[j]
-            if j - i > 1:
-                runs.append((i, j))
-            j = i
-        return best[k], runs[::-1]
+    def _split(alone: list[int], kept: list[int], sizes: list[int], length: int) -> tuple[int, list[int]]:
+        """(rows saved, the children kept together at this node): every child that gains by joining, if that pays."""
+        gains = [size * length + k - a for size, k, a in zip(sizes, kept, alone)]
+        joined = [c for c, gain in enumerate(gains) if gain > 0]
+        total = sum(gains[c] for c in joined) - length
+        if total > 0 and sum(sizes[c] for c in joined) >= 2:
+            return sum(alone) + total, joined
+        return sum(alone), []
 
     def collect(self, node: _TrieNode | int, above: int, depth: int, parent, out: list) -> None:
         """Append the kept nodes of the best solution as (members, start, end, parent slot)."""
@@ -246,21 +224,21 @@ class _Solver:
             return
         children = node.children
         if node.height == 1:
-            runs = [(0, len(children))] if node.prefix - above >= self._shortest(above) else []
+            joined = list(range(len(children))) if node.prefix - above >= self._shortest(above) else []
         else:
-            runs = self._solve(node, above)[1][depth]
-        in_run = set()
-        for i, j in runs:
-            # contiguous children hold a contiguous interval of the sorted sequences
-            lo = children[i] if isinstance(children[i], int) else children[i].lo
-            hi = children[j - 1] + 1 if isinstance(children[j - 1], int) else children[j - 1].hi
+            joined = self._solve(node, above)[1][depth]
+        if joined:
+            members = []
+            for c in joined:
+                child = children[c]
+                members += [node.seqs[child]] if isinstance(child, int) else node.seqs[child.lo : child.hi]
             slot = len(out)
-            out.append((tuple(sorted(node.seqs[lo:hi])), above, node.prefix, parent))
-            for c in children[i:j]:
-                self.collect(c, node.prefix, depth - 1, slot, out)
-            in_run.update(range(i, j))
+            out.append((tuple(sorted(members)), above, node.prefix, parent))
+            for c in joined:
+                self.collect(children[c], node.prefix, depth - 1, slot, out)
+        chosen = set(joined)
         for ci, c in enumerate(children):
-            if ci not in in_run:
+            if ci not in chosen:
                 self.collect(c, above, depth, parent, out)
 
 

@@ -126,6 +126,24 @@ def test_a_level_must_save_more_than_its_cost():
     assert build_plan(ids, cu, max_depth=2, level_cost=128).depth == 1
 
 
+def test_siblings_that_gain_share_their_parents_rows_though_one_between_them_is_better_alone():
+    # Sequences 0 and 2 share 64 rows with the others; 1, 3, 4 share 164 and 1, 3 share 264 more. In
+    # sorted order 1, 3, 4 fall between 0 and 2 (65th tokens 1, 2, 3): at two levels, 1, 3, 4 are
+    # better alone (a root of 164 rows and a child of 100) than under a root of 64, and 0 and 2
+    # still share their 64 rows with each other.
+    x, b = tokens(64, 0), tokens(99, 1)
+    seqs = [
+        x + [1] + tokens(5, 2),
+        x + [2] + b + tokens(100, 3) + tokens(5, 4),
+        x + [3] + tokens(3, 5),
+        x + [2] + b + tokens(100, 3) + tokens(3, 6),
+        x + [2] + b + tokens(6, 7),
+    ]
+    plan = build_plan(*pack(seqs), max_depth=2, level_cost=0)
+    assert shape(plan) == [((0, 2), 0, 64, None), ((1, 3, 4), 0, 164, None), ((1, 3), 164, 264, 1)]
+    assert plan.packed_length - plan.compact_length == 64 + 2 * 164 + 100
+
+
 def test_max_depth_caps_the_levels():
     ids, cu = pack(agentic())
     assert [build_plan(ids, cu, max_depth=d).depth for d in (1, 2, 3, 4)] == [1, 2, 3, 3]
