@@ -32,6 +32,9 @@ GPU_ENV=${GPU_ENV:-bench/gpu_env.sh}
 . "$GPU_ENV" > "$R/env.log" 2>&1 || { cat "$R/env.log"; echo "$GPU_ENV failed" | tee "$OUT/steps.txt"; exit 1; }
 cat "$R/env.log"
 export TRITON_CACHE_AUTOTUNING=1 PYTHONUNBUFFERED=1
+# every tuning that runs (a key not in bench/fla_configs) is printed with its time, into the part's log:
+# what a cold start still spends, read from the logs that come back
+export TRITON_PRINT_AUTOTUNING=${TRITON_PRINT_AUTOTUNING:-1}
 [ -d "${T371:-/nonexistent}/triton" ] && export PYTHONPATH="$T371:$PYTHONPATH"
 T0=$SECONDS
 echo "environment ready in $((T0 - START)) s; budget $BUDGET s from here; parts $PARTS" | tee "$OUT/steps.txt"
@@ -78,6 +81,7 @@ if wanted graph; then
   part graph 400 python bench/graphed_step.py --layers 8,32 --out "$R/graph" > "$R/graph.txt" 2>&1
   tail -30 "$R/graph.txt"; pack
 fi
+grep -h "finished after" "$R"/*.txt "$R"/*.log 2>/dev/null | awk '{s += $3} END {printf "autotuning printed: %d tunings, %.0f s\n", NR, s}' | tee -a "$OUT/steps.txt"
 save_fla_configs
 echo "done in $((SECONDS - START)) s" | tee -a "$OUT/steps.txt"
 cp "$OUT/steps.txt" "$R/steps.txt"; pack
