@@ -56,3 +56,23 @@ def test_shared_prefix_conv_on_our_state_kernels_equals_packed(device):
     dy = torch.randn_like(y)
     for a, r in zip(grads([y], [x, w, b], [dy]), grads([y_ref], [x, w, b], [dy])):
         assert max_err(a, r) < 1e-10
+
+
+def test_shared_prefix_conv_on_our_state_kernels_reads_a_strided_weight_and_bias(device):
+    """The slot's weight and bias may be views (a column of a larger tensor): the kernels index them
+    densely, so the look-back path must read them as the public conv does, element by element."""
+    seqs = [[1, 2, 3, 4, 5], [1, 2, 3, 9], [1, 2, 3, 7, 7]]
+    ids = torch.tensor([t for s in seqs for t in s]).reshape(1, -1)
+    cu = torch.tensor([0] + [len(s) for s in seqs]).cumsum(0).to(torch.int32)
+    plan = build_plan(ids.to(device), cu.to(device), min_prefix=2)
+    x = torch.randn(1, plan.compact_length, 6, dtype=torch.float64, device=device, requires_grad=True)
+    w_full = torch.randn(6, 8, dtype=torch.float64, device=device, requires_grad=True)
+    b_full = torch.randn(6, 2, dtype=torch.float64, device=device, requires_grad=True)
+    w, b = w_full[:, ::2], b_full[:, 0]  # strided views: weight [6, 4], bias [6]
+    assert not w.is_contiguous() and not b.is_contiguous()
+    y = plan.expand(shared_prefix_causal_conv1d(plan, causal_conv1d, x, w, b, activation="silu"))
+    y_ref = reference(plan.expand(x), w, b, activation="silu", cu_seqlens=cu.to(device))
+    assert max_err(y, y_ref) < TOL
+    dy = torch.randn_like(y)
+    for a, r in zip(grads([y], [x, w_full, b_full], [dy]), grads([y_ref], [x, w_full, b_full], [dy])):
+        assert max_err(a, r) < TOL
