@@ -191,11 +191,14 @@ class LookBack:
 
     def forward(self, x, weight, bias, state, idx, activation):
         B, T, D = x.shape
+        # the kernels index weight and bias densely: a strided view would be read wrong, silently
+        bias = None if bias is None else bias.contiguous()
         y = conv_state_fwd(x.reshape(T, D), state, weight.contiguous(), bias, idx.segment_cu, _SILU[activation], True)
         return y.view(B, T, D)
 
     def backward(self, x, weight, bias, state, dy, idx, activation):
         B, T, D = x.shape
+        bias = None if bias is None else bias.contiguous()
         dx, dweight, dbias, dstate = conv_state_bwd(x.reshape(T, D), state, weight.contiguous(), bias,
                                                     dy.reshape(T, D), idx.segment_cu, _SILU[activation], True)
         return dx.view(B, T, D), dweight, dbias, dstate

@@ -6,6 +6,7 @@ to 1e-10, on one-level plans, on trees, and where a segment starts fewer than W-
 """
 
 import itertools
+import os
 
 import pytest
 import torch
@@ -170,4 +171,7 @@ def test_a_conv_declares_the_initial_state_gradient_exactly_when_it_has_state_ke
     declared = {caps.INITIAL_STATE, caps.INITIAL_STATE_GRAD} <= handle.capabilities
     if not handle.available:
         pytest.skip(f"{slot_backend}: {handle.reason}")
-    assert declared == (getattr(handle.load(), "look_back", None) is not None)
+    has_kernels = getattr(handle.load(), "look_back", None) is not None
+    # fla's public conv takes the state (declared), its state kernels are opt-in until the H200 test passes
+    opted_out = slot_backend == "fla" and os.environ.get("PATCHGEN_FLA_CONV_LOOK_BACK") != "1"
+    assert has_kernels == (declared and not opted_out)

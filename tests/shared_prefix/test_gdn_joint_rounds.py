@@ -82,6 +82,24 @@ def test_joint_rounds_equal_the_per_round_stages_bit_for_bit(name):
         assert torch.equal(a, b)
 
 
+def test_joint_rounds_equal_the_per_round_stages_in_bfloat16_without_l2norm():
+    """The model's dtype (bf16 inputs, fp32 states and accumulators) and the path without the l2norm,
+    where dq and dk leave the stages as they are."""
+    from patchgen.kernels.triton.gated_delta_rule.rounds import JointRounds, Rounds
+
+    plan, _ = _plan("two-levels-unaligned")
+    inputs = _inputs(plan.compact_length, torch.bfloat16)
+    outputs = []
+    for rounds in (JointRounds(), Rounds()):
+        out = shared_prefix_gated_delta_rule(plan, _with_rounds(rounds), *inputs, use_qk_l2norm_in_kernel=False)
+        weight = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(2))
+        outputs.append((out, torch.autograd.grad((out * weight).sum(), inputs)))
+    (joint, joint_grads), (looped, looped_grads) = outputs
+    assert joint.dtype == torch.bfloat16 and torch.equal(joint, looped)
+    for a, b, x in zip(joint_grads, looped_grads, inputs):
+        assert a.dtype == x.dtype and torch.equal(a, b)
+
+
 def test_joint_rounds_match_packed_execution_in_float64(ref):
     from patchgen.kernels.triton.gated_delta_rule.rounds import JointRounds
 

@@ -172,3 +172,29 @@ def test_row_symbols_give_up_past_63_bits():
     ids = np.array([0, 2**20])
     assert grouping.row_symbols(ids, [np.array([0, 2**42])]) is None
     assert grouping.row_symbols(ids, [np.array([0, 2**41])]) is not None
+
+
+def test_threads_building_plans_at_once_each_get_their_own_scratch(monkeypatch):
+    """The grouping's temporaries live in a buffer kept per thread: plans built at once in several
+    threads (a trainer's prefetch threads) get the runs of building them one at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(grouping, "PAIRWISE_MAX", 0)  # every pair compared at once, in the scratch buffer
+    rng = random.Random(5)
+    batches = []
+    for vocab, shift in ((3, 0), (4, 1), (500, 7), (3, 2)):  # different rows, lengths and position rows
+        system = [rng.randrange(1, vocab + 1) for _ in range(70)]
+        seqs = [system + [rng.randrange(1, vocab + 1) for _ in range(rng.randrange(1, 40))] for _ in range(12)]
+        local = np.concatenate([np.arange(len(s)) for s in seqs]).astype(np.int64)
+        rows = np.stack([local, local + shift, 2 * local])  # not per-sequence counts: the symbols path
+        batches.append((seqs, rows, 16))
+    expected = [reference_runs(*batch) for batch in batches]
+
+    def runs(i):
+        seqs, rows, min_prefix = batches[i % len(batches)]
+        ids, cu = host(seqs, rows)
+        return grouping.sorted_runs(ids, rows, cu, min_prefix)
+
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(runs, range(40)))
+    assert got == [expected[i % len(batches)] for i in range(40)]

@@ -56,3 +56,48 @@ def test_shared_prefix_conv_on_our_state_kernels_equals_packed(device):
     dy = torch.randn_like(y)
     for a, r in zip(grads([y], [x, w, b], [dy]), grads([y_ref], [x, w, b], [dy])):
         assert max_err(a, r) < 1e-10
+
+
+def test_shared_prefix_conv_on_our_state_kernels_reads_a_strided_weight_and_bias(device):
+    """The slot's weight and bias may be views (a column of a larger tensor): the kernels index them
+    densely, so the look-back path must read them as the public conv does, element by element."""
+    seqs = [[1, 2, 3, 4, 5], [1, 2, 3, 9], [1, 2, 3, 7, 7]]
+    ids = torch.tensor([t for s in seqs for t in s]).reshape(1, -1)
+    cu = torch.tensor([0] + [len(s) for s in seqs]).cumsum(0).to(torch.int32)
+    plan = build_plan(ids.to(device), cu.to(device), min_prefix=2)
+    x = torch.randn(1, plan.compact_length, 6, dtype=torch.float64, device=device, requires_grad=True)
+    w_full = torch.randn(6, 8, dtype=torch.float64, device=device, requires_grad=True)
+    b_full = torch.randn(6, 2, dtype=torch.float64, device=device, requires_grad=True)
+    w, b = w_full[:, ::2], b_full[:, 0]  # strided views: weight [6, 4], bias [6]
+    assert not w.is_contiguous() and not b.is_contiguous()
+    y = plan.expand(shared_prefix_causal_conv1d(plan, causal_conv1d, x, w, b, activation="silu"))
+    y_ref = reference(plan.expand(x), w, b, activation="silu", cu_seqlens=cu.to(device))
+    assert max_err(y, y_ref) < TOL
+    dy = torch.randn_like(y)
+    for a, r in zip(grads([y], [x, w_full, b_full], [dy]), grads([y_ref], [x, w_full, b_full], [dy])):
+        assert max_err(a, r) < TOL
+
+
+@pytest.mark.parametrize("width,activation,bias", [(2, None, False), (3, "silu", False), (4, None, True)])
+def test_shared_prefix_conv_on_our_state_kernels_narrower_convs_and_no_activation(device, width, activation, bias):
+    """A plan built for W=4 serving narrower convs (the look-back's last W-1 slots), without the
+    activation or the bias; a 1-row shared prefix (every state slot but one reads zero) and 20
+    sequences under one root (more than a program's block of states)."""
+    g = torch.Generator().manual_seed(3)
+    root = torch.randint(1, 999, (70,), generator=g).tolist()
+    seqs = [[7] + torch.randint(1, 999, (3,), generator=g).tolist() for _ in range(20)]
+    seqs += [root + [5], root + [6, 6], [3, 4, 9], [3, 4]]
+    ids = torch.tensor([t for s in seqs for t in s]).reshape(1, -1)
+    cu = torch.tensor([0] + [len(s) for s in seqs]).cumsum(0).to(torch.int32)
+    plan = build_plan(ids.to(device), cu.to(device), min_prefix=1)
+    assert 1 in [n.end - n.start for n in plan.nodes]
+    x = torch.randn(1, plan.compact_length, 5, dtype=torch.float64, device=device, requires_grad=True)
+    params = [x, torch.randn(5, width, dtype=torch.float64, device=device, requires_grad=True)]
+    if bias:
+        params.append(torch.randn(5, dtype=torch.float64, device=device, requires_grad=True))
+    y = plan.expand(shared_prefix_causal_conv1d(plan, causal_conv1d, *params, activation=activation))
+    y_ref = reference(plan.expand(x), *params[1:], activation=activation, cu_seqlens=cu.to(device))
+    assert max_err(y, y_ref) < TOL
+    dy = torch.randn_like(y)
+    for a, r in zip(grads([y], params, [dy]), grads([y_ref], params, [dy])):
+        assert max_err(a, r) < TOL
