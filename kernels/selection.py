@@ -266,11 +266,16 @@ class DtypeDispatch:
         self.by_dtype = {d: fn for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64) if handle.serves(d)}
 
     def __call__(self, x, *args, **kwargs):
-        fn = self.by_dtype.get(x.dtype)
+        return self.function_for(x.dtype)(x, *args, **kwargs)
+
+    def function_for(self, dtype) -> Callable:
+        """The backend function that calls in ``dtype`` run (resolved on first ask, then cached); callers
+        that read a backend's extra stages (`rounds`, `look_back`) ask here before any call is made."""
+        fn = self.by_dtype.get(dtype)
         if fn is None:
-            fn = self.table.choice_for(self.slot, x.dtype, self.extra).handle.load()
-            self.by_dtype[x.dtype] = fn
-        return fn(x, *args, **kwargs)
+            fn = self.table.choice_for(self.slot, dtype, self.extra).handle.load()
+            self.by_dtype[dtype] = fn
+        return fn
 
     def __repr__(self) -> str:
         return f"DtypeDispatch({self.slot}: {self.table.backend(self.slot)})"

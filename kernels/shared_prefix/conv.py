@@ -103,8 +103,8 @@ def conv_index(host: dict, dev: dict) -> ConvIndex:
 
 def look_back_kernels(conv_fn, dtype: torch.dtype):
     """The state kernels behind an op table's `causal_conv1d` for inputs of `dtype`, if its backend has them."""
-    by_dtype = getattr(conv_fn, "by_dtype", None)  # a DtypeDispatch slot: the backend serving this dtype
-    fn = conv_fn if by_dtype is None else by_dtype.get(dtype)
+    function_for = getattr(conv_fn, "function_for", None)  # a DtypeDispatch slot: the backend serving this dtype
+    fn = conv_fn if function_for is None else function_for(dtype)
     return getattr(fn, "look_back", None)
 
 

@@ -74,8 +74,8 @@ class JointRounds(Protocol):
 
 def round_kernels(gdn_fn, dtype: torch.dtype) -> RoundKernels | None:
     """The stages behind an op table's `gated_delta_rule` for inputs of `dtype`, if its backend has them."""
-    by_dtype = getattr(gdn_fn, "by_dtype", None)  # a DtypeDispatch slot: the backend serving this dtype
-    fn = gdn_fn if by_dtype is None else by_dtype.get(dtype)
+    function_for = getattr(gdn_fn, "function_for", None)  # a DtypeDispatch slot: the backend serving this dtype
+    fn = gdn_fn if function_for is None else function_for(dtype)
     return getattr(fn, "rounds", None)
 
 

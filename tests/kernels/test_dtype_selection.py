@@ -95,3 +95,21 @@ def test_device_default_lacking_a_required_capability_falls_back_to_auto(grouped
     choice = table.choices["moe_experts"]
     assert choice.backend == "eager"
     assert choice.why.startswith("device default 'grouped_mm' unusable here (lacks ['float64'])")
+
+
+def test_shared_prefix_stages_follow_the_dtype_before_the_slot_is_ever_called():
+    """The shared-prefix conv and GDN ask the slot for the stages of the backend that serves a dtype; a
+    dtype resolved again (float64 on the npu defaults) must give that backend's stages on the first
+    layer too, not nothing (which took the gathered conv on layer 1 and the look-back on later layers)."""
+    from patchgen.kernels.reference import causal_conv1d as ref_conv
+    from patchgen.kernels.shared_prefix.conv import look_back_kernels
+    from patchgen.kernels.shared_prefix.gdn_rounds import round_kernels
+    from patchgen.kernels.triton import causal_conv1d, gated_delta_rule
+
+    table = resolve(None, "npu", defaults={"causal_conv1d": "triton", "gated_delta_rule": "triton"})
+    if table.backend("causal_conv1d") != "triton":
+        pytest.skip(f"our Triton kernels cannot run here: {table.choices['causal_conv1d'].why}")
+    assert look_back_kernels(table.causal_conv1d, torch.float32) is causal_conv1d.look_back
+    assert round_kernels(table.gated_delta_rule, torch.float32) is gated_delta_rule.rounds
+    assert look_back_kernels(table.causal_conv1d, torch.float64) is ref_conv.causal_conv1d.look_back
+    assert round_kernels(table.gated_delta_rule, torch.float64) is None  # the reference has no stages: the loop

@@ -30,8 +30,9 @@ TREES = prefix_trees(
     max_sequences=5,
     vocab=tiny.VOCAB,
 )
-# the NPU target runs our Triton GDN kernel, through Triton's interpreter on the CPU (~1 s a call):
-# one small tree whose nested nodes are kept (64 / 65 rows)
+# the NPU target's GDN, conv and gated norm: in this float64 model the dtype dispatch runs the torch
+# references (our Triton kernels compute in float16/bfloat16/float32; the float32 tree through them is
+# tests/npu/test_shared_prefix_tree_triton.py); one small tree whose nested nodes are kept (64 / 65 rows)
 NPU_TREES = prefix_trees(
     depth=(2, 3),
     fan_out=(2, 2),
