@@ -153,33 +153,28 @@ def _one(length: int, device) -> torch.Tensor:
     return torch.tensor([0, length], dtype=torch.int32, device=device)
 
 
+def _alone_checks(op: str, packed: torch.Tensor, cu, run_alone) -> list[Check]:
+    """`op` on each sequence alone, as a varlen batch of one and with no boundaries, vs inside the
+    varlen batch (`packed`); `run_alone(s, e, varlen)` is the op on rows `[s, e)`."""
+    checks = []
+    for how, varlen in (("a varlen batch of one", True), ("no cu_seqlens", False)):
+        alone = torch.cat([run_alone(s, e, varlen) for s, e in spans(cu)], dim=1)
+        checks.append(
+            compare(f"{op} one sequence alone ({how}) vs in the varlen batch", alone, packed[:, : alone.shape[1]])
+        )
+    return checks
+
+
 def conv_alone(conv_fn, x, weight, bias, activation, cu) -> list[Check]:
     """Causal conv1d: each sequence alone, as a varlen batch of one and with no boundaries (`[1, L, D]`),
     vs inside the varlen batch."""
     packed = conv_fn(x, weight, bias, activation=activation, cu_seqlens=cu)
-    checks = []
-    for how, varlen in (("a varlen batch of one", True), ("no cu_seqlens", False)):
-        alone = torch.cat(
-            [
-                conv_fn(
-                    x[:, s:e],
-                    weight,
-                    bias,
-                    activation=activation,
-                    cu_seqlens=_one(e - s, x.device) if varlen else None,
-                )
-                for s, e in spans(cu)
-            ],
-            dim=1,
-        )
-        checks.append(
-            compare(
-                f"causal_conv1d one sequence alone ({how}) vs in the varlen batch",
-                alone,
-                packed[:, : alone.shape[1]],
-            )
-        )
-    return checks
+
+    def run_alone(s, e, varlen):
+        one = _one(e - s, x.device) if varlen else None
+        return conv_fn(x[:, s:e], weight, bias, activation=activation, cu_seqlens=one)
+
+    return _alone_checks("causal_conv1d", packed, cu, run_alone)
 
 
 def conv_shared(conv_fn, x, weight, bias, activation, cu, plan) -> Check:
@@ -202,27 +197,12 @@ def gdn_alone(gdn_fn, q, k, v, g, beta, cu, chunk_indices=None) -> list[Check]:
     """Gated delta rule: each sequence alone, as a varlen batch of one and with no `cu_seqlens`, vs
     inside the varlen batch."""
     packed, _ = _gdn(gdn_fn, q, k, v, g, beta, **_varlen(cu, chunk_indices))
-    checks = []
-    for how, varlen in (("a varlen batch of one", True), ("no cu_seqlens", False)):
-        alone = torch.cat(
-            [
-                _gdn(
-                    gdn_fn,
-                    *(t[:, s:e] for t in (q, k, v, g, beta)),
-                    **(_varlen(_one(e - s, q.device)) if varlen else {}),
-                )[0]
-                for s, e in spans(cu)
-            ],
-            dim=1,
-        )
-        checks.append(
-            compare(
-                f"gated_delta_rule one sequence alone ({how}) vs in the varlen batch",
-                alone,
-                packed[:, : alone.shape[1]],
-            )
-        )
-    return checks
+
+    def run_alone(s, e, varlen):
+        kwargs = _varlen(_one(e - s, q.device)) if varlen else {}
+        return _gdn(gdn_fn, *(t[:, s:e] for t in (q, k, v, g, beta)), **kwargs)[0]
+
+    return _alone_checks("gated_delta_rule", packed, cu, run_alone)
 
 
 def _varlen(cu, chunk_indices=None) -> dict:
