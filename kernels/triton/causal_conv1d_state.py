@@ -120,15 +120,16 @@ def causal_conv1d_state_bwd_kernel(x, state, weight, bias, dy, dx, dstate, part,
     else:
         o_n = (i_t - n_row_tiles) * BN + tl.arange(0, BN)
         m_n = o_n < N
-        start = tl.load(cu_seqlens + o_n, mask=m_n, other=0)
-        end = tl.load(cu_seqlens + o_n + 1, mask=m_n, other=0)
+        # own names: Triton's compiler requires a name bound in both branches to have one type
+        start_n = tl.load(cu_seqlens + o_n, mask=m_n, other=0)
+        end_n = tl.load(cu_seqlens + o_n + 1, mask=m_n, other=0)
         for j in tl.static_range(W - 1):
             acc = tl.zeros([BN, BD], dtype=ACC)
             for s in tl.static_range(W):
-                rows = start - (W - 1) + j + s
-                dpre = _dpre(x, state, weight, bias, dy, o_n, start, end, rows, m_n, o_d, m_d, D, W, HAS_BIAS,
+                rows = start_n - (W - 1) + j + s
+                dpre_n = _dpre(x, state, weight, bias, dy, o_n, start_n, end_n, rows, m_n, o_d, m_d, D, W, HAS_BIAS,
                              SILU, ACC, BN, BD, FROM_X)
-                acc += dpre * tl.load(weight + o_d * W + (W - 1 - s), mask=m_d, other=0.0).to(ACC)[None, :]
+                acc += dpre_n * tl.load(weight + o_d * W + (W - 1 - s), mask=m_d, other=0.0).to(ACC)[None, :]
             if FROM_X:  # a slot without a row of x gets no gradient (the caller adds every slot into dx)
                 row = tl.load(state + o_n.to(tl.int64) * W + j + 1, mask=m_n, other=-1)
                 acc = tl.where((row >= 0)[:, None], acc, 0.0)
