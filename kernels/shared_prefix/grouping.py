@@ -91,17 +91,16 @@ def sorted_runs(
             for seqs in _buckets(ids, cu_arr, candidates, key_len)
         ]
     else:
+        runs = _runs_in_id_order(ids, positions, cu_arr, candidates, key_len, scratch)
+        if runs is not None:
+            return runs
         symbols = scratch.take(len(ids) * (1 + len(positions))).reshape(len(ids), -1)
         np.stack([ids, *positions], axis=1, out=symbols)
         buckets = _buckets(ids, cu_arr, candidates, key_len)
         orders = [sorted(seqs, key=lambda s: symbols[cu[s] : cu[s + 1]].tobytes()) for seqs in buckets]
     if not orders:
         return []
-    flat = np.fromiter(itertools.chain.from_iterable(orders), np.int64)
-    last = np.cumsum([len(o) for o in orders]) - 1  # each bucket's last sequence pairs with nothing
-    pairs = np.ones(len(flat), dtype=bool)
-    pairs[last] = False
-    first, second = flat[pairs], flat[1:][pairs[:-1]]
+    first, second = _adjacent_pairs(orders)
     if positions is None:
         # members of a bucket agree on their first key_len ids: nothing to compare there
         adjacent = _common_prefixes(ids, None, cu_arr, first, second, key_len, scratch=scratch)
@@ -118,12 +117,66 @@ def sorted_runs(
             adjacent = _common_prefixes(ids, positions, cu_arr, first, second, scratch=scratch)
         else:
             adjacent = _common_prefixes(packed, None, cu_arr, first, second, scratch=scratch)
+    return _split_runs(orders, adjacent)
+
+
+def _split_runs(orders: list[list[int]], adjacent: np.ndarray) -> list[tuple[list[int], list[int]]]:
+    """The runs of `sorted_runs` from the buckets' orders and every adjacent pair's prefix, bucket after bucket."""
     adjacent = adjacent.tolist()
     runs, at = [], 0
     for order in orders:
         runs.append((order, adjacent[at : at + len(order) - 1]))
         at += len(order) - 1
     return runs
+
+
+def _adjacent_pairs(orders: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """`(first, second)`: every pair of neighbours inside a bucket's order, bucket after bucket."""
+    flat = np.fromiter(itertools.chain.from_iterable(orders), np.int64)
+    last = np.cumsum([len(o) for o in orders]) - 1  # each bucket's last sequence pairs with nothing
+    pairs = np.ones(len(flat), dtype=bool)
+    pairs[last] = False
+    return flat[pairs], flat[1:][pairs[:-1]]
+
+
+def _runs_in_id_order(
+    ids: np.ndarray, positions: list[np.ndarray], cu: np.ndarray, candidates: np.ndarray, key_len: int, scratch: Arena
+) -> list[tuple[list[int], list[int]]] | None:
+    """`sorted_runs` for position rows that do not count up, when sorting by the ids alone gives the
+    symbol order (else None): the usual case, where sequences that agree on their ids up to a row
+    agree on their positions there too (positions follow the content: M-RoPE rows of the same
+    image grid).
+
+    The symbol order compares two sequences at their first differing symbol, id first. When that
+    row's ids differ, the ids' own order decides them the same way; when the pair agrees on every
+    row both hold, both orders put the shorter first (equal sequences: ascending index, as the
+    stable sorts do). Being sorted is a property of adjacent pairs, so checking every adjacent pair
+    of the id order checks the whole order. Building and byte-sorting the `[T, 1 + R]` symbols is
+    what this spares.
+    """
+    orders = _sorted_buckets(ids, cu, candidates, key_len)
+    if not orders:
+        return []
+    first, second = _adjacent_pairs(orders)
+    n = np.minimum(cu[first + 1] - cu[first], cu[second + 1] - cu[second])
+    # members of a bucket agree on their first key_len ids: nothing to compare there
+    differ_at = _first_differences(ids, None, cu, first, second, key_len, scratch=scratch)
+    # the first differing symbol is the first differing id exactly when the positions agree on
+    # every row before it (and on all rows both hold, where the ids agree throughout)
+    if len(first) <= PAIRWISE_MAX:
+        for a, b, k in zip(cu[first].tolist(), cu[second].tolist(), differ_at.tolist()):
+            if any(not np.array_equal(row[a : a + k], row[b : b + k]) for row in positions):
+                return None
+    else:
+        left, right = scratch.ranges(cu[first], differ_at), scratch.ranges(cu[second], differ_at)
+        at_left, at_right = scratch.take(len(left)), scratch.take(len(left))
+        differs = scratch.take(len(left), bool)
+        for row in positions:
+            np.take(row, left, out=at_left, mode="clip")  # indices built from `cu` are in range
+            np.take(row, right, out=at_right, mode="clip")
+            if np.not_equal(at_left, at_right, out=differs).any():
+                return None  # a position differs where the ids still agree: the symbols decide that pair
+    return _split_runs(orders, np.minimum(differ_at, n - 1))
 
 
 _SCRATCH = threading.local()
@@ -271,8 +324,18 @@ def _common_prefixes(
     """Leading symbols that match for every pair `(first[i], second[i])` of sequences, capped so both
     keep a suffix token; a symbol is a row's id and its value in every row of `positions` (`[R, T]`,
     a list of rows, or None). The first `skip` symbols of every pair are known to match (both sequences
-    are longer than `skip`). Few pairs: one slice compare each; many (short sequences): the
-    overlapping rows of all pairs side by side, compared in one pass (temporaries from `scratch`)."""
+    are longer than `skip`)."""
+    n = np.minimum(cu[first + 1] - cu[first], cu[second + 1] - cu[second])
+    return np.minimum(_first_differences(ids, positions, cu, first, second, skip, scratch), n - 1)
+
+
+def _first_differences(
+    ids, positions, cu: np.ndarray, first: np.ndarray, second: np.ndarray, skip: int = 0, scratch: Arena | None = None
+) -> np.ndarray:
+    """The first offset where the symbols of `first[i]` and `second[i]` differ, or the shorter one's
+    length where they agree throughout (arguments as for `_common_prefixes`). Few pairs: one slice
+    compare each; many (short sequences): the overlapping rows of all pairs side by side, compared
+    in one pass (temporaries from `scratch`)."""
     n = np.minimum(cu[first + 1] - cu[first], cu[second + 1] - cu[second])
     rest = n - skip
     if len(first) <= PAIRWISE_MAX:
@@ -281,9 +344,9 @@ def _common_prefixes(
             differs = ids[a : a + k] != ids[b : b + k]
             for row in () if positions is None else positions:
                 differs |= row[a : a + k] != row[b : b + k]
-            at = int(differs.argmax())
-            out.append(at if differs[at] else k)
-        return np.minimum(skip + np.asarray(out, dtype=np.int64), n - 1)
+            at = int(differs.argmax()) if k else 0
+            out.append(at if k and differs[at] else k)
+        return skip + np.asarray(out, dtype=np.int64)
     scratch = scratch or Arena()
     left, right = scratch.ranges(cu[first] + skip, rest), scratch.ranges(cu[second] + skip, rest)
     # indices built from `cu` are in range: 'clip' only spares numpy's bounds-checking copy
@@ -296,10 +359,10 @@ def _common_prefixes(
     pair_start = np.cumsum(rest) - rest
     hits = np.flatnonzero(differs)
     if not len(hits):
-        return n - 1
+        return n.copy()
     after = np.searchsorted(hits, pair_start)  # the first differing row at or after each pair's start
     first_hit = np.where(after < len(hits), hits[np.minimum(after, len(hits) - 1)] - pair_start, rest)
-    return np.minimum(skip + np.minimum(first_hit, rest), n - 1)
+    return skip + np.minimum(first_hit, rest)
 
 
 def _best_partition(adjacent: list[int], min_prefix: int) -> list[tuple[int, int, int]]:
