@@ -86,10 +86,9 @@ def sorted_runs(
         # positions agree exactly when their constants do. The ids of a bucket agree on row 0,
         # so its symbols compare as the constants (bytes of row 0's positions), then as the ids.
         constants = [row.tobytes() for row in offsets]
-        orders = [
-            sorted(seqs, key=lambda s: (constants[s], ids[cu[s] : cu[s + 1]].tobytes()))
-            for seqs in _buckets(ids, cu_arr, candidates, key_len)
-        ]
+        buckets = _buckets(ids, cu_arr, candidates, key_len)
+        own = _sequence_bytes(ids, cu_arr, itertools.chain.from_iterable(buckets))
+        orders = [sorted(seqs, key=lambda s: (constants[s], own[s])) for seqs in buckets]
     else:
         runs = _runs_in_id_order(ids, positions, cu_arr, candidates, key_len, scratch)
         if runs is not None:
@@ -203,14 +202,21 @@ def _sorted_buckets(ids: np.ndarray, cu: np.ndarray, candidates: np.ndarray, key
     """Buckets of `_buckets`, each in lexicographic order, when a sequence's symbols are its ids:
     one sort of every candidate by its bytes, whose runs of equal first `key_len` ids are the
     buckets (the bucket key is a prefix of the sort key)."""
-    bounds = cu.tolist()
-    order = sorted(candidates.tolist(), key=lambda s: ids[bounds[s] : bounds[s + 1]].tobytes())
+    order = candidates.tolist()
+    order.sort(key=_sequence_bytes(ids, cu, order).__getitem__)
     starts = cu[order]
     heads = ids[starts[:, None] + counting(key_len)]
     edges = np.flatnonzero((heads[1:] != heads[:-1]).any(axis=1)) + 1
     bounds = [0, *edges.tolist(), len(order)]
     buckets = [order[a:b] for a, b in itertools.pairwise(bounds) if b - a >= 2]
     return sorted(buckets, key=min)
+
+
+def _sequence_bytes(ids: np.ndarray, cu: np.ndarray, seqs) -> dict[int, bytes]:
+    """The bytes of each listed sequence's ids, cut from one copy of the row (a sort key per
+    sequence without a numpy view and copy per sequence)."""
+    whole, size, bounds = np.ascontiguousarray(ids).tobytes(), ids.itemsize, cu.tolist()
+    return {s: whole[size * bounds[s] : size * bounds[s + 1]] for s in seqs}
 
 
 _HASH = np.random.default_rng(19).integers(1, 2**62, BUCKET_TOKENS, dtype=np.int64) | 1
@@ -246,7 +252,8 @@ def _distinct_rows(positions: np.ndarray) -> list[np.ndarray]:
     row differs between two rows only where its equal, earlier row already does."""
     kept: list[np.ndarray] = []
     for row in positions:
-        if not any(np.array_equal(row, earlier) for earlier in kept):
+        # rows that differ mostly do so early: a look at the head spares most full compares
+        if not any(np.array_equal(row[:256], earlier[:256]) and np.array_equal(row, earlier) for earlier in kept):
             kept.append(row)
     return kept
 
@@ -267,6 +274,13 @@ def sequence_offsets(positions: list[np.ndarray], cu: np.ndarray, scratch: Arena
     inner = cu[1:-1]
     inner = inner[(inner > 0) & (inner < t)] - 1  # steps that cross into the next sequence
     starts = np.minimum(cu[:-1], t - 1)
+    # a row that counts up ends `length - 1` above where it starts in every sequence: checked for
+    # every row first, it turns most rows that do not count up away before any full pass
+    full = np.flatnonzero(np.diff(cu) > 0)
+    head, tail = cu[full], cu[full + 1] - 1
+    for row in positions:
+        if not np.array_equal(row[tail] - row[head], tail - head):  # wraps as the steps would
+            return None
     for r, row in enumerate(positions):
         np.subtract(row[1:], row[:-1], out=step)
         np.equal(step, 1, out=counts)
