@@ -71,6 +71,7 @@ def sorted_runs(
     # the batched compare (4 rows + mask)
     scratch = Arena(_scratch((12 + (0 if positions is None else len(positions))) * len(ids)))
     offsets = None
+    every_row = positions  # with rows equal to others: one slice compare of all of them per pair
     if positions is not None:
         offsets = sequence_offsets(positions, cu_arr, scratch)
         if offsets is None:
@@ -90,7 +91,7 @@ def sorted_runs(
         own = _sequence_bytes(ids, cu_arr, itertools.chain.from_iterable(buckets))
         orders = [sorted(seqs, key=lambda s: (constants[s], own[s])) for seqs in buckets]
     else:
-        runs = _runs_in_id_order(ids, positions, cu_arr, candidates, key_len, scratch)
+        runs = _runs_in_id_order(ids, positions, np.asarray(every_row), cu_arr, candidates, key_len, scratch)
         if runs is not None:
             return runs
         symbols = scratch.take(len(ids) * (1 + len(positions))).reshape(len(ids), -1)
@@ -139,7 +140,13 @@ def _adjacent_pairs(orders: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _runs_in_id_order(
-    ids: np.ndarray, positions: list[np.ndarray], cu: np.ndarray, candidates: np.ndarray, key_len: int, scratch: Arena
+    ids: np.ndarray,
+    positions: list[np.ndarray],
+    every_row: np.ndarray,
+    cu: np.ndarray,
+    candidates: np.ndarray,
+    key_len: int,
+    scratch: Arena,
 ) -> list[tuple[list[int], list[int]]] | None:
     """`sorted_runs` for position rows that do not count up, when sorting by the ids alone gives the
     symbol order (else None): the usual case, where sequences that agree on their ids up to a row
@@ -151,7 +158,8 @@ def _runs_in_id_order(
     row both hold, both orders put the shorter first (equal sequences: ascending index, as the
     stable sorts do). Being sorted is a property of adjacent pairs, so checking every adjacent pair
     of the id order checks the whole order. Building and byte-sorting the `[T, 1 + R]` symbols is
-    what this spares.
+    what this spares. `positions` are the distinct rows, `every_row` all of them `[R, T]` (a few
+    pairs compare all rows in one slice each: fewer calls weigh more than a few more rows).
     """
     orders = _sorted_buckets(ids, cu, candidates, key_len)
     if not orders:
@@ -164,7 +172,7 @@ def _runs_in_id_order(
     # every row before it (and on all rows both hold, where the ids agree throughout)
     if len(first) <= PAIRWISE_MAX:
         for a, b, k in zip(cu[first].tolist(), cu[second].tolist(), differ_at.tolist()):
-            if any(not np.array_equal(row[a : a + k], row[b : b + k]) for row in positions):
+            if not np.array_equal(every_row[:, a : a + k], every_row[:, b : b + k]):
                 return None
     else:
         left, right = scratch.ranges(cu[first], differ_at), scratch.ranges(cu[second], differ_at)

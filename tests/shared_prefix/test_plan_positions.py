@@ -182,7 +182,7 @@ def test_rows_that_follow_the_ids_are_grouped_in_the_order_of_the_ids_alone(monk
     ids, cu = host(seqs, rows)
     candidates = np.flatnonzero(np.diff(cu) > min_prefix)
     scratch = grouping.Arena(np.empty(16 * len(ids), np.int64))
-    fast = grouping._runs_in_id_order(ids, list(rows), np.asarray(cu), candidates, min_prefix, scratch)
+    fast = grouping._runs_in_id_order(ids, list(rows), rows, np.asarray(cu), candidates, min_prefix, scratch)
     assert fast == reference_runs(seqs, rows, min_prefix)
     assert [len(order) for order, _ in fast] == [4, 4]
 
@@ -196,7 +196,7 @@ def test_a_position_that_differs_where_the_ids_agree_takes_the_symbol_order(monk
     ids, cu = host(seqs, rows)
     candidates = np.flatnonzero(np.diff(cu) > min_prefix)
     scratch = grouping.Arena(np.empty(16 * len(ids), np.int64))
-    assert grouping._runs_in_id_order(ids, list(rows), np.asarray(cu), candidates, min_prefix, scratch) is None
+    assert grouping._runs_in_id_order(ids, list(rows), rows, np.asarray(cu), candidates, min_prefix, scratch) is None
     runs = grouping.sorted_runs(ids, rows, cu, min_prefix)
     assert runs == reference_runs(seqs, rows, min_prefix)
     assert 80 in runs[0][1]  # the parted rollout shares 80 rows with its siblings
