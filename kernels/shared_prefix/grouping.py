@@ -221,9 +221,12 @@ def _sorted_buckets(ids: np.ndarray, cu: np.ndarray, candidates: np.ndarray, key
 
 
 def _sequence_bytes(ids: np.ndarray, cu: np.ndarray, seqs) -> dict[int, bytes]:
-    """The bytes of each listed sequence's ids, cut from one copy of the row (a sort key per
-    sequence without a numpy view and copy per sequence)."""
-    whole, size, bounds = np.ascontiguousarray(ids).tobytes(), ids.itemsize, cu.tolist()
+    """The bytes of each listed sequence's ids: a sort key per sequence. Many sequences: cut from
+    one copy of the row (a numpy view per sequence costs more than the copy); few: each its own."""
+    seqs, bounds = list(seqs), cu.tolist()
+    if len(seqs) <= 128:
+        return {s: ids[bounds[s] : bounds[s + 1]].tobytes() for s in seqs}
+    whole, size = np.ascontiguousarray(ids).tobytes(), ids.itemsize
     return {s: whole[size * bounds[s] : size * bounds[s + 1]] for s in seqs}
 
 

@@ -255,3 +255,22 @@ def test_threads_building_plans_at_once_each_get_their_own_scratch(monkeypatch):
     with ThreadPoolExecutor(4) as pool:
         got = list(pool.map(runs, range(40)))
     assert got == [expected[i % len(batches)] for i in range(40)]
+
+
+@pytest.mark.parametrize("mode", ["none", "stepped"])
+def test_many_sequences_sort_as_few_do(mode):
+    """Past 128 candidates the sort keys are cut from one copy of the row: same runs as the definition."""
+    rng = random.Random(11)
+    seqs = []
+    for _ in range(3):
+        prompt = [rng.randrange(1, 4) for _ in range(40)]
+        seqs += [prompt + [rng.randrange(1, 4) for _ in range(rng.randrange(1, 30))] for _ in range(50)]
+    rng.shuffle(seqs)
+    local = np.concatenate([np.arange(len(s)) for s in seqs]).astype(np.int64)
+    rows = np.stack([local, local + 1, local + (local % 4 == 0)])
+    ids, cu = host(seqs, rows)
+    positions = None if mode == "none" else rows
+    expected = reference_runs(seqs, np.zeros((0, len(ids)), np.int64) if positions is None else rows, 16)
+    runs = grouping.sorted_runs(ids, positions, cu, 16)
+    assert runs == expected
+    assert sum(len(order) for order, _ in runs) > 128
