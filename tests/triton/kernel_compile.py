@@ -29,6 +29,9 @@ from triton.runtime.jit import JITFunction, create_function_from_signature
 
 PACKAGE = "patchgen.kernels.triton"
 STAGES = ("ttir", "ttgir", "llir", "ptx", "cubin")  # the nvidia backend's, in order
+# Shared memory one block may use (the opt-in maximum), by compute capability: a kernel asking for more
+# compiles, but its launch fails on the device ("out of resource: shared memory").
+SHARED_MEMORY = {90: 232448}
 
 
 def parse_target(text: str) -> GPUTarget:
@@ -111,7 +114,6 @@ class LaunchRecorder:
 
         def run(self, *args, grid, warmup, **kwargs):
             recorder.record(self, args, kwargs)
-            return None
 
         saved = JITFunction.run
         JITFunction.run = run
@@ -167,7 +169,12 @@ def compile_launch(launch: Launch, target: GPUTarget, last_stage: str) -> Compil
     except Exception as e:  # noqa: BLE001 - every compiler error is the finding, reported with its stage
         message = "".join(traceback.format_exception_only(type(e), e)).strip()
         return Compiled(done, message, stage)
-    return Compiled(done, shared_bytes=metadata.get("shared"))
+    shared = metadata.get("shared")
+    limit = SHARED_MEMORY.get(target.arch)
+    if shared is not None and limit is not None and shared > limit:
+        return Compiled(done, f"needs {shared} bytes of shared memory a block, sm_{target.arch} has {limit}: "
+                              f"smaller blocks or fewer stages", "shared memory", shared)
+    return Compiled(done, shared_bytes=shared)
 
 
 def package_modules(package: str = PACKAGE) -> list:
