@@ -80,6 +80,7 @@ def compile_all(launches, target, stage: str, deep_stage: str, jobs: int, budget
     TTIR (launches that differ only in warps, stages or registers share one TTIR); with `budget`, the
     kernels of SLOW_TO_LOWER stop at `stage` whatever they are."""
     _WORK[:] = launches
+    deep_stage = max(stage, deep_stage, key=STAGES.index)
     frontend_only = stage == "ttir"
     first: dict[tuple, int] = {}
     work = []
