@@ -143,8 +143,10 @@ def main(argv=None) -> int:
     target = parse_target(args.target)
     start = time.perf_counter()
     launches = record(target, only=args.only)
+    recorded = time.perf_counter() - start
     results = compile_all(launches, target, args.stage, args.deep_stage, args.jobs, args.budget)
     out = report(launches, results, target, args.stage, time.perf_counter() - start)
+    out["record_seconds"] = round(recorded, 2)
     out["slow_to_lower"] = SLOW_TO_LOWER if args.budget else {}
     if args.self_check:
         checks = record_self_check(target)
@@ -155,7 +157,7 @@ def main(argv=None) -> int:
     deep = sum(launch["deep"] for launch in out["launches"])
     print(f"{len(out['launches'])} specialisations of {len(out['entry_kernels'])} kernels for {out['target']}, "
           f"through {args.stage} ({deep} the H200 runs in bf16: through {args.deep_stage}): {len(failed)} failed, "
-          f"{out['seconds']} s")
+          f"{out['seconds']} s ({out['record_seconds']} s of it recording)")
     for launch in failed:
         print(f"\nFAILED at {launch['failed_stage']}: {launch['kernel']} {launch['constexprs']}\n"
               f"  cases: {', '.join(launch['cases'][:3])}\n  {launch['error']}")

@@ -12,6 +12,7 @@ import contextlib
 import importlib
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -79,40 +80,41 @@ def _cu() -> torch.Tensor:
     return torch.tensor(CU, dtype=torch.int32)
 
 
-def _conv_calls(dtype, tuning, *, bias: bool, silu: bool) -> None:
-    x = torch.empty(T, CONV_D, dtype=dtype)
-    w = torch.empty(CONV_D, CONV_W, dtype=dtype)
-    b = torch.empty(CONV_D, dtype=dtype) if bias else None
+def _conv_calls(dtype, tuning, *, bias: bool, silu: bool, width: int = CONV_W, d: int = CONV_D) -> None:
+    x = torch.empty(T, d, dtype=dtype)
+    w = torch.empty(d, width, dtype=dtype)
+    b = torch.empty(d, dtype=dtype) if bias else None
     conv.conv_fwd(x, w, b, _cu(), silu, tuning=tuning)
     conv.conv_bwd(x, w, b, torch.empty_like(x), _cu(), silu, tuning=tuning)
 
 
-def _conv_state_calls(dtype, *, bias: bool, silu: bool, from_x: bool) -> None:
-    x = torch.empty(T, CONV_D, dtype=dtype)
-    w = torch.empty(CONV_D, CONV_W, dtype=dtype)
-    b = torch.empty(CONV_D, dtype=dtype) if bias else None
+def _conv_state_calls(dtype, *, bias: bool, silu: bool, from_x: bool, width: int = CONV_W, d: int = CONV_D) -> None:
+    x = torch.empty(T, d, dtype=dtype)
+    w = torch.empty(d, width, dtype=dtype)
+    b = torch.empty(d, dtype=dtype) if bias else None
     n = len(CU) - 1
     # from_x: the shared-prefix look-back, [N, W] rows of x (shared_prefix.conv.LookBackConv, layout "x")
-    state = torch.zeros(n, CONV_W, dtype=torch.int64) if from_x else torch.empty(n, CONV_W - 1, CONV_D, dtype=dtype)
+    state = torch.zeros(n, width, dtype=torch.int64) if from_x else torch.empty(n, width - 1, d, dtype=dtype)
     conv_state.conv_state_fwd(x, state, w, b, _cu(), silu, from_x)
     conv_state.conv_state_bwd(x, state, w, b, torch.empty_like(x), _cu(), silu, from_x)
 
 
-def _norm_calls(dtype, tuning) -> None:
-    x = torch.empty(T * HV, HEAD, dtype=dtype)
-    gate, weight = torch.empty_like(x), torch.empty(HEAD, dtype=dtype)
+def _norm_calls(dtype, tuning, d: int = HEAD) -> None:
+    x = torch.empty(T * HV, d, dtype=dtype)
+    gate, weight = torch.empty_like(x), torch.empty(d, dtype=dtype)
     _, rstd = norm.norm_fwd(x, gate, weight, 1e-6, tuning=tuning)
     norm.norm_bwd(x, gate, weight, rstd, torch.empty_like(x), tuning=tuning)
 
 
-def _gdn_calls(dtype, design: str, *, l2norm: bool, h0: bool) -> None:
+def _gdn_calls(dtype, design: str, *, l2norm: bool, h0: bool, heads=(H, HV), dims=(HEAD, HEAD)) -> None:
     """One forward and backward through the autograd Function, as the model calls it."""
     def leaf(*shape):
         return torch.zeros(*shape, dtype=dtype, requires_grad=True)
 
-    q, k = leaf(1, T, H, HEAD), leaf(1, T, H, HEAD)
-    v, g, beta = leaf(1, T, HV, HEAD), leaf(1, T, HV), leaf(1, T, HV)
-    state = torch.zeros(len(CU) - 1, HV, HEAD, HEAD, dtype=torch.float32, requires_grad=True) if h0 else None
+    (h, hv), (dk, dv) = heads, dims
+    q, k = leaf(1, T, h, dk), leaf(1, T, h, dk)
+    v, g, beta = leaf(1, T, hv, dv), leaf(1, T, hv), leaf(1, T, hv)
+    state = torch.zeros(len(CU) - 1, hv, dk, dv, dtype=torch.float32, requires_grad=True) if h0 else None
     saved, transposes.TUNING = transposes.TUNING, transposes.PRESETS[design]
     try:
         o, final = gdn_api.gated_delta_rule(q, k, v, g, beta, initial_state=state, output_final_state=h0,
@@ -178,4 +180,29 @@ def cases() -> list[Case]:
                     out.append((label, lambda dtype=dtype, design=design, l2norm=l2norm, h0=h0:
                                 _gdn_calls(dtype, design, l2norm=l2norm, h0=h0),
                                 gpu_dtype and l2norm and design in runs["gated_delta_rule_transposes"]))
+        if every_preset:
+            out += _test_width_cases(dtype)
+    return out
+
+
+def _test_width_cases(dtype) -> list[Case]:
+    """The other widths the CPU tests launch (conv widths 2 and 3, one row a window step, head dims 16
+    and 32 with and without grouped heads), one configuration per design: a block shape the model's
+    widths never give must compile too."""
+    d = _dtype_name(dtype)
+    one_row = {"fwd_rows": 1, "bwd_rows": 1}
+    designs = {"tile-scratch": conv.PRESETS["tile-scratch"], "window-r1": replace(conv.PRESETS["window"], **one_row),
+               "segment-r1": replace(conv.PRESETS["segment"], **one_row),
+               "recompute": conv.ConvTuning(bwd_kernel="recompute")}
+    out: list[Case] = []
+    for width in (2, 3):
+        for name, tuning in designs.items():
+            out.append((f"conv {name} width {width} {d}", lambda tuning=tuning, width=width:
+                        _conv_calls(dtype, tuning, bias=True, silu=True, width=width, d=40), False))
+        out.append((f"conv state width {width} {d}", lambda width=width:
+                    _conv_state_calls(dtype, bias=True, silu=True, from_x=width == 3, width=width, d=40), False))
+    out.append((f"norm default width 40 {d}", lambda: _norm_calls(dtype, norm.PRESETS["default"], d=40), False))
+    for heads, dims in (((2, 2), (32, 16)), ((3, 6), (16, 32))):
+        out.append((f"gdn loaded heads {heads} dims {dims} {d}", lambda heads=heads, dims=dims:
+                    _gdn_calls(dtype, "loaded", l2norm=True, h0=True, heads=heads, dims=dims), False))
     return out
