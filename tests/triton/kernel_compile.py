@@ -63,7 +63,8 @@ class Launch:
         return full_name(self.kernel)
 
     def frontend_key(self) -> tuple:
-        """What the frontend stage (AST -> TTIR) reads: launch options other than these act from TTGIR on."""
+        """What the frontend (AST -> TTIR) reads: the warps, stages and register cap act from TTGIR on, so
+        launches that differ only in them share one TTIR."""
         return self.name, repr(self.signature), repr(self.constexprs), repr(self.attrs)
 
     def describe(self) -> dict:
