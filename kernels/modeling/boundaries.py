@@ -30,14 +30,16 @@ def text_positions(position_ids: torch.Tensor | None) -> torch.Tensor | None:
     )
 
 
-def resolve_packed(kwargs: dict, position_ids, tokens: torch.Tensor, cache=None) -> dict:
+def resolve_packed(kwargs: dict, position_ids, tokens: torch.Tensor, cache=None, attention_mask=None) -> dict:
     """``kwargs`` with checked boundaries of the packed row, derived from ``position_ids`` when absent.
 
     ``tokens`` is ``input_ids`` or ``inputs_embeds`` (its first two dims are ``[B, T]``). Returns the
     kwargs unchanged for an unpacked batch; else with ``cu_seq_lens_q/k`` and a ``PackedRow`` (whose
     host copy of the boundaries the mixers reuse). Raises ``PackedMetadataError`` for boundaries that
-    do not fit the row, ``cu_seq_lens_k`` different from ``cu_seq_lens_q``, and positions that do not
-    restart at 0 at every sequence start and count up by one within it.
+    do not fit the row, ``cu_seq_lens_k`` different from ``cu_seq_lens_q``, positions that do not
+    restart at 0 at every sequence start and count up by one within it, and a batch of several rows
+    whose positions restart inside a row. Positions under a padding ``attention_mask`` are a padded
+    batch's (pads at 0, as ``clip(cumsum(mask) - 1, 0)`` writes them), never boundaries.
     """
     if kwargs.get(PACKED_ROW) is not None:
         return kwargs  # checked by the top model already
@@ -47,7 +49,11 @@ def resolve_packed(kwargs: dict, position_ids, tokens: torch.Tensor, cache=None)
         raise PackedMetadataError("cu_seq_lens_k was given without cu_seq_lens_q: pass the same boundaries as both")
     positions = text_positions(position_ids)
     if cu_q is None:
-        if cache is not None or positions is None or batch != 1 or length < 2:
+        if cache is not None or positions is None or length < 2 or has_padding(attention_mask):
+            return kwargs
+        if batch != 1:
+            if position_ids.ndim == 2 or position_ids.shape[0] == 4:
+                _refuse_rows_packed_by_positions(positions)
             return kwargs
         cu_q = _restarts(positions, length)
         if cu_q is None:
@@ -74,6 +80,29 @@ def resolve_packed(kwargs: dict, position_ids, tokens: torch.Tensor, cache=None)
             _check_positions(positions, cu_q, "position_ids")
     row = packed_row({**kwargs, PACKED_ROW: None}, batch, length, tokens.device, host=host)
     return {**kwargs, PACKED_ROW: row}
+
+
+def has_padding(attention_mask) -> bool:
+    """Whether a 2-D ``attention_mask`` tensor masks any token out (one host sync; False for None or a mask mapping)."""
+    return isinstance(attention_mask, torch.Tensor) and attention_mask.ndim == 2 and not bool(attention_mask.all())
+
+
+def _refuse_rows_packed_by_positions(positions: torch.Tensor) -> None:
+    """Raise for ``[B > 1, T]`` positions that start a row at 0 and restart at 0 inside it (several sequences a row).
+
+    The recurrent mixers run each batch row as one sequence, so sequences sharing a row would leak into each
+    other through the conv and the delta rule (transformers' attention mask would keep them apart: half right).
+    """
+    inner = (positions[:, 1:] == 0) & (positions[:, :1] == 0)
+    rows = inner.any(1)
+    if bool(rows.any()):
+        row = int(rows.nonzero()[0])
+        raise PackedMetadataError(
+            f"position_ids of a batch of {positions.shape[0]} rows restart at 0 inside row {row} (token "
+            f"{int(inner[row].nonzero()[0]) + 1}): each such row holds several sequences, which are kept apart only on "
+            "one row [1, T]. Pack the sequences into one row [1, T] (DataCollatorWithFlattening, or with "
+            "cu_seq_lens_q), or pass one sequence per row (padded, with an attention_mask)"
+        )
 
 
 def check_cu_seqlens(cu, name: str, batch: int, length: int) -> torch.Tensor:

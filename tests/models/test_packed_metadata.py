@@ -176,3 +176,37 @@ def _hypothesis_net():
     if "net" not in _NET:
         _NET["net"] = tiny.build("qwen3_5", "npu")
     return _NET["net"]
+
+
+def _padded_rows(lengths, seed=5):
+    """Left-padded rows [B, L], their padding mask, and positions clipped as verl writes them
+    (``clip(cumsum(mask) - 1, min=0)``: every pad at position 0, then 0, 1, ... on the real tokens)."""
+    gen = torch.Generator().manual_seed(seed)
+    width = max(lengths) + 3
+    rows = [torch.randint(1, tiny.VOCAB, (n,), generator=gen) for n in lengths]
+    ids = torch.stack([torch.cat([torch.zeros(width - len(r), dtype=torch.long), r]) for r in rows])
+    mask = torch.stack([torch.arange(width) >= width - len(r) for r in rows]).long()
+    return rows, ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+@pytest.mark.parametrize("lengths", [[7], [7, 12]], ids=["one_row", "two_rows"])
+def test_left_padding_with_positions_restarting_under_a_padding_mask_is_a_padded_batch(lengths):
+    """Zeros on every pad and again on the first real token are padding, which the mask says, not packing."""
+    net = tiny.build("qwen3_5", "gpu").eval()
+    rows, ids, mask, positions = _padded_rows(lengths)
+    logits = net(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+    for b, row in enumerate(rows):
+        alone = net(input_ids=row.unsqueeze(0)).logits[0]
+        assert torch.allclose(logits[b, -len(row):], alone, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("mask", [None, "ones"])
+def test_a_batch_of_rows_each_packed_by_restarting_position_ids_is_refused(mask):
+    """[B > 1, L] rows whose positions restart inside a row hold several sequences each; run as one sequence per
+    row, their linear-attention layers would mix those sequences silently."""
+    net = tiny.build("qwen3_5", "gpu")
+    ids = torch.randint(0, tiny.VOCAB, (2, 12))
+    positions = torch.cat([torch.arange(5), torch.arange(7)]).expand(2, -1)
+    kwargs = {} if mask is None else {"attention_mask": torch.ones_like(ids)}
+    with pytest.raises(PackedMetadataError, match=r"batch of 2 rows restart at 0 inside row 0 .* one row \[1, T\]"):
+        net(input_ids=ids, position_ids=positions, **kwargs)

@@ -105,7 +105,9 @@ class Qwen3_5MoeForCausalLM(upstream.Qwen3_5MoeForCausalLM):
         output_router_logits = (
             output_router_logits if output_router_logits is not None else self.config.output_router_logits
         )
-        kwargs = resolve_packed(kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache)
+        kwargs = resolve_packed(
+            kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache, attention_mask=attention_mask
+        )
         position_ids = shared_prefix.packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs)
         plan = None if not verify.sharing_allowed(self) else shared_prefix.plan_for(
             self.config, ops.of(self), input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=use_cache, kwargs=kwargs
@@ -196,7 +198,9 @@ class Qwen3_5MoeForConditionalGeneration(upstream.Qwen3_5MoeForConditionalGenera
         )
         kwargs["use_cache"] = use_cache_for(kwargs.get("use_cache"), cache, self.config, self)
         if pixel_values is None and pixel_values_videos is None:
-            kwargs = resolve_packed(kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache)
+            kwargs = resolve_packed(
+                kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache, attention_mask=attention_mask
+            )
             position_ids = shared_prefix.packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs)
         plan = None if not verify.sharing_allowed(self) else shared_prefix.plan_for(
             self.config,
