@@ -25,7 +25,7 @@ from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import (
 from patchgen.kernels import ops
 from patchgen.kernels.modeling import shared_prefix, verify
 from patchgen.kernels.modeling.boundaries import resolve_packed
-from patchgen.kernels.modeling.generation import use_cache_for
+from patchgen.kernels.modeling.generation import routed_tokens_mask, use_cache_for
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
 
 # Stand-in for the constant the generator writes into each generated module (as in Qwen3.5's bodies).
@@ -144,7 +144,7 @@ class Qwen3_5MoeForCausalLM(upstream.Qwen3_5MoeForCausalLM):
                 router_logits,
                 self.num_experts,
                 self.num_experts_per_tok,
-                attention_mask,
+                routed_tokens_mask(attention_mask, router_logits),
             )
             if labels is not None:
                 loss += self.router_aux_loss_coef * aux_loss.to(loss.device)  # make sure to reside in the same device
@@ -251,7 +251,7 @@ class Qwen3_5MoeForConditionalGeneration(upstream.Qwen3_5MoeForConditionalGenera
                 router_logits,
                 self.config.text_config.num_experts,
                 self.config.text_config.num_experts_per_tok,
-                attention_mask,
+                routed_tokens_mask(attention_mask, router_logits),
             )
             if labels is not None:
                 loss += self.config.text_config.router_aux_loss_coef * aux_loss.to(loss.device)
