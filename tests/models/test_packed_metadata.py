@@ -200,13 +200,29 @@ def test_left_padding_with_positions_restarting_under_a_padding_mask_is_a_padded
         assert torch.allclose(logits[b, -len(row):], alone, atol=1e-10, rtol=0)
 
 
+@pytest.mark.parametrize("marks", ["position_ids", "seq_idx"])
 @pytest.mark.parametrize("mask", [None, "ones"])
-def test_a_batch_of_rows_each_packed_by_restarting_position_ids_is_refused(mask):
+def test_a_batch_of_rows_each_packed_by_restarting_position_ids_is_refused(mask, marks):
     """[B > 1, L] rows whose positions restart inside a row hold several sequences each; run as one sequence per
     row, their linear-attention layers would mix those sequences silently."""
     net = tiny.build("qwen3_5", "gpu")
     ids = torch.randint(0, tiny.VOCAB, (2, 12))
-    positions = torch.cat([torch.arange(5), torch.arange(7)]).expand(2, -1)
-    kwargs = {} if mask is None else {"attention_mask": torch.ones_like(ids)}
-    with pytest.raises(PackedMetadataError, match=r"batch of 2 rows restart at 0 inside row 0 .* one row \[1, T\]"):
-        net(input_ids=ids, position_ids=positions, **kwargs)
+    positions = torch.cat([torch.arange(5), torch.arange(7)])
+    seq_idx = (positions[None, :] * 0 + torch.tensor([0] * 5 + [1] * 7)).expand(2, -1).int()
+    kwargs = {"position_ids": positions.expand(2, -1)} if marks == "position_ids" else {"seq_idx": seq_idx}
+    if mask == "ones":
+        kwargs["attention_mask"] = torch.ones_like(ids)
+    with pytest.raises(PackedMetadataError, match=rf"{marks} of a batch of 2 rows start a new sequence inside row 0 "
+                                                  r"\(at token 5\).* one row \[1, T\]"):
+        net(input_ids=ids, **kwargs)
+
+
+def test_sequence_indices_that_disagree_with_the_positions_are_refused():
+    """``seq_idx`` (DataCollatorWithFlattening(return_seq_idx=True)) and restarting positions must mark the same
+    sequences."""
+    net = tiny.build("qwen3_5", "gpu")
+    ids, cu, positions = _row()
+    seq_idx = torch.repeat_interleave(torch.arange(len(LENGTHS)), torch.tensor(LENGTHS)).unsqueeze(0).int()
+    seq_idx[0, 23:25] = 0  # the second sequence starts two tokens late
+    with pytest.raises(PackedMetadataError, match=r"position_ids \(from seq_idx\) disagree .* token 23 has position 0, expected 23"):
+        net(input_ids=ids, position_ids=positions, seq_idx=seq_idx)
