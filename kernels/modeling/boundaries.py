@@ -38,8 +38,8 @@ def resolve_packed(kwargs: dict, position_ids, tokens: torch.Tensor, cache=None,
     host copy of the boundaries the mixers reuse). Raises ``PackedMetadataError`` for boundaries that
     do not fit the row, ``cu_seq_lens_k`` different from ``cu_seq_lens_q``, positions that do not
     restart at 0 at every sequence start and count up by one within it, and a batch of several rows
-    whose positions restart inside a row. Positions under a padding ``attention_mask`` are a padded
-    batch's (pads at 0, as ``clip(cumsum(mask) - 1, 0)`` writes them), never boundaries.
+    whose positions restart inside a row. Under a padding ``attention_mask`` only restarts on real
+    tokens count: pads sit at 0 in a padded batch (``clip(cumsum(mask) - 1, 0)``).
     """
     if kwargs.get(PACKED_ROW) is not None:
         return kwargs  # checked by the top model already
@@ -50,8 +50,13 @@ def resolve_packed(kwargs: dict, position_ids, tokens: torch.Tensor, cache=None,
     positions = text_positions(position_ids)
     seq_idx = kwargs.get("seq_idx")
     if cu_q is None:
-        if cache is not None or (positions is None and seq_idx is None) or length < 2 or has_padding(attention_mask):
+        if cache is not None or (positions is None and seq_idx is None) or length < 2:
             return kwargs
+        padded = has_padding(attention_mask)
+        if padded and positions is not None:
+            # A padded batch puts its pads at position 0 too (verl: clip(cumsum(mask) - 1, 0)): only a restart on
+            # a real token marks a sequence (a packed row with padding is then refused by the text model).
+            positions = positions.masked_fill(attention_mask.to(positions.device) == 0, 1)
         if batch != 1:
             if seq_idx is not None:
                 _refuse_rows_packed_by_positions(_sequence_starts_as_positions(seq_idx), "seq_idx")
@@ -65,7 +70,7 @@ def resolve_packed(kwargs: dict, position_ids, tokens: torch.Tensor, cache=None,
             return kwargs
         kwargs = {**kwargs, "cu_seq_lens_q": cu_q, "cu_seq_lens_k": cu_q}
         host = cu_q.cpu()
-        if positions is not None and (position_ids.ndim == 2 or position_ids.shape[0] == 4):
+        if not padded and positions is not None and (position_ids.ndim == 2 or position_ids.shape[0] == 4):
             source = "from seq_idx" if seq_idx is not None else "restarting at 0, no cu_seq_lens_q"
             _check_positions(positions, cu_q, f"position_ids ({source})")
     else:

@@ -226,3 +226,15 @@ def test_sequence_indices_that_disagree_with_the_positions_are_refused():
     seq_idx[0, 23:25] = 0  # the second sequence starts two tokens late
     with pytest.raises(PackedMetadataError, match=r"position_ids \(from seq_idx\) disagree .* token 23 has position 0, expected 23"):
         net(input_ids=ids, position_ids=positions, seq_idx=seq_idx)
+
+
+def test_a_row_packed_by_position_ids_with_a_padded_tail_is_refused():
+    """A restart on a real token marks a sequence even under a padding mask: such a row is packed, and packed rows
+    carry no padding."""
+    net = tiny.build("qwen3_5", "gpu")
+    ids, _, positions = _row()
+    padded = torch.cat([ids, torch.zeros(1, 3, dtype=torch.long)], 1)
+    positions = torch.cat([positions, torch.zeros(1, 3, dtype=torch.long)], 1)
+    mask = (torch.arange(padded.shape[1]) < ids.shape[1]).long().unsqueeze(0)
+    with pytest.raises(ValueError, match="attention_mask with padding on a packed row"):
+        net(input_ids=padded, attention_mask=mask, position_ids=positions)
