@@ -208,7 +208,7 @@ def test_a_batch_of_rows_each_packed_by_restarting_position_ids_is_refused(mask,
     net = tiny.build("qwen3_5", "gpu")
     ids = torch.randint(0, tiny.VOCAB, (2, 12))
     positions = torch.cat([torch.arange(5), torch.arange(7)])
-    seq_idx = (positions[None, :] * 0 + torch.tensor([0] * 5 + [1] * 7)).expand(2, -1).int()
+    seq_idx = torch.tensor([0] * 5 + [1] * 7).expand(2, -1).int()
     kwargs = {"position_ids": positions.expand(2, -1)} if marks == "position_ids" else {"seq_idx": seq_idx}
     if mask == "ones":
         kwargs["attention_mask"] = torch.ones_like(ids)
@@ -221,7 +221,7 @@ def test_sequence_indices_that_disagree_with_the_positions_are_refused():
     """``seq_idx`` (DataCollatorWithFlattening(return_seq_idx=True)) and restarting positions must mark the same
     sequences."""
     net = tiny.build("qwen3_5", "gpu")
-    ids, cu, positions = _row()
+    ids, _, positions = _row()
     seq_idx = torch.repeat_interleave(torch.arange(len(LENGTHS)), torch.tensor(LENGTHS)).unsqueeze(0).int()
     seq_idx[0, 23:25] = 0  # the second sequence starts two tokens late
     with pytest.raises(PackedMetadataError, match=r"position_ids \(from seq_idx\) disagree .* token 23 has position 0, expected 23"):
