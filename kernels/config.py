@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from .errors import SettingError
@@ -166,6 +166,18 @@ def check_model_config(config: Any) -> None:
                 raise SettingError(
                     f"config field {key!r} is not one patchgen reads; did you mean {close[0]!r}? Rename it."
                 )
+
+
+def store_ops_implementation_as_dict(config: Any) -> None:
+    """Replace an ``OpsImplementationConfig`` set as a config's ``ops_implementation`` by its dict of slot names.
+
+    transformers writes the config as JSON (``save_pretrained``, every Trainer checkpoint), which a dataclass
+    instance is not: the save would fail at the end of a run. The dict selects the same backends.
+    """
+    for holder in (config, getattr(config, "text_config", None)):
+        value = getattr(holder, "ops_implementation", None) if holder is not None else None
+        if isinstance(value, OpsImplementationConfig):
+            holder.ops_implementation = {slot: name for slot, name in asdict(value).items() if name != AUTO}
 
 
 def _did_you_mean(name: str, choices) -> str:

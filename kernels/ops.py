@@ -11,7 +11,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from .config import OpsImplementationConfig, check_model_config
+from .config import OpsImplementationConfig, check_model_config, store_ops_implementation_as_dict
 from .selection import OpTable, resolve
 
 __all__ = [
@@ -50,6 +50,7 @@ def bind(
     model_config = getattr(model, "config", None)
     if model_config is not None:
         check_model_config(model_config)
+        store_ops_implementation_as_dict(model_config)
     table = resolve(config, device_target=device_target, require=require, defaults=defaults)
     for module in model.modules():
         # object.__setattr__ bypasses nn.Module's registration: the table is neither state nor a child.

@@ -114,7 +114,7 @@ from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5Moe
 from patchgen.kernels import ops
 from patchgen.kernels.modeling import fields, shared_prefix, verify
 from patchgen.kernels.modeling.boundaries import resolve_packed
-from patchgen.kernels.modeling.generation import prefill_rows, starts_from_zero_state, use_cache_for
+from patchgen.kernels.modeling.generation import prefill_rows, routed_tokens_mask, starts_from_zero_state, use_cache_for
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
 from patchgen.kernels.modeling.packing import PACKED_ROW, packed_max_lengths, packed_row, varlen_attention, without_packed
 from patchgen.kernels.shared_prefix import shared_prefix_attention, shared_prefix_causal_conv1d, shared_prefix_gated_delta_rule
@@ -1463,7 +1463,9 @@ class Qwen3_5MoeTextModel(Qwen3_5MoePreTrainedModel):
         decided_above = plan is not None or kwargs.get(PACKED_ROW) is not None  # the top model saw this packed row
         if plan is None:
             # Checked boundaries, or boundaries from restarting position_ids (a no-op below the top model).
-            kwargs = resolve_packed(kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache)
+            kwargs = resolve_packed(
+                kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache, attention_mask=attention_mask
+            )
         packed = plan is not None or kwargs.get("cu_seq_lens_q") is not None
         shared_prefix.warn_if_nothing_shared(self, packed=packed, decided_above=decided_above)
         if packed and isinstance(attention_mask, torch.Tensor) and not bool(attention_mask.all()):
@@ -2038,7 +2040,9 @@ class Qwen3_5MoeForCausalLM(Qwen3_5MoePreTrainedModel, GenerationMixin):
         output_router_logits = (
             output_router_logits if output_router_logits is not None else self.config.output_router_logits
         )
-        kwargs = resolve_packed(kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache)
+        kwargs = resolve_packed(
+            kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache, attention_mask=attention_mask
+        )
         position_ids = shared_prefix.packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs)
         plan = None if not verify.sharing_allowed(self) else shared_prefix.plan_for(
             self.config, ops.of(self), input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=use_cache, kwargs=kwargs
@@ -2075,7 +2079,7 @@ class Qwen3_5MoeForCausalLM(Qwen3_5MoePreTrainedModel, GenerationMixin):
                 router_logits,
                 self.num_experts,
                 self.num_experts_per_tok,
-                attention_mask,
+                routed_tokens_mask(attention_mask, router_logits),
             )
             if labels is not None:
                 loss += self.router_aux_loss_coef * aux_loss.to(loss.device)  # make sure to reside in the same device
@@ -2186,7 +2190,9 @@ class Qwen3_5MoeForConditionalGeneration(Qwen3_5MoePreTrainedModel, GenerationMi
         )
         kwargs["use_cache"] = use_cache_for(kwargs.get("use_cache"), cache, self.config, self)
         if pixel_values is None and pixel_values_videos is None:
-            kwargs = resolve_packed(kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache)
+            kwargs = resolve_packed(
+                kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache, attention_mask=attention_mask
+            )
             position_ids = shared_prefix.packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs)
         plan = None if not verify.sharing_allowed(self) else shared_prefix.plan_for(
             self.config,
@@ -2237,7 +2243,7 @@ class Qwen3_5MoeForConditionalGeneration(Qwen3_5MoePreTrainedModel, GenerationMi
                 router_logits,
                 self.config.text_config.num_experts,
                 self.config.text_config.num_experts_per_tok,
-                attention_mask,
+                routed_tokens_mask(attention_mask, router_logits),
             )
             if labels is not None:
                 loss += self.config.text_config.router_aux_loss_coef * aux_loss.to(loss.device)

@@ -30,14 +30,16 @@ def text_positions(position_ids: torch.Tensor | None) -> torch.Tensor | None:
     )
 
 
-def resolve_packed(kwargs: dict, position_ids, tokens: torch.Tensor, cache=None) -> dict:
+def resolve_packed(kwargs: dict, position_ids, tokens: torch.Tensor, cache=None, attention_mask=None) -> dict:
     """``kwargs`` with checked boundaries of the packed row, derived from ``position_ids`` when absent.
 
     ``tokens`` is ``input_ids`` or ``inputs_embeds`` (its first two dims are ``[B, T]``). Returns the
     kwargs unchanged for an unpacked batch; else with ``cu_seq_lens_q/k`` and a ``PackedRow`` (whose
     host copy of the boundaries the mixers reuse). Raises ``PackedMetadataError`` for boundaries that
-    do not fit the row, ``cu_seq_lens_k`` different from ``cu_seq_lens_q``, and positions that do not
-    restart at 0 at every sequence start and count up by one within it.
+    do not fit the row, ``cu_seq_lens_k`` different from ``cu_seq_lens_q``, positions that do not
+    restart at 0 at every sequence start and count up by one within it, and a batch of several rows
+    whose positions restart inside a row. Under a padding ``attention_mask`` only restarts on real
+    tokens count: pads sit at 0 in a padded batch (``clip(cumsum(mask) - 1, 0)``).
     """
     if kwargs.get(PACKED_ROW) is not None:
         return kwargs  # checked by the top model already
@@ -46,16 +48,31 @@ def resolve_packed(kwargs: dict, position_ids, tokens: torch.Tensor, cache=None)
     if cu_q is None and cu_k is not None:
         raise PackedMetadataError("cu_seq_lens_k was given without cu_seq_lens_q: pass the same boundaries as both")
     positions = text_positions(position_ids)
+    seq_idx = kwargs.get("seq_idx")
     if cu_q is None:
-        if cache is not None or positions is None or batch != 1 or length < 2:
+        if cache is not None or (positions is None and seq_idx is None) or length < 2:
             return kwargs
-        cu_q = _restarts(positions, length)
+        padded = has_padding(attention_mask)
+        if padded and positions is not None:
+            # A padded batch puts its pads at position 0 too (verl: clip(cumsum(mask) - 1, 0)): only a restart on
+            # a real token marks a sequence (a packed row with padding is then refused by the text model).
+            positions = positions.masked_fill(attention_mask.to(positions.device) == 0, 1)
+        if batch != 1:
+            if seq_idx is not None:
+                _refuse_rows_packed_by_positions(_sequence_starts_as_positions(seq_idx), "seq_idx")
+            if positions is not None and (position_ids.ndim == 2 or position_ids.shape[0] == 4):
+                _refuse_rows_packed_by_positions(positions)
+            return kwargs
+        # DataCollatorWithFlattening(return_seq_idx=True) marks each token's sequence; its positions, when also
+        # given, are then checked against those boundaries.
+        cu_q = _index_changes(seq_idx, length) if seq_idx is not None else _restarts(positions, length)
         if cu_q is None:
             return kwargs
         kwargs = {**kwargs, "cu_seq_lens_q": cu_q, "cu_seq_lens_k": cu_q}
         host = cu_q.cpu()
-        if position_ids.ndim == 2 or position_ids.shape[0] == 4:
-            _check_positions(positions, cu_q, "position_ids (restarting at 0, no cu_seq_lens_q)")
+        if not padded and positions is not None and (position_ids.ndim == 2 or position_ids.shape[0] == 4):
+            source = "from seq_idx" if seq_idx is not None else "restarting at 0, no cu_seq_lens_q"
+            _check_positions(positions, cu_q, f"position_ids ({source})")
     else:
         host = check_cu_seqlens(cu_q, "cu_seq_lens_q", batch, length)
         if cu_k is not None and cu_k is not cu_q:
@@ -74,6 +91,29 @@ def resolve_packed(kwargs: dict, position_ids, tokens: torch.Tensor, cache=None)
             _check_positions(positions, cu_q, "position_ids")
     row = packed_row({**kwargs, PACKED_ROW: None}, batch, length, tokens.device, host=host)
     return {**kwargs, PACKED_ROW: row}
+
+
+def has_padding(attention_mask) -> bool:
+    """Whether a 2-D ``attention_mask`` tensor masks any token out (one host sync; False for None or a mask mapping)."""
+    return isinstance(attention_mask, torch.Tensor) and attention_mask.ndim == 2 and not bool(attention_mask.all())
+
+
+def _refuse_rows_packed_by_positions(positions: torch.Tensor, what: str = "position_ids") -> None:
+    """Raise for ``[B > 1, T]`` positions that start a row at 0 and restart at 0 inside it (several sequences a row).
+
+    The recurrent mixers run each batch row as one sequence, so sequences sharing a row would leak into each
+    other through the conv and the delta rule (transformers' attention mask would keep them apart: half right).
+    """
+    inner = (positions[:, 1:] == 0) & (positions[:, :1] == 0)
+    rows = inner.any(1)
+    if bool(rows.any()):
+        row = int(rows.nonzero()[0])
+        raise PackedMetadataError(
+            f"{what} of a batch of {positions.shape[0]} rows start a new sequence inside row {row} (at token "
+            f"{int(inner[row].nonzero()[0]) + 1}): each such row holds several sequences, which are kept apart only on "
+            "one row [1, T]. Pack the sequences into one row [1, T] (DataCollatorWithFlattening, or with "
+            "cu_seq_lens_q), or pass one sequence per row (padded, with an attention_mask)"
+        )
 
 
 def check_cu_seqlens(cu, name: str, batch: int, length: int) -> torch.Tensor:
@@ -110,6 +150,25 @@ def _restarts(positions: torch.Tensor, length: int) -> torch.Tensor | None:
         return None  # one sequence (or positions offset by a cache-less continuation): nothing to split
     end = torch.tensor([length], device=starts.device, dtype=starts.dtype)
     return torch.cat([starts, end]).to(torch.int32)
+
+
+def _index_changes(seq_idx: torch.Tensor, length: int) -> torch.Tensor | None:
+    """``cu_seqlens`` (int32) where a ``[1, T]`` row of sequence indices changes, or None for a single sequence."""
+    row = seq_idx.reshape(-1)
+    if row.numel() != length:
+        raise PackedMetadataError(f"seq_idx must be [1, T] with T = {length}, got shape {tuple(seq_idx.shape)}")
+    changes = (row[1:] != row[:-1]).nonzero().flatten() + 1
+    if changes.numel() == 0:
+        return None
+    ends = torch.tensor([0, length], device=changes.device, dtype=changes.dtype)
+    return torch.cat([ends[:1], changes, ends[1:]]).to(torch.int32)
+
+
+def _sequence_starts_as_positions(seq_idx: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` sequence indices as positions that are 0 at every sequence start (for the batch refusal)."""
+    starts = torch.ones_like(seq_idx, dtype=torch.bool)
+    starts[:, 1:] = seq_idx[:, 1:] != seq_idx[:, :-1]
+    return (~starts).long()
 
 
 def _check_positions(positions: torch.Tensor, cu: torch.Tensor, what: str) -> None:

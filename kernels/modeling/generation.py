@@ -59,3 +59,16 @@ def prefill_rows(cache, layer_idx: int, attention_mask, batch: int, length: int,
         return None
     cu = torch.arange(0, batch * length + 1, length, dtype=torch.int32, device=device)
     return Varlen(cu, cu, length, length)
+
+
+def routed_tokens_mask(attention_mask, router_logits):
+    """The columns of a 2-D ``attention_mask`` that this forward's router logits cover: its last ones.
+
+    A cached forward (a decode step) routes only its new tokens while the mask covers the cached ones
+    too; the MoE load-balancing loss weighs each routed token by its own mask entry (upstream passes the
+    whole mask and fails on the shapes).
+    """
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.ndim != 2 or not router_logits:
+        return attention_mask
+    routed = router_logits[0].shape[0] // attention_mask.shape[0]
+    return attention_mask[:, -routed:] if 0 < routed < attention_mask.shape[1] else attention_mask

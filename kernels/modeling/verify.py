@@ -70,7 +70,7 @@ def due(model, input_ids, position_ids, cache, use_cache, kwargs, pixel_values=N
     current = state(model)
     if current.inside or current.disabled or input_ids is None or cache is not None or use_cache:
         return False
-    if kwargs.get("cu_seq_lens_q") is None and position_ids is None:
+    if kwargs.get("cu_seq_lens_q") is None and kwargs.get("seq_idx") is None and position_ids is None:
         return False  # unpacked: the ordinary path runs, nothing to verify
     return input_ids.shape[-1] > current.largest_verified
 

@@ -17,16 +17,22 @@ def _sequences(count=8, seed=0):
     return [torch.randint(2, tiny.VOCAB, (n,), generator=gen).tolist() for n in lengths]
 
 
-@pytest.mark.parametrize("flash_kwargs", [False, True])
-def test_flattening_collator_row_equals_each_sequence_alone(flash_kwargs):
+COLLATOR_OUTPUTS = {
+    "position_ids": {},
+    "flash_kwargs": {"return_flash_attn_kwargs": True},
+    "seq_idx_and_positions": {"return_seq_idx": True},
+    "seq_idx_alone": {"return_seq_idx": True, "return_position_ids": False},  # sequence indices only
+}
+
+
+@pytest.mark.parametrize("options", COLLATOR_OUTPUTS.values(), ids=COLLATOR_OUTPUTS.keys())
+def test_flattening_collator_row_equals_each_sequence_alone(options):
     from transformers import DataCollatorWithFlattening
 
     net = tiny_trl.model(False)
     seqs = _sequences(4)
-    batch = DataCollatorWithFlattening(return_flash_attn_kwargs=flash_kwargs, return_tensors="pt")(
-        [{"input_ids": s} for s in seqs]
-    )
-    assert ("cu_seq_lens_q" in batch) == flash_kwargs
+    batch = DataCollatorWithFlattening(return_tensors="pt", **options)([{"input_ids": s} for s in seqs])
+    assert ("cu_seq_lens_q" in batch) == options.get("return_flash_attn_kwargs", False)
     out = net(**batch)
     nll, count = 0.0, 0
     for s in seqs:

@@ -112,3 +112,20 @@ def test_left_padded_batch_generation_equals_each_prompt_alone():
         assert torch.equal(batch.sequences[row, 12:], alone.sequences[0, len(prompt):])
         stepped = torch.stack(batch.logits, 1)[row]
         assert torch.allclose(stepped, torch.stack(alone.logits, 1)[0], atol=1e-5, rtol=0)
+
+
+def test_a_moe_model_with_router_logits_on_generates_a_padded_batch_with_its_cache():
+    """Trained with ``output_router_logits=True`` (the load-balancing loss), then generating: each decode step's
+    router logits cover the new tokens only, while the attention mask covers the whole sequence (upstream's
+    class fails there on the shapes)."""
+    net = tiny.build("qwen3_5_moe", "gpu", use_cache=True).eval()
+    ids = torch.randint(1, tiny.VOCAB, (2, 9), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones_like(ids)
+    ids[0, :3], mask[0, :3] = 0, 0
+    kw = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0, output_logits=True,
+              return_dict_in_generate=True)
+    with_router = net.generate(ids, **kw)
+    net.config.output_router_logits = False
+    without = net.generate(ids, **kw)
+    assert torch.equal(with_router.sequences, without.sequences)
+    assert all(torch.equal(a, b) for a, b in zip(with_router.logits, without.logits))

@@ -33,6 +33,18 @@ def test_ops_implementation_given_to_from_pretrained_selects_the_backend(publish
     assert ops.of(net).backend("attention") == "sdpa"
 
 
+def test_an_ops_implementation_config_object_is_saved_and_loaded_back(published, tmp_path):
+    """docs/kernel_selection.md allows a dict or an OpsImplementationConfig; either must survive save_pretrained
+    (a Trainer's checkpoint save), which writes the config as JSON."""
+    from patchgen.kernels.config import OpsImplementationConfig
+
+    cls = ckpt.generated_class("qwen3_5", "gpu", "ForCausalLM")
+    net = cls.from_pretrained(published, ops_implementation=OpsImplementationConfig(attention="sdpa"))
+    net.save_pretrained(tmp_path / "saved")
+    back = cls.from_pretrained(tmp_path / "saved")
+    assert ops.of(back).backend("attention") == "sdpa"
+
+
 def test_from_pretrained_with_loading_info_takes_the_fields_too(published):
     net, info = AutoModelForCausalLM.from_pretrained(published, shared_prefix_verify=True, output_loading_info=True)
     assert net.config.shared_prefix_verify is True and not info["missing_keys"]

@@ -176,3 +176,65 @@ def _hypothesis_net():
     if "net" not in _NET:
         _NET["net"] = tiny.build("qwen3_5", "npu")
     return _NET["net"]
+
+
+def _padded_rows(lengths, seed=5):
+    """Left-padded rows [B, L], their padding mask, and positions clipped as verl writes them
+    (``clip(cumsum(mask) - 1, min=0)``: every pad at position 0, then 0, 1, ... on the real tokens)."""
+    gen = torch.Generator().manual_seed(seed)
+    width = max(lengths) + 3
+    rows = [torch.randint(1, tiny.VOCAB, (n,), generator=gen) for n in lengths]
+    ids = torch.stack([torch.cat([torch.zeros(width - len(r), dtype=torch.long), r]) for r in rows])
+    mask = torch.stack([torch.arange(width) >= width - len(r) for r in rows]).long()
+    return rows, ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+@pytest.mark.parametrize("lengths", [[7], [7, 12]], ids=["one_row", "two_rows"])
+def test_left_padding_with_positions_restarting_under_a_padding_mask_is_a_padded_batch(lengths):
+    """Zeros on every pad and again on the first real token are padding, which the mask says, not packing."""
+    net = tiny.build("qwen3_5", "gpu").eval()
+    rows, ids, mask, positions = _padded_rows(lengths)
+    logits = net(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+    for b, row in enumerate(rows):
+        alone = net(input_ids=row.unsqueeze(0)).logits[0]
+        assert torch.allclose(logits[b, -len(row):], alone, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("marks", ["position_ids", "seq_idx"])
+@pytest.mark.parametrize("mask", [None, "ones"])
+def test_a_batch_of_rows_each_packed_by_restarting_position_ids_is_refused(mask, marks):
+    """[B > 1, L] rows whose positions restart inside a row hold several sequences each; run as one sequence per
+    row, their linear-attention layers would mix those sequences silently."""
+    net = tiny.build("qwen3_5", "gpu")
+    ids = torch.randint(0, tiny.VOCAB, (2, 12))
+    positions = torch.cat([torch.arange(5), torch.arange(7)])
+    seq_idx = torch.tensor([0] * 5 + [1] * 7).expand(2, -1).int()
+    kwargs = {"position_ids": positions.expand(2, -1)} if marks == "position_ids" else {"seq_idx": seq_idx}
+    if mask == "ones":
+        kwargs["attention_mask"] = torch.ones_like(ids)
+    with pytest.raises(PackedMetadataError, match=rf"{marks} of a batch of 2 rows start a new sequence inside row 0 "
+                                                  r"\(at token 5\).* one row \[1, T\]"):
+        net(input_ids=ids, **kwargs)
+
+
+def test_sequence_indices_that_disagree_with_the_positions_are_refused():
+    """``seq_idx`` (DataCollatorWithFlattening(return_seq_idx=True)) and restarting positions must mark the same
+    sequences."""
+    net = tiny.build("qwen3_5", "gpu")
+    ids, _, positions = _row()
+    seq_idx = torch.repeat_interleave(torch.arange(len(LENGTHS)), torch.tensor(LENGTHS)).unsqueeze(0).int()
+    seq_idx[0, 23:25] = 0  # the second sequence starts two tokens late
+    with pytest.raises(PackedMetadataError, match=r"position_ids \(from seq_idx\) disagree .* token 23 has position 0, expected 23"):
+        net(input_ids=ids, position_ids=positions, seq_idx=seq_idx)
+
+
+def test_a_row_packed_by_position_ids_with_a_padded_tail_is_refused():
+    """A restart on a real token marks a sequence even under a padding mask: such a row is packed, and packed rows
+    carry no padding."""
+    net = tiny.build("qwen3_5", "gpu")
+    ids, _, positions = _row()
+    padded = torch.cat([ids, torch.zeros(1, 3, dtype=torch.long)], 1)
+    positions = torch.cat([positions, torch.zeros(1, 3, dtype=torch.long)], 1)
+    mask = (torch.arange(padded.shape[1]) < ids.shape[1]).long().unsqueeze(0)
+    with pytest.raises(ValueError, match="attention_mask with padding on a packed row"):
+        net(input_ids=padded, attention_mask=mask, position_ids=positions)

@@ -85,3 +85,14 @@ def test_verification_is_off_by_default(monkeypatch):
 def test_the_bound_follows_the_dtype_and_the_scale(dtype, bound):
     assert verify.bound(dtype, 0.5) == bound
     assert verify.bound(dtype, 10.0) == bound * 10
+
+
+def test_a_row_marked_by_seq_idx_alone_is_verified(monkeypatch):
+    """DataCollatorWithFlattening(return_seq_idx=True, return_position_ids=False): no cu_seq_lens, no positions."""
+    net = _net()
+    built = _plans(monkeypatch)
+    ids, cu, _ = _batch()
+    seq_idx = torch.repeat_interleave(torch.arange(len(cu) - 1), cu.diff().long()).unsqueeze(0).int()
+    out = net(input_ids=ids, labels=ids, seq_idx=seq_idx)
+    assert verify.state(net).checks == 1 and len(built) == 1 and built[0] is not None
+    assert torch.equal(out.loss, net(input_ids=ids, labels=ids, **tiny.packed_kwargs(cu)).loss)

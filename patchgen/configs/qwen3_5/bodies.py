@@ -359,7 +359,9 @@ class Qwen3_5TextModel(upstream.Qwen3_5TextModel):
         decided_above = plan is not None or kwargs.get(PACKED_ROW) is not None  # the top model saw this packed row
         if plan is None:
             # Checked boundaries, or boundaries from restarting position_ids (a no-op below the top model).
-            kwargs = resolve_packed(kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache)
+            kwargs = resolve_packed(
+                kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache, attention_mask=attention_mask
+            )
         packed = plan is not None or kwargs.get("cu_seq_lens_q") is not None
         shared_prefix.warn_if_nothing_shared(self, packed=packed, decided_above=decided_above)
         if packed and isinstance(attention_mask, torch.Tensor) and not bool(attention_mask.all()):
@@ -482,7 +484,9 @@ class Qwen3_5ForCausalLM(upstream.Qwen3_5ForCausalLM):
                 inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs,
             ))
         request = HeadRequest.pop(kwargs)
-        kwargs = resolve_packed(kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache)
+        kwargs = resolve_packed(
+            kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache, attention_mask=attention_mask
+        )
         position_ids = shared_prefix.packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs)
         plan = None if not verify.sharing_allowed(self) else shared_prefix.plan_for(
             self.config, ops.of(self), input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=use_cache, kwargs=kwargs
@@ -553,7 +557,9 @@ class Qwen3_5ForConditionalGeneration(upstream.Qwen3_5ForConditionalGeneration):
         request = HeadRequest.pop(kwargs)
         kwargs["use_cache"] = use_cache_for(kwargs.get("use_cache"), cache, self.config, self)
         if pixel_values is None and pixel_values_videos is None:
-            kwargs = resolve_packed(kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache)
+            kwargs = resolve_packed(
+                kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache, attention_mask=attention_mask
+            )
             position_ids = shared_prefix.packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs)
         plan = None if not verify.sharing_allowed(self) else shared_prefix.plan_for(
             self.config,
