@@ -18,3 +18,18 @@ class BackendUnavailable(RuntimeError):
 class SettingError(ValueError):
     """A patchgen setting (a model config field or an environment variable) that names nothing or holds
     a bad value. The message names the setting as the user wrote it, what was found and the fix."""
+
+
+class MissingWeights(RuntimeError):
+    """``from_pretrained`` found no tensor for weights the model needs: transformers would leave them
+    randomly initialised. The message names them and the fix."""
+
+    def __init__(self, cls_name: str, source: str, missing: list[str]):
+        self.missing = tuple(missing)
+        shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+        super().__init__(
+            f"{cls_name}.from_pretrained({source}): {len(missing)} weight(s) are not in the checkpoint and would be "
+            f"randomly initialised: {shown}. Load a checkpoint saved for this model's config (the published "
+            "ForConditionalGeneration layout or a ForCausalLM checkpoint of the same config), or pass "
+            "allow_missing_weights=True to keep them random, as transformers does (it reports them as MISSING)."
+        )

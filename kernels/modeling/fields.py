@@ -21,6 +21,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from ..config import FIELDS, field
+from . import loaded_weights
 
 # from_pretrained keywords that say where a checkpoint's config.json is read from (not force_download:
 # the load just read it).
@@ -75,12 +76,26 @@ def from_pretrained(cls, load, args: tuple, kwargs: dict, defaults):
     outside the text section a text class loads are set too (keywords win over the file).
     """
     fields = pop_fields(kwargs)
+    allow_missing = kwargs.pop(loaded_weights.ALLOW_KEYWORD, False)
+    wants_info = kwargs.pop("output_loading_info", False)
     config = kwargs.get("config")
     if config is not None and not _is_path(config):
+        if builds_from_text_config(cls, config):
+            loaded_weights.tie_like_composite(config)
         kwargs["config"] = text_config_for(cls, config)
-    loaded = load(*args, **kwargs)
-    saved = saved_composite_fields(cls, args, kwargs)
-    return apply_fields(loaded, {**saved, **fields}, defaults)
+    section = _text_section(cls)
+    composite = saved_composite(cls, args, kwargs)
+    if loaded_weights.TIE not in kwargs and loaded_weights.composite_ties(composite, section):
+        kwargs[loaded_weights.TIE] = True
+    model, info = load(*args, output_loading_info=True, **kwargs)
+    source = kwargs.get("pretrained_model_name_or_path", args[0] if args else None)
+    loaded_weights.check_missing(cls, source, info, allow_missing)
+    saved = composite_fields_of(composite, section)
+    return apply_fields((model, info) if wants_info else model, {**saved, **fields}, defaults)
+
+
+def _text_section(cls) -> str:
+    return getattr(getattr(cls, "config_class", None), "base_config_key", "")
 
 
 def saved_composite_fields(cls, args: tuple, kwargs: dict) -> dict:
@@ -89,11 +104,17 @@ def saved_composite_fields(cls, args: tuple, kwargs: dict) -> dict:
     ``args`` and ``kwargs`` are ``from_pretrained``'s. Empty when a config object was given (then
     ``text_config_for`` has moved its fields) or the file is not a composite config.
     """
-    section = getattr(getattr(cls, "config_class", None), "base_config_key", "")
+    return composite_fields_of(saved_composite(cls, args, kwargs), _text_section(cls))
+
+
+def saved_composite(cls, args: tuple, kwargs: dict) -> dict | None:
+    """The composite ``config.json`` (as a dict) a text class ``cls`` loads from; None when a config object
+    was given, or there is no file, or the class is not a text class of a composite config."""
+    section = _text_section(cls)
     config = kwargs.get("config")
     path = config if config is not None else (args[0] if args else kwargs.get("pretrained_model_name_or_path"))
     if not section or path is None or not _is_path(path):
-        return {}
+        return None
     from transformers import PreTrainedConfig
 
     hub = {name: kwargs[name] for name in HUB_KEYWORDS if kwargs.get(name) is not None}
@@ -102,10 +123,15 @@ def saved_composite_fields(cls, args: tuple, kwargs: dict) -> dict:
     except OSError:
         # No config file at `path` although the load succeeded: its config came from elsewhere (a PEFT
         # adapter folder points transformers at its base model), so there is no composite file to read here.
+        return None
+    return saved if isinstance(saved.get(section), dict) else None
+
+
+def composite_fields_of(saved: dict | None, section: str) -> dict:
+    """The patchgen fields at the composite level of ``saved`` (``saved_composite``'s dict)."""
+    if saved is None:
         return {}
-    inner = saved.get(section)
-    if not isinstance(inner, dict):
-        return {}
+    inner = saved[section]
     # Read as field() reads a live composite config, so a conflict with the text section is the same error.
     text = SimpleNamespace(**{name: inner[name] for name in FIELDS if name in inner})
     return composite_fields(SimpleNamespace(text_config=text, **{name: saved[name] for name in FIELDS if name in saved}))

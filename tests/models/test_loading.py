@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from patchgen.kernels.errors import MissingWeights
 from safetensors.torch import load_file, save_file
 
 from tests.models import checkpoints as ckpt
@@ -86,7 +87,11 @@ def test_missing_and_stray_tensors_are_reported_as_upstream_reports_them(model, 
             (tmp_path / path.name).write_bytes(path.read_bytes())
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
     for dest in ("ForCausalLM", "ForConditionalGeneration"):
-        _, report = ckpt.load(ckpt.generated_class(model, device, dest), tmp_path)
+        # a weight the checkpoint lacks would be random: refused, naming it, unless asked for
+        with pytest.raises(MissingWeights, match=r"1 weight\(s\) .* randomly initialised: .*layers\.1\.") as raised:
+            ckpt.load(ckpt.generated_class(model, device, dest), tmp_path)
+        assert "allow_missing_weights=True" in str(raised.value)
+        _, report = ckpt.load(ckpt.generated_class(model, device, dest), tmp_path, allow_missing_weights=True)
         _, upstream_report = ckpt.load(ckpt.upstream_class(model, dest), tmp_path)
         assert report == upstream_report
         assert report["missing_keys"] and report["unexpected_keys"]
@@ -127,3 +132,33 @@ def test_classification_heads_load_the_backbone_and_report_the_new_head_as_upstr
     for name, tensor in theirs.state_dict().items():
         if name not in report["missing_keys"]:
             assert torch.equal(ours.state_dict()[name], tensor), name
+
+
+@pytest.mark.parametrize("model,device", TARGETS)
+def test_a_text_class_ties_the_lm_head_as_the_composite_checkpoint_did(model, device, tmp_path):
+    """A published-layout checkpoint whose composite config ties the embeddings holds no lm_head.weight, and
+    its text section says false (the text config's default): upstream's ForCausalLM leaves that head random."""
+    torch.manual_seed(0)
+    config = ckpt.vl_config(model)
+    config.tie_word_embeddings = True
+    saved = ckpt.upstream_class(model, "ForConditionalGeneration")(config)
+    tiny.randomize(saved, 0)
+    saved.save_pretrained(tmp_path)
+    net, report = ckpt.load(ckpt.generated_class(model, device, "ForCausalLM"), tmp_path)
+    assert report["missing_keys"] == []
+    assert net.lm_head.weight.data_ptr() == net.model.embed_tokens.weight.data_ptr()
+    ids = ckpt.ids()
+    torch.testing.assert_close(_logits(net, ids), _logits(saved.eval(), ids), rtol=0, atol=1e-5)
+    _, upstream_report = ckpt.load(ckpt.upstream_class(model, "ForCausalLM"), tmp_path)
+    assert upstream_report["missing_keys"] == ["lm_head.weight"]  # what this guards against
+
+
+@pytest.mark.parametrize("model,device", TARGETS)
+def test_a_composite_config_object_given_to_a_text_class_ties_as_it_says(model, device, tmp_path):
+    config = ckpt.vl_config(model)
+    config.tie_word_embeddings = True
+    torch.manual_seed(0)
+    ckpt.upstream_class(model, "ForConditionalGeneration")(config).save_pretrained(tmp_path)
+    net, report = ckpt.load(ckpt.generated_class(model, device, "ForCausalLM"), tmp_path, config=config)
+    assert report["missing_keys"] == [] and net.config.tie_word_embeddings is True
+    assert net.lm_head.weight.data_ptr() == net.model.embed_tokens.weight.data_ptr()
