@@ -4,15 +4,14 @@
 and one backward graph (`torch.autograd.grad` of the stack's output with respect to the hidden states
 and every parameter that wants a gradient), both in one private memory pool that the entry owns:
 
-1. a warm-up step on the batch's own arguments, in ordinary memory: Triton autotuning, cuBLAS
-   workspaces of the side stream and every other lazily built global state land outside the pool,
-   which is freed when the entry is evicted;
-2. warm-up steps on the static arguments with the private pool active: whatever a kernel library
-   computes from the static plan's tensors and caches by tensor identity (fla's chunk tables) is
-   allocated in the pool, so the memory the graph reads stays valid for as long as the entry lives,
-   whether or not the library's cache still holds it;
-3. the captures, which hit those caches. A cache miss under capture means a host copy, which fails
-   the capture loudly (`GraphCaptureFailed`), never a silent read of freed memory.
+1. warm-up steps on the static arguments with the private pool active: Triton autotuning and every
+   lazily built state happen before the capture, and whatever a kernel library computes from the static
+   plan's tensors and caches by tensor identity (fla's chunk tables) is allocated in the pool, so the
+   memory the graph reads stays valid for as long as the entry lives, whether or not the library's
+   cache still holds it (memory a global cache keeps, a stream's cuBLAS workspace, stays allocated and
+   valid after the entry goes; it is only accounted to its pool);
+2. the captures, which hit those caches. A cache miss under capture means a host copy, which fails the
+   capture loudly (`GraphCaptureFailed`), never a silent read of freed memory.
 
 No autograd node made on the side stream outlives the capture (the static output is detached), so the
 parameters' `AccumulateGrad` nodes are made again on the training stream by the first replay: no
@@ -53,7 +52,7 @@ class EagerReplay:
 
     kind = "eager"
 
-    def __init__(self, fn, static: StaticCall, params: list[torch.Tensor], batch: StaticCall | None = None):
+    def __init__(self, fn, static: StaticCall, params: list[torch.Tensor]):
         self.fn, self.static, self.params = fn, static, params
         self._out = None
         self._grads = None
@@ -82,7 +81,7 @@ _STREAMS: dict[int, torch.cuda.Stream] = {}
 
 
 def capture_stream(device: torch.device) -> torch.cuda.Stream:
-    """One side stream per device for every warm-up and capture (its cuBLAS workspace is made once, outside any pool)."""
+    """One side stream per device for every warm-up and capture."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _STREAMS:
         _STREAMS[index] = torch.cuda.Stream(device=index)
@@ -113,7 +112,7 @@ class CudaGraphReplay:
 
     kind = "cuda"
 
-    def __init__(self, fn, static: StaticCall, params: list[torch.Tensor], batch: StaticCall, warmup: int = 1):
+    def __init__(self, fn, static: StaticCall, params: list[torch.Tensor], warmup: int = 2):
         if not hasattr(torch.cuda, "use_mem_pool") or not hasattr(torch.cuda, "MemPool"):
             raise CudaGraphsUnavailable(
                 f"shared_prefix_cuda_graphs needs torch.cuda.MemPool and torch.cuda.use_mem_pool (torch >= 2.8); "
@@ -122,18 +121,19 @@ class CudaGraphReplay:
         self.fn, self.static, self.params = fn, static, params
         device = static.hidden.device
         stream = capture_stream(device)
-        self.pool = torch.cuda.MemPool()
         inputs = _grad_inputs(static, params)
+        with torch.cuda.device(device):
+            self.pool = torch.cuda.MemPool()
+            self._capture(fn, static, params, inputs, device, stream, warmup)
+
+    def _capture(self, fn, static, params, inputs, device, stream, warmup) -> None:
+        # eager steps: an error here (out of memory, a bad shape) is the eager step's own, raised as it is
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream), torch.cuda.use_mem_pool(self.pool, device):
+            for _ in range(warmup):
+                _step(fn, static.hidden, static.position_embeddings, static.masks, static.kwargs, params)
+        torch.cuda.current_stream(device).wait_stream(stream)
         try:
-            stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream):
-                # 1. ordinary memory: lazily built global state (autotuning, workspaces) stays out of the pool
-                _step(fn, batch.hidden, batch.position_embeddings, batch.masks, batch.kwargs, params)
-                # 2. the pool: caches keyed on the static tensors allocate where the graph's memory lives
-                with torch.cuda.use_mem_pool(self.pool):
-                    for _ in range(warmup):
-                        _step(fn, static.hidden, static.position_embeddings, static.masks, static.kwargs, params)
-            torch.cuda.current_stream(device).wait_stream(stream)
             self.forward_graph, self.backward_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
             with torch.enable_grad():
                 with torch.cuda.graph(self.forward_graph, pool=self.pool.id, stream=stream, capture_error_mode="thread_local"):
@@ -141,8 +141,6 @@ class CudaGraphReplay:
                 self.grad_out = torch.empty_like(out)
                 with torch.cuda.graph(self.backward_graph, pool=self.pool.id, stream=stream, capture_error_mode="thread_local"):
                     grads = torch.autograd.grad(out, inputs, self.grad_out, allow_unused=True)
-        except CudaGraphsUnavailable:
-            raise
         except Exception as error:
             raise GraphCaptureFailed(
                 f"shared_prefix_cuda_graphs: capturing the decoder-layer stack failed at {failure_site(error)}: "
