@@ -32,27 +32,34 @@ DERIVED = {(ConvIndex, "state_index")}
 LAYOUT_FIELDS = ("start", "length", "offset", "parent", "level", "node", "ancestry")
 
 
-def describe(value, where: str = "argument"):
-    """A hashable description of `value` for the key (see the module docstring)."""
+def is_host(tensor: torch.Tensor, device: torch.device) -> bool:
+    """A tensor the kernels read on the host (keyed by value, shared), not one they read on `device` (keyed by
+    shape, held in a static buffer and copied): a CPU tensor of a call on another device. On the CPU every
+    tensor counts as the device's, so that the CPU tests run the static buffers and copies a GPU batch runs."""
+    return tensor.device.type == "cpu" and device.type != "cpu" and not tensor.requires_grad
+
+
+def describe(value, where: str = "argument", device: torch.device = torch.device("cuda")):
+    """A hashable description of `value` for the key of a call on `device` (see the module docstring)."""
     if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device)):
         return value
     if isinstance(value, torch.Tensor):
-        if value.device.type == "cpu" and not value.requires_grad:
+        if is_host(value, device):
             return ("cpu", tuple(value.shape), value.dtype, tuple(value.reshape(-1).tolist()))
         return ("tensor", tuple(value.shape), value.dtype, value.device, value.requires_grad)
     if isinstance(value, np.ndarray):
         return ("array", value.shape, value.dtype.str, value.tobytes())
     if isinstance(value, (tuple, list)):
-        return (type(value).__name__, tuple(describe(v, f"{where}[{i}]") for i, v in enumerate(value)))
+        return (type(value).__name__, tuple(describe(v, f"{where}[{i}]", device) for i, v in enumerate(value)))
     if isinstance(value, dict):
-        return ("dict", tuple((k, describe(v, f"{where}[{k!r}]")) for k, v in sorted(value.items(), key=_by_key)))
+        return ("dict", tuple((k, describe(v, f"{where}[{k!r}]", device)) for k, v in sorted(value.items(), key=_by_key)))
     if is_dataclass(value) and not isinstance(value, type):
         kind = type(value)
         return (
             kind.__module__,
             kind.__qualname__,
             tuple(
-                (f.name, describe(getattr(value, f.name), f"{where}.{f.name}"))
+                (f.name, describe(getattr(value, f.name), f"{where}.{f.name}", device))
                 for f in fields(value)
                 if (kind, f.name) not in DERIVED
             ),
@@ -69,7 +76,7 @@ def _by_key(item):
     return str(item[0])
 
 
-def plan_signature(plan) -> tuple:
+def plan_signature(plan, device: torch.device) -> tuple:
     """The plan's part of the key: its lengths, its segment layout (by value) and its mixers' indices."""
     layout = plan.layout
     return (
@@ -77,10 +84,10 @@ def plan_signature(plan) -> tuple:
         plan.packed_length,
         plan.compact_length,
         tuple(describe(getattr(layout, name)) for name in LAYOUT_FIELDS),
-        describe(plan.gdn, "plan.gdn"),
-        describe(plan.conv, "plan.conv"),
-        describe(plan.attention, "plan.attention"),
-        describe(plan.position_ids, "plan.position_ids"),
+        describe(plan.gdn, "plan.gdn", device),
+        describe(plan.conv, "plan.conv", device),
+        describe(plan.attention, "plan.attention", device),
+        describe(plan.position_ids, "plan.position_ids", device),
     )
 
 
@@ -96,14 +103,14 @@ def module_state(modules) -> tuple:
 def call_signature(hidden, position_embeddings, masks, kwargs: dict, layers, plan_key: str) -> tuple:
     """The key of one call of the layer stack (see the module docstring)."""
     rest = {k: v for k, v in kwargs.items() if k != plan_key}
-    device = hidden.device.type
-    autocast = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device) if device != "meta" else None)
+    device = hidden.device
+    autocast = (torch.is_autocast_enabled(device.type), torch.get_autocast_dtype(device.type))
     return (
-        describe(hidden, "hidden_states"),
-        describe(position_embeddings, "position_embeddings"),
-        describe(masks, "attention masks"),
-        describe(rest, "layer keyword"),
-        plan_signature(kwargs[plan_key]),
+        describe(hidden, "hidden_states", device),
+        describe(position_embeddings, "position_embeddings", device),
+        describe(masks, "attention masks", device),
+        describe(rest, "layer keyword", device),
+        plan_signature(kwargs[plan_key], device),
         module_state(layers),
         autocast,
         torch.is_grad_enabled(),

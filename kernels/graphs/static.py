@@ -19,65 +19,65 @@ from dataclasses import dataclass, field, fields, is_dataclass
 import torch
 
 from ..shared_prefix.conv import ConvIndex
-from .signature import DERIVED
+from .signature import DERIVED, is_host
 
 
-def clone_static(value):
-    """`value` with every device tensor cloned into a fresh buffer (host values shared); derived caches emptied."""
+def clone_static(value, device: torch.device):
+    """`value` with every tensor of `device` cloned into a fresh buffer (host values shared); derived caches emptied."""
     if isinstance(value, torch.Tensor):
-        return value if value.device.type == "cpu" else value.detach().clone()
+        return value if is_host(value, device) else value.detach().clone()
     if isinstance(value, tuple):
-        return tuple(clone_static(v) for v in value)
+        return tuple(clone_static(v, device) for v in value)
     if isinstance(value, list):
-        return [clone_static(v) for v in value]
+        return [clone_static(v, device) for v in value]
     if isinstance(value, dict):
-        return {k: clone_static(v) for k, v in value.items()}
+        return {k: clone_static(v, device) for k, v in value.items()}
     if is_dataclass(value) and not isinstance(value, type):
-        if not _holds_device_tensor(value):
+        if not _holds_device_tensor(value, device):
             return value
         out = copy.copy(value)
         for f in fields(value):
             if (type(value), f.name) in DERIVED:
                 object.__setattr__(out, f.name, type(getattr(value, f.name))())
             else:
-                object.__setattr__(out, f.name, clone_static(getattr(value, f.name)))
+                object.__setattr__(out, f.name, clone_static(getattr(value, f.name), device))
         return out
     return value
 
 
-def _holds_device_tensor(value, seen=None) -> bool:
+def _holds_device_tensor(value, device: torch.device, seen=None) -> bool:
     seen = set() if seen is None else seen
     if id(value) in seen:
         return False
     seen.add(id(value))
     if isinstance(value, torch.Tensor):
-        return value.device.type != "cpu"
+        return not is_host(value, device)
     if isinstance(value, (tuple, list)):
-        return any(_holds_device_tensor(v, seen) for v in value)
+        return any(_holds_device_tensor(v, device, seen) for v in value)
     if isinstance(value, dict):
-        return any(_holds_device_tensor(v, seen) for v in value.values())
+        return any(_holds_device_tensor(v, device, seen) for v in value.values())
     if is_dataclass(value) and not isinstance(value, type):
-        return any(_holds_device_tensor(getattr(value, f.name), seen) for f in fields(value))
+        return any(_holds_device_tensor(getattr(value, f.name), device, seen) for f in fields(value))
     return False
 
 
-def device_paths(value, path: tuple = ()) -> list[tuple]:
-    """Where every device tensor of an argument tree sits (steps of attribute names and item keys);
+def device_paths(value, device: torch.device, path: tuple = ()) -> list[tuple]:
+    """Where every tensor of `device` in an argument tree sits (steps of attribute names and item keys);
     `ConvIndex` objects are listed too (step None), for their derived caches."""
     out = []
     if isinstance(value, torch.Tensor):
-        if value.device.type != "cpu":
+        if not is_host(value, device):
             out.append(path)
     elif isinstance(value, (tuple, list)):
         for i, v in enumerate(value):
-            out += device_paths(v, (*path, ("item", i)))
+            out += device_paths(v, device, (*path, ("item", i)))
     elif isinstance(value, dict):
         for key, v in value.items():
-            out += device_paths(v, (*path, ("item", key)))
-    elif is_dataclass(value) and not isinstance(value, type) and _holds_device_tensor(value):
+            out += device_paths(v, device, (*path, ("item", key)))
+    elif is_dataclass(value) and not isinstance(value, type) and _holds_device_tensor(value, device):
         for f in fields(value):
             if (type(value), f.name) not in DERIVED:
-                out += device_paths(getattr(value, f.name), (*path, ("attr", f.name)))
+                out += device_paths(getattr(value, f.name), device, (*path, ("attr", f.name)))
         if isinstance(value, ConvIndex):
             out.append((*path, None))
     return out
@@ -118,9 +118,13 @@ class StaticCall:
 
     @classmethod
     def of(cls, hidden, position_embeddings, masks, kwargs) -> StaticCall:
+        device = hidden.device
         static_hidden = hidden.detach().clone().requires_grad_(hidden.requires_grad)
-        call = cls(static_hidden, clone_static(position_embeddings), clone_static(masks), clone_static(kwargs))
-        call.paths = device_paths((call.position_embeddings, call.masks, call.kwargs))
+        call = cls(
+            static_hidden, clone_static(position_embeddings, device), clone_static(masks, device),
+            clone_static(kwargs, device),
+        )
+        call.paths = device_paths((call.position_embeddings, call.masks, call.kwargs), device)
         return call
 
     def load(self, position_embeddings, masks, kwargs) -> None:
