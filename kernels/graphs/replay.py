@@ -27,6 +27,7 @@ the same graph raises `GraphReplayOverwritten` instead of returning another batc
 
 from __future__ import annotations
 
+import contextlib
 import traceback
 from collections.abc import Callable
 
@@ -158,6 +159,17 @@ class CudaGraphReplay:
     def forward(self) -> torch.Tensor:
         self.forward_graph.replay()
         return self.out
+
+    def __del__(self):
+        # graphs before their pool: some torch releases assert, when a MemPool goes, that no graph holds it
+        for name in ("forward_graph", "backward_graph"):
+            graph = self.__dict__.pop(name, None)
+            if graph is not None:
+                with contextlib.suppress(Exception):  # a graph whose capture failed
+                    graph.reset()
+        self.__dict__.pop("out", None)
+        self.__dict__.pop("grads", None)
+        self.__dict__.pop("pool", None)
 
     def backward(self, grad: torch.Tensor) -> tuple:
         self.grad_out.copy_(grad)

@@ -89,7 +89,9 @@ def _largest(a: dict, b: dict) -> float:
 
 @pytest.fixture(scope="module")
 def models():
-    return _model(graphs=False), _model(graphs=True)
+    eager, graphed = _model(graphs=False), _model(graphs=True)
+    graphed.load_state_dict(eager.state_dict())  # the same weights, whatever the initialisation did
+    return eager, graphed
 
 
 def _check(models, batches, what):
