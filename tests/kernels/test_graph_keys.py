@@ -63,6 +63,14 @@ def test_parameter_storage_and_requires_grad_are_in_the_key():
     assert _key(plan, [layer]) != before
 
 
+def test_a_submodule_swapped_in_changes_the_key():
+    plan = _plan([(100, [20, 30])])
+    layer = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    before = _key(plan, [layer])
+    layer[0] = torch.nn.Sequential(layer[0], torch.nn.Linear(4, 4))  # an adapter wrapped around it
+    assert _key(plan, [layer]) != before
+
+
 def test_an_argument_the_key_cannot_describe_is_refused():
     hidden, cos_sin, masks, kwargs = _call(_plan([(100, [20, 30])]))
     with pytest.raises(CudaGraphsUnavailable, match="layer keyword\\['cache'\\] of type object"):
