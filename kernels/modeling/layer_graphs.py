@@ -24,6 +24,8 @@ from ..graphs.cache import Entry
 from .shared_prefix import KWARG
 
 ATTRIBUTE = "_patchgen_layer_graphs"
+# what a text model's graphs capture with; tests off CUDA set `EagerReplay` (the same buffers and node, run eagerly)
+DEFAULT_REPLAY = CudaGraphReplay
 RECORDED_OUTPUTS = ("output_hidden_states", "output_attentions", "output_router_logits")
 
 
@@ -74,7 +76,7 @@ def _graphs(text_model) -> LayerGraphs | None:
             use_graphs(text_model, None)  # turned off: the graphs and their pools go
         return None
     if current is None:
-        current = LayerGraphs(int_field(text_model.config, SHARED_PREFIX_CUDA_GRAPHS_CACHE))
+        current = LayerGraphs(int_field(text_model.config, SHARED_PREFIX_CUDA_GRAPHS_CACHE), replay=DEFAULT_REPLAY)
         use_graphs(text_model, current)
     return current
 
