@@ -4,14 +4,16 @@
 and one backward graph (`torch.autograd.grad` of the stack's output with respect to the hidden states
 and every parameter that wants a gradient), both in one private memory pool that the entry owns:
 
-1. warm-up steps on the static arguments with the private pool active: Triton autotuning and every
+1. warm-up steps on the static arguments with the private pool active for every thread (the backward
+   runs on autograd's device thread; `allocating_to`): Triton autotuning and every
    lazily built state happen before the capture, and whatever a kernel library computes from the static
    plan's tensors and caches by tensor identity (fla's chunk tables) is allocated in the pool, so the
    memory the graph reads stays valid for as long as the entry lives, whether or not the library's
    cache still holds it (memory a global cache keeps, a stream's cuBLAS workspace, stays allocated and
    valid after the entry goes; it is only accounted to its pool);
-2. the captures, which hit those caches. A cache miss under capture means a host copy, which fails the
-   capture loudly (`GraphCaptureFailed`), never a silent read of freed memory.
+2. the captures, which hit those caches. A miss under capture recomputes the table inside the graph
+   (in its pool, so valid too) or, where that needs a host copy, fails the capture loudly
+   (`GraphCaptureFailed`); it never leaves the graph reading memory it does not own.
 
 No autograd node made on the side stream outlives the capture (the static output is detached), so the
 parameters' `AccumulateGrad` nodes are made again on the training stream by the first replay: no
@@ -108,16 +110,41 @@ def failure_site(error: BaseException) -> str:
     return " <- ".join(f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno} {f.name}" for f in reversed(frames[-2:]))
 
 
+@contextlib.contextmanager
+def allocating_to(pool, device: torch.device):
+    """Every allocation on `device` inside the block comes from `pool`, whatever its thread or stream.
+
+    `torch.cuda.use_mem_pool` routes the calling thread's allocations only, and a CUDA backward runs on
+    autograd's device thread: what a kernel library caches from inside the backward would land outside
+    the pool. This is the allocator hook `use_mem_pool` is built on, with its all-threads filter."""
+    begin = getattr(torch._C, "_cuda_beginAllocateToPool", None)
+    end = getattr(torch._C, "_cuda_endAllocateToPool", None)
+    release = getattr(torch._C, "_cuda_releasePool", None)
+    if begin is None or end is None or release is None:
+        raise CudaGraphsUnavailable(
+            f"shared_prefix_cuda_graphs needs torch's allocator pool routing (torch._C._cuda_beginAllocateToPool, "
+            f"_cuda_endAllocateToPool, _cuda_releasePool), which torch {torch.__version__} lacks: use torch >= 2.8 "
+            "or set shared_prefix_cuda_graphs=False"
+        )
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    begin(index, pool.id)
+    try:
+        yield
+    finally:
+        end(index, pool.id)
+        release(index, pool.id)
+
+
 class CudaGraphReplay:
     """Forward and backward graphs of the layer stack on `static`'s buffers, in a private pool (see module docstring)."""
 
     kind = "cuda"
 
     def __init__(self, fn, static: StaticCall, params: list[torch.Tensor], warmup: int = 2):
-        if not hasattr(torch.cuda, "use_mem_pool") or not hasattr(torch.cuda, "MemPool"):
+        if not hasattr(torch.cuda, "MemPool"):
             raise CudaGraphsUnavailable(
-                f"shared_prefix_cuda_graphs needs torch.cuda.MemPool and torch.cuda.use_mem_pool (torch >= 2.8); "
-                f"found torch {torch.__version__}: upgrade torch or set shared_prefix_cuda_graphs=False"
+                f"shared_prefix_cuda_graphs needs torch.cuda.MemPool (torch >= 2.8); found torch {torch.__version__}: "
+                "upgrade torch or set shared_prefix_cuda_graphs=False"
             )
         self.fn, self.static, self.params = fn, static, params
         device = static.hidden.device
@@ -130,7 +157,7 @@ class CudaGraphReplay:
     def _capture(self, fn, static, params, inputs, device, stream, warmup) -> None:
         # eager steps: an error here (out of memory, a bad shape) is the eager step's own, raised as it is
         stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream), torch.cuda.use_mem_pool(self.pool, device):
+        with torch.cuda.stream(stream), allocating_to(self.pool, device):
             for _ in range(warmup):
                 _step(fn, static.hidden, static.position_embeddings, static.masks, static.kwargs, params)
         torch.cuda.current_stream(device).wait_stream(stream)
