@@ -31,16 +31,11 @@ from __future__ import annotations
 
 import contextlib
 import traceback
-from collections.abc import Callable
-
 import torch
 from torch.autograd.function import once_differentiable
 
 from ..errors import CudaGraphsUnavailable, GraphCaptureFailed, GraphReplayOverwritten
 from .static import StaticCall
-
-Stack = Callable[[StaticCall], torch.Tensor]  # runs the layers on a call's arguments
-
 
 def run_stack(fn, hidden, position_embeddings, masks, kwargs) -> torch.Tensor:
     return fn(hidden, position_embeddings, masks, **kwargs)
@@ -146,7 +141,7 @@ class CudaGraphReplay:
                 f"shared_prefix_cuda_graphs needs torch.cuda.MemPool (torch >= 2.8); found torch {torch.__version__}: "
                 "upgrade torch or set shared_prefix_cuda_graphs=False"
             )
-        self.fn, self.static, self.params = fn, static, params
+        # `fn` is not kept: it closes over the text model, which holds this cache (a cycle only gc would free)
         device = static.hidden.device
         stream = capture_stream(device)
         inputs = _grad_inputs(static, params)
