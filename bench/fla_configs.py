@@ -10,15 +10,19 @@ turns the first into the second: for every tuned kernel, the fastest configurati
 in fla's file format (`autotune_entries` keyed by the md5 of the key as fla serialises it). The
 files are checked in under `bench/fla_configs/<GPU>/`; `bench/gpu_env.sh` points fla at them in
 `strict` mode: a key seen before takes its recorded configuration, any other key is tuned as usual.
-Entries already in DIR are kept (a run adds the keys it tuned).
+Entries already in DIR are kept (a run adds the keys it tuned). Only fla's kernels are written when
+fla is importable (the cache also holds liger's tunings, which fla would never read).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import json
 import os
+import pkgutil
+import sys
 from pathlib import Path
 
 CONFIG_FIELDS = ("kwargs", "num_warps", "num_stages", "num_ctas", "maxnreg", "ir_override")
@@ -46,6 +50,34 @@ def tuned_kernels(triton_cache: Path) -> dict[str, dict[str, dict]]:
         key = record["key"]
         kernels.setdefault(name, {})[key_hash(key)] = {"autotune_key": key, "config": fastest(record["configs_timings"])}
     return kernels
+
+
+def fla_kernel_names() -> set[str] | None:
+    """The names of fla's autotuned Triton kernels (every module of fla imported), or None without fla."""
+    try:
+        import fla
+        from triton.runtime.autotuner import Autotuner
+    except ImportError:
+        return None
+    names = set()
+    for info in pkgutil.walk_packages(fla.__path__, "fla."):
+        try:
+            module = importlib.import_module(info.name)
+        except Exception as error:  # noqa: BLE001 - a module needing what fla does not install: its kernels never ran
+            print(f"fla configs: {info.name} not imported ({type(error).__name__}: {error})", file=sys.stderr)
+            continue
+        for value in vars(module).values():
+            for _ in range(4):  # @triton.heuristics / @triton.autotune wrap the JITFunction, each with `.fn`
+                if isinstance(value, Autotuner):
+                    names.add(value.base_fn.__name__)
+                    break
+                value = getattr(value, "fn", None)
+    return names
+
+
+def only(kernels: dict[str, dict[str, dict]], names: set[str] | None) -> dict[str, dict[str, dict]]:
+    """The kernels named in `names` (all of them when None)."""
+    return kernels if names is None else {name: entries for name, entries in kernels.items() if name in names}
 
 
 def write(kernels: dict[str, dict[str, dict]], out: Path, triton_version: str) -> list[Path]:
@@ -83,7 +115,7 @@ def main(argv=None):
         import triton
 
         version = triton.__version__
-    kernels = tuned_kernels(cache)
+    kernels = only(tuned_kernels(cache), fla_kernel_names())
     written = write(kernels, args.out, version)
     keys = sum(len(entries) for entries in kernels.values())
     print(f"fla configs: {len(written)} kernels, {keys} tuning keys from {cache} -> {args.out}")

@@ -1,24 +1,26 @@
 """Plan building, an older builder against this one, interleaved call by call in one process (CPU time).
 
     git archive <commit> kernels | tar -x -C /tmp/before && mv /tmp/before/kernels /tmp/before/kbase
-    python bench/plan_build_ab.py --before /tmp/before [--repeats 60] [--positions none|mrope|shifted|stepped]
+    python bench/plan_build_ab.py --before /tmp/before [--repeats 60] [--positions none mrope shifted stepped]
 
 On a host shared with other jobs the wall clock is mostly waiting for a core; the CPU time of the
 building thread, measured for both builders in the same conditions (alternating calls), is what
 compares them. Both plans are checked equal (nodes, compact and expand indices, positions) first.
-Prints the median and the smallest CPU ms per batch (the 64k-token batches of `plan_build.py`) at
-max_depth 1 and 4, and the load average.
+Prints the median and the smallest CPU ms and the median wall ms per batch (the 64k-token batches of
+`plan_build.py`) at max_depth 1 and 4, for each kind of position rows asked for, and the load average.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import os
 import statistics
 import sys
 import time
 
+import numpy as np
 import torch
 from patchgen.kernels.shared_prefix import build_plan as after
 from plan_build import agentic_batch, grpo_batch, mrope
@@ -35,46 +37,67 @@ BATCHES = {
 
 
 def same_plan(a, b) -> bool:
-    nodes = [(n.members, n.start, n.end, n.parent) for n in a.nodes] == [
-        (n.members, n.start, n.end, n.parent) for n in b.nodes
-    ]
-    return nodes and all(
-        torch.equal(getattr(a, k), getattr(b, k)) for k in ("compact_src", "expand_index", "position_ids")
-    )
+    """Every field of the two plans equal: nodes, every index tensor of every mixer, the layout."""
+    return _same(a, b)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.asarray(a).dtype == np.asarray(b).dtype and np.array_equal(a, b)
+    if dataclasses.is_dataclass(a) and not isinstance(a, type):
+        names = [f.name for f in dataclasses.fields(a)]
+        return names == [f.name for f in dataclasses.fields(b)] and all(
+            _same(getattr(a, n), getattr(b, n)) for n in names
+        )
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", required=True, help="a folder holding the older `kernels` package as `kbase`")
     parser.add_argument("--repeats", type=int, default=60)
-    parser.add_argument("--positions", choices=("none", "mrope", "shifted", "stepped"), default="none")
+    parser.add_argument(
+        "--positions", nargs="+", choices=("none", "mrope", "shifted", "stepped"), default=["none"]
+    )
     args = parser.parse_args()
     sys.path.insert(0, args.before)
     before = importlib.import_module("kbase.shared_prefix").build_plan
     torch.set_num_threads(1)
-    print(f"median (smallest) CPU ms of {args.repeats} alternating calls; positions {args.positions}")
-    for name, make in BATCHES.items():
-        ids, cu = make()
-        pos = None
-        if args.positions != "none":
-            pos = mrope(cu, ids.shape[1])
-            if args.positions in ("shifted", "stepped"):
-                pos[1] += 1  # as plan_build.py's [3,1,T]* and [3,1,T]~ rows
-            if args.positions == "stepped":
-                pos[2] += (pos[0] % 4 == 0).long()
-        for depth in (1, 4):
-            old, new = before(ids, cu, pos, max_depth=depth), after(ids, cu, pos, max_depth=depth)
-            if not same_plan(old, new):
-                raise SystemExit(f"{name}, max_depth {depth}: the two builders disagree")
-            times = {"before": [], "after": []}
-            for _ in range(args.repeats):
-                for label, fn in (("before", before), ("after", after)):
-                    start = time.thread_time()
-                    fn(ids, cu, pos, max_depth=depth)
-                    times[label].append(1e3 * (time.thread_time() - start))
-            shown = "  ".join(f"{k} {statistics.median(v):5.2f} ({min(v):5.2f})" for k, v in times.items())
-            print(f"{name:<44} max_depth {depth} levels {new.depth}  {shown}", flush=True)
-    print("load average", " ".join(f"{v:.1f}" for v in os.getloadavg()))
+    for kind in args.positions:
+        print(f"median (smallest) CPU ms, median wall ms, of {args.repeats} alternating calls; positions {kind}")
+        print("load average", " ".join(f"{v:.1f}" for v in os.getloadavg()))
+        for name, make in BATCHES.items():
+            ids, cu = make()
+            pos = None
+            if kind != "none":
+                pos = mrope(cu, ids.shape[1])
+                if kind in ("shifted", "stepped"):
+                    pos[1] += 1  # as plan_build.py's [3,1,T]* and [3,1,T]~ rows
+                if kind == "stepped":
+                    pos[2] += (pos[0] % 4 == 0).long()
+            for depth in (1, 4):
+                old, new = before(ids, cu, pos, max_depth=depth), after(ids, cu, pos, max_depth=depth)
+                if not same_plan(old, new):
+                    raise SystemExit(f"{name}, max_depth {depth}, positions {kind}: the two builders disagree")
+                cpu, wall = {"before": [], "after": []}, {"before": [], "after": []}
+                for _ in range(args.repeats):
+                    for label, fn in (("before", before), ("after", after)):
+                        start, start_cpu = time.perf_counter(), time.thread_time()
+                        fn(ids, cu, pos, max_depth=depth)
+                        cpu[label].append(1e3 * (time.thread_time() - start_cpu))
+                        wall[label].append(1e3 * (time.perf_counter() - start))
+                shown = "  ".join(
+                    f"{k} {statistics.median(cpu[k]):5.2f} ({min(cpu[k]):5.2f}) {statistics.median(wall[k]):6.2f}"
+                    for k in cpu
+                )
+                print(f"{name:<44} max_depth {depth} levels {new.depth}  {shown}", flush=True)
+        print("load average", " ".join(f"{v:.1f}" for v in os.getloadavg()))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@
 #   sp8    the training-step bench at 8 layers: one-level shapes and the tree controls (system prompt,
 #          3-turn agentic), bf16 correctness of the seed case and the system tree (bench/shared_prefix_gpu.py)
 #   sp32   the same bench at 32 layers, two one-level shapes, with the upstream + liger baseline
+#   sp32t  sp32's shapes with our Triton GDN, conv and gated norm instead of fla's (ours costs less host
+#          per call; the step is host-bound)
 #   tests  the whole gpu-marked test suite (bench/gpu_tests.sh: compiles and autotunes fla, liger and
 #          ours into the Triton cache, which the parts after it then find warm)
 #   grpo   GRPO through TRL, every arm, two warm-up steps (bench/grpo_trl.py)
@@ -43,7 +45,7 @@ PACK=step_run.tar.gz
 wanted() { [[ ",$PARTS," == *",$1,"* ]]; }
 
 for p in ${PARTS//,/ }; do
-  case $p in tests|grpo|host|level|sp8|sp32|graph) ;; *) echo "unknown part $p (tests, grpo, host, level, sp8, sp32, graph)"; exit 2;; esac
+  case $p in tests|grpo|host|level|sp8|sp32|sp32t|graph) ;; *) echo "unknown part $p (tests, grpo, host, level, sp8, sp32, sp32t, graph)"; exit 2;; esac
 done
 if wanted level; then
   cp kernels/shared_prefix/level_costs.json "$R/level_costs.json"
@@ -62,6 +64,12 @@ if wanted sp32; then
   part sp32 200 python bench/shared_prefix_gpu.py --layers 32 --shapes 4x2048x256,8x4096x256 --correctness '' \
     --out "$R/sp32" --tag l32 > "$R/sp32.txt" 2>&1
   tail -30 "$R/sp32.txt"; pack
+fi
+if wanted sp32t; then
+  PATCHGEN_OPS_GATED_DELTA_RULE=triton PATCHGEN_OPS_CAUSAL_CONV1D=triton PATCHGEN_OPS_RMS_NORM_GATED=triton \
+    part sp32t 200 python bench/shared_prefix_gpu.py --layers 32 --shapes 4x2048x256,8x4096x256 --correctness '' \
+    --no-upstream --out "$R/sp32t" --tag l32t > "$R/sp32t.txt" 2>&1
+  tail -30 "$R/sp32t.txt"; pack
 fi
 if wanted tests; then
   part gpu-tests 240 bash bench/gpu_tests.sh -q > "$R/gpu_tests.txt" 2>&1

@@ -105,12 +105,12 @@ class _LookBack:
         return dx, dweight, dbias, dstate
 
 
-# fla's state kernels are checked against our float64 reference on the CPU only with a patched copy of
-# fla (its compute_dh0 kernel does not run under Triton's interpreter as shipped); until the H200 test
-# (tests/shared_prefix/test_conv_state_gpu.py) has passed, the shared-prefix conv keeps the gathered
-# look-back rows on fla, the path the H200 runs have measured. PATCHGEN_FLA_CONV_LOOK_BACK=1 opts in.
+# Checked on the H200 against the gathered look-back rows and packed (tests/shared_prefix/
+# test_conv_state_gpu.py, 2026-12-01); under Triton's interpreter only with a patched copy of fla (its
+# compute_dh0 kernel does not run there as shipped). PATCHGEN_FLA_CONV_LOOK_BACK=0 keeps the gathered
+# look-back rows (the path measured before, for A/B runs).
 CONV_LOOK_BACK = _LookBack()
-if os.environ.get("PATCHGEN_FLA_CONV_LOOK_BACK") == "1":
+if os.environ.get("PATCHGEN_FLA_CONV_LOOK_BACK") != "0":
     causal_conv1d.look_back = CONV_LOOK_BACK
 
 
@@ -163,8 +163,7 @@ class _JointRounds(FlaJointRounds, _Rounds):
     )
 
 
-# The joint stages are checked against fla's per-round stages on the CPU with stand-ins only (fla's
-# state kernel does not run under Triton's interpreter); until the H200 test
-# (tests/shared_prefix/test_gdn_rounds_gpu.py) has passed, fla keeps the per-round path, which that
-# test has checked bit for bit. PATCHGEN_FLA_JOINT_ROUNDS=1 opts in.
-gated_delta_rule.rounds = _JointRounds() if os.environ.get("PATCHGEN_FLA_JOINT_ROUNDS") == "1" else _Rounds()
+# The joint stages equal fla's per-round stages bit for bit on the H200 (tests/shared_prefix/
+# test_gdn_rounds_gpu.py, 2026-12-01); on the CPU they are order-checked with stand-ins only (fla's state
+# kernel does not run under Triton's interpreter). PATCHGEN_FLA_JOINT_ROUNDS=0 keeps the per-round stages.
+gated_delta_rule.rounds = _Rounds() if os.environ.get("PATCHGEN_FLA_JOINT_ROUNDS") == "0" else _JointRounds()

@@ -71,6 +71,7 @@ def sorted_runs(
     # the batched compare (4 rows + mask)
     scratch = Arena(_scratch((12 + (0 if positions is None else len(positions))) * len(ids)))
     offsets = None
+    every_row = positions  # with rows equal to others: one slice compare of all of them per pair
     if positions is not None:
         offsets = sequence_offsets(positions, cu_arr, scratch)
         if offsets is None:
@@ -86,22 +87,20 @@ def sorted_runs(
         # positions agree exactly when their constants do. The ids of a bucket agree on row 0,
         # so its symbols compare as the constants (bytes of row 0's positions), then as the ids.
         constants = [row.tobytes() for row in offsets]
-        orders = [
-            sorted(seqs, key=lambda s: (constants[s], ids[cu[s] : cu[s + 1]].tobytes()))
-            for seqs in _buckets(ids, cu_arr, candidates, key_len)
-        ]
+        buckets = _buckets(ids, cu_arr, candidates, key_len)
+        own = _sequence_bytes(ids, cu_arr, itertools.chain.from_iterable(buckets))
+        orders = [sorted(seqs, key=lambda s: (constants[s], own[s])) for seqs in buckets]
     else:
+        runs = _runs_in_id_order(ids, positions, np.asarray(every_row), cu_arr, candidates, key_len, scratch)
+        if runs is not None:
+            return runs
         symbols = scratch.take(len(ids) * (1 + len(positions))).reshape(len(ids), -1)
         np.stack([ids, *positions], axis=1, out=symbols)
         buckets = _buckets(ids, cu_arr, candidates, key_len)
         orders = [sorted(seqs, key=lambda s: symbols[cu[s] : cu[s + 1]].tobytes()) for seqs in buckets]
     if not orders:
         return []
-    flat = np.fromiter(itertools.chain.from_iterable(orders), np.int64)
-    last = np.cumsum([len(o) for o in orders]) - 1  # each bucket's last sequence pairs with nothing
-    pairs = np.ones(len(flat), dtype=bool)
-    pairs[last] = False
-    first, second = flat[pairs], flat[1:][pairs[:-1]]
+    first, second = _adjacent_pairs(orders)
     if positions is None:
         # members of a bucket agree on their first key_len ids: nothing to compare there
         adjacent = _common_prefixes(ids, None, cu_arr, first, second, key_len, scratch=scratch)
@@ -118,12 +117,73 @@ def sorted_runs(
             adjacent = _common_prefixes(ids, positions, cu_arr, first, second, scratch=scratch)
         else:
             adjacent = _common_prefixes(packed, None, cu_arr, first, second, scratch=scratch)
+    return _split_runs(orders, adjacent)
+
+
+def _split_runs(orders: list[list[int]], adjacent: np.ndarray) -> list[tuple[list[int], list[int]]]:
+    """The runs of `sorted_runs` from the buckets' orders and every adjacent pair's prefix, bucket after bucket."""
     adjacent = adjacent.tolist()
     runs, at = [], 0
     for order in orders:
         runs.append((order, adjacent[at : at + len(order) - 1]))
         at += len(order) - 1
     return runs
+
+
+def _adjacent_pairs(orders: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """`(first, second)`: every pair of neighbours inside a bucket's order, bucket after bucket."""
+    flat = np.fromiter(itertools.chain.from_iterable(orders), np.int64)
+    last = np.cumsum([len(o) for o in orders]) - 1  # each bucket's last sequence pairs with nothing
+    pairs = np.ones(len(flat), dtype=bool)
+    pairs[last] = False
+    return flat[pairs], flat[1:][pairs[:-1]]
+
+
+def _runs_in_id_order(
+    ids: np.ndarray,
+    positions: list[np.ndarray],
+    every_row: np.ndarray,
+    cu: np.ndarray,
+    candidates: np.ndarray,
+    key_len: int,
+    scratch: Arena,
+) -> list[tuple[list[int], list[int]]] | None:
+    """`sorted_runs` for position rows that do not count up, when sorting by the ids alone gives the
+    symbol order (else None): the usual case, where sequences that agree on their ids up to a row
+    agree on their positions there too (positions follow the content: M-RoPE rows of the same
+    image grid).
+
+    The symbol order compares two sequences at their first differing symbol, id first. When that
+    row's ids differ, the ids' own order decides them the same way; when the pair agrees on every
+    row both hold, both orders put the shorter first (equal sequences: ascending index, as the
+    stable sorts do). Being sorted is a property of adjacent pairs, so checking every adjacent pair
+    of the id order checks the whole order. Building and byte-sorting the `[T, 1 + R]` symbols is
+    what this spares. `positions` are the distinct rows, `every_row` all of them `[R, T]` (a few
+    pairs compare all rows in one slice each: fewer calls weigh more than a few more rows).
+    """
+    orders = _sorted_buckets(ids, cu, candidates, key_len)
+    if not orders:
+        return []
+    first, second = _adjacent_pairs(orders)
+    n = np.minimum(cu[first + 1] - cu[first], cu[second + 1] - cu[second])
+    # members of a bucket agree on their first key_len ids: nothing to compare there
+    differ_at = _first_differences(ids, None, cu, first, second, key_len, scratch=scratch)
+    # the first differing symbol is the first differing id exactly when the positions agree on
+    # every row before it (and on all rows both hold, where the ids agree throughout)
+    if len(first) <= PAIRWISE_MAX:
+        for a, b, k in zip(cu[first].tolist(), cu[second].tolist(), differ_at.tolist()):
+            if not np.array_equal(every_row[:, a : a + k], every_row[:, b : b + k]):
+                return None
+    else:
+        left, right = scratch.ranges(cu[first], differ_at), scratch.ranges(cu[second], differ_at)
+        at_left, at_right = scratch.take(len(left)), scratch.take(len(left))
+        differs = scratch.take(len(left), bool)
+        for row in positions:
+            np.take(row, left, out=at_left, mode="clip")  # indices built from `cu` are in range
+            np.take(row, right, out=at_right, mode="clip")
+            if np.not_equal(at_left, at_right, out=differs).any():
+                return None  # a position differs where the ids still agree: the symbols decide that pair
+    return _split_runs(orders, np.minimum(differ_at, n - 1))
 
 
 _SCRATCH = threading.local()
@@ -150,14 +210,24 @@ def _sorted_buckets(ids: np.ndarray, cu: np.ndarray, candidates: np.ndarray, key
     """Buckets of `_buckets`, each in lexicographic order, when a sequence's symbols are its ids:
     one sort of every candidate by its bytes, whose runs of equal first `key_len` ids are the
     buckets (the bucket key is a prefix of the sort key)."""
-    bounds = cu.tolist()
-    order = sorted(candidates.tolist(), key=lambda s: ids[bounds[s] : bounds[s + 1]].tobytes())
+    order = candidates.tolist()
+    order.sort(key=_sequence_bytes(ids, cu, order).__getitem__)
     starts = cu[order]
     heads = ids[starts[:, None] + counting(key_len)]
     edges = np.flatnonzero((heads[1:] != heads[:-1]).any(axis=1)) + 1
     bounds = [0, *edges.tolist(), len(order)]
     buckets = [order[a:b] for a, b in itertools.pairwise(bounds) if b - a >= 2]
     return sorted(buckets, key=min)
+
+
+def _sequence_bytes(ids: np.ndarray, cu: np.ndarray, seqs) -> dict[int, bytes]:
+    """The bytes of each listed sequence's ids: a sort key per sequence. Many sequences: cut from
+    one copy of the row (a numpy view per sequence costs more than the copy); few: each its own."""
+    seqs, bounds = list(seqs), cu.tolist()
+    if len(seqs) <= 128:
+        return {s: ids[bounds[s] : bounds[s + 1]].tobytes() for s in seqs}
+    whole, size = np.ascontiguousarray(ids).tobytes(), ids.itemsize
+    return {s: whole[size * bounds[s] : size * bounds[s + 1]] for s in seqs}
 
 
 _HASH = np.random.default_rng(19).integers(1, 2**62, BUCKET_TOKENS, dtype=np.int64) | 1
@@ -193,7 +263,8 @@ def _distinct_rows(positions: np.ndarray) -> list[np.ndarray]:
     row differs between two rows only where its equal, earlier row already does."""
     kept: list[np.ndarray] = []
     for row in positions:
-        if not any(np.array_equal(row, earlier) for earlier in kept):
+        # rows that differ mostly do so early: a look at the head spares most full compares
+        if not any(np.array_equal(row[:256], earlier[:256]) and np.array_equal(row, earlier) for earlier in kept):
             kept.append(row)
     return kept
 
@@ -214,6 +285,13 @@ def sequence_offsets(positions: list[np.ndarray], cu: np.ndarray, scratch: Arena
     inner = cu[1:-1]
     inner = inner[(inner > 0) & (inner < t)] - 1  # steps that cross into the next sequence
     starts = np.minimum(cu[:-1], t - 1)
+    # a row that counts up ends `length - 1` above where it starts in every sequence: checked for
+    # every row first, it turns most rows that do not count up away before any full pass
+    full = np.flatnonzero(np.diff(cu) > 0)
+    head, tail = cu[full], cu[full + 1] - 1
+    for row in positions:
+        if not np.array_equal(row[tail] - row[head], tail - head):  # wraps as the steps would
+            return None
     for r, row in enumerate(positions):
         np.subtract(row[1:], row[:-1], out=step)
         np.equal(step, 1, out=counts)
@@ -271,8 +349,18 @@ def _common_prefixes(
     """Leading symbols that match for every pair `(first[i], second[i])` of sequences, capped so both
     keep a suffix token; a symbol is a row's id and its value in every row of `positions` (`[R, T]`,
     a list of rows, or None). The first `skip` symbols of every pair are known to match (both sequences
-    are longer than `skip`). Few pairs: one slice compare each; many (short sequences): the
-    overlapping rows of all pairs side by side, compared in one pass (temporaries from `scratch`)."""
+    are longer than `skip`)."""
+    n = np.minimum(cu[first + 1] - cu[first], cu[second + 1] - cu[second])
+    return np.minimum(_first_differences(ids, positions, cu, first, second, skip, scratch), n - 1)
+
+
+def _first_differences(
+    ids, positions, cu: np.ndarray, first: np.ndarray, second: np.ndarray, skip: int = 0, scratch: Arena | None = None
+) -> np.ndarray:
+    """The first offset where the symbols of `first[i]` and `second[i]` differ, or the shorter one's
+    length where they agree throughout (arguments as for `_common_prefixes`). Few pairs: one slice
+    compare each; many (short sequences): the overlapping rows of all pairs side by side, compared
+    in one pass (temporaries from `scratch`)."""
     n = np.minimum(cu[first + 1] - cu[first], cu[second + 1] - cu[second])
     rest = n - skip
     if len(first) <= PAIRWISE_MAX:
@@ -281,9 +369,9 @@ def _common_prefixes(
             differs = ids[a : a + k] != ids[b : b + k]
             for row in () if positions is None else positions:
                 differs |= row[a : a + k] != row[b : b + k]
-            at = int(differs.argmax())
-            out.append(at if differs[at] else k)
-        return np.minimum(skip + np.asarray(out, dtype=np.int64), n - 1)
+            at = int(differs.argmax()) if k else 0
+            out.append(at if k and differs[at] else k)
+        return skip + np.asarray(out, dtype=np.int64)
     scratch = scratch or Arena()
     left, right = scratch.ranges(cu[first] + skip, rest), scratch.ranges(cu[second] + skip, rest)
     # indices built from `cu` are in range: 'clip' only spares numpy's bounds-checking copy
@@ -296,10 +384,10 @@ def _common_prefixes(
     pair_start = np.cumsum(rest) - rest
     hits = np.flatnonzero(differs)
     if not len(hits):
-        return n - 1
+        return n.copy()
     after = np.searchsorted(hits, pair_start)  # the first differing row at or after each pair's start
     first_hit = np.where(after < len(hits), hits[np.minimum(after, len(hits) - 1)] - pair_start, rest)
-    return np.minimum(skip + np.minimum(first_hit, rest), n - 1)
+    return skip + np.minimum(first_hit, rest)
 
 
 def _best_partition(adjacent: list[int], min_prefix: int) -> list[tuple[int, int, int]]:

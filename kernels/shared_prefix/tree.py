@@ -116,13 +116,16 @@ def _trie(seqs: list[int], adjacent: list[int]) -> _TrieNode:
         if hi - lo == 1:
             return lo
         prefix = min(adjacent[lo : hi - 1])
-        children, first = [], lo
-        for i in range(lo, hi - 1):  # children split where the adjacent prefix equals the node's
-            if adjacent[i] == prefix:
-                children.append(build(first, i + 1))
+        children, first, height = [], lo, 1
+        for i in range(lo, hi):  # children split where the adjacent prefix equals the node's
+            if i == hi - 1 or adjacent[i] == prefix:
+                if i == first:  # a leaf: no call, no node
+                    children.append(first)
+                else:
+                    child = build(first, i + 1)
+                    children.append(child)
+                    height = max(height, 1 + child.height)
                 first = i + 1
-        children.append(build(first, hi))
-        height = 1 + max(0 if isinstance(c, int) else c.height for c in children)
         return _TrieNode(seqs, lo, hi, prefix, children, height)
 
     return build(0, len(seqs))
@@ -223,10 +226,11 @@ class _Solver:
         if isinstance(node, int) or depth == 0:
             return
         children = node.children
-        if node.height == 1:
-            joined = list(range(len(children))) if node.prefix - above >= self._shortest(above) else []
-        else:
-            joined = self._solve(node, above)[1][depth]
+        if node.height == 1:  # only leaves below: all of them together, or nothing kept here
+            if node.prefix - above >= self._shortest(above):
+                out.append((tuple(sorted(node.seqs[node.lo : node.hi])), above, node.prefix, parent))
+            return
+        joined = self._solve(node, above)[1][depth]
         if joined:
             members = []
             for c in joined:
@@ -235,10 +239,11 @@ class _Solver:
             slot = len(out)
             out.append((tuple(sorted(members)), above, node.prefix, parent))
             for c in joined:
-                self.collect(children[c], node.prefix, depth - 1, slot, out)
+                if not isinstance(children[c], int):  # a leaf keeps nothing below it
+                    self.collect(children[c], node.prefix, depth - 1, slot, out)
         chosen = set(joined)
         for ci, c in enumerate(children):
-            if ci not in chosen:
+            if ci not in chosen and not isinstance(c, int):
                 self.collect(c, above, depth, parent, out)
 
 

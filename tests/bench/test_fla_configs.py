@@ -70,3 +70,21 @@ def test_fla_reads_the_files_back_in_strict_mode(tmp_path, monkeypatch):
     assert cache_module.load_cached_config("chunk_fwd_kernel_o", key)["kwargs"] == {"BV": 64}
     other = cache_module.AutotuneKey(autotune_key=tuple(KEY_FP32))
     assert cache_module.load_cached_config("chunk_fwd_kernel_o", other) is None
+
+
+def test_only_fla_kernels_are_written_when_fla_names_them(tmp_path):
+    cache, out = tmp_path / "cache", tmp_path / "configs"
+    _tuned(cache, "a1", "chunk_fwd_kernel_o", KEY_BF16, [[_config(64, 8), [0.2, 0.2, 0.2]]])
+    _tuned(cache, "b2", "_fused_up_proj_swiglu_kernel", KEY_BF16, [[_config(32, 4), [0.1, 0.1, 0.1]]])
+    kernels = fla_configs.tuned_kernels(cache)
+    fla_configs.write(fla_configs.only(kernels, {"chunk_fwd_kernel_o", "l2norm_fwd_kernel"}), out, "3.7.1")
+    assert [p.name for p in out.iterdir()] == ["chunk_fwd_kernel_o.json"]
+    assert fla_configs.only(kernels, None) == kernels  # without fla installed: every tuned kernel
+
+
+@pytest.mark.gpu  # fla-core is the gpu extra: this runs in bench/gpu_tests.sh
+def test_fla_names_its_gdn_kernels_and_not_liger_s():
+    pytest.importorskip("fla")
+    names = fla_configs.fla_kernel_names()
+    assert {"chunk_fwd_kernel_o", "recompute_w_u_fwd_kernel", "causal_conv1d_fwd_kernel"} <= names
+    assert "_fused_up_proj_swiglu_kernel" not in names

@@ -30,6 +30,9 @@ MODES = [
     "negative",
     "wide",
     "one_row_constants",
+    "stepped",
+    "grid",
+    "diverging",
 ]
 
 
@@ -69,6 +72,15 @@ def position_batches(draw):
         rows[2] = -local
     elif mode == "wide":  # needs more than 63 bits as one int64 per row: every row is compared
         rows[1] += (local % 2) << 55
+    elif mode == "stepped":  # the bench's [3,1,T]~: one row also steps by 2 at every 4th offset
+        rows[1] += 1
+        rows[2] += (local % 4 == 0).astype(np.int64)
+    elif mode == "grid":  # M-RoPE rows of an image grid: time constant, height and width in a 4-wide grid
+        rows[0] = local // 16
+        rows[1] = (local // 4) % 4
+        rows[2] = local % 4
+    elif mode == "diverging" and seqs:  # rollouts' positions part where their ids still agree
+        rows[1] += np.repeat([rng.choice([0, 0, 1]) * rng.randrange(2, 90) for _ in seqs], lengths) <= local
     if mode == "broken" and t:
         rows[rng.randrange(3), rng.randrange(t)] += 1
     if mode == "one_row_constants":
@@ -143,7 +155,51 @@ def test_fast_paths_build_the_plans_of_comparing_every_row(monkeypatch, batch, d
         patched.setattr(grouping, "PAIRWISE_MAX", 0)
         patched.setattr(grouping, "sequence_offsets", lambda *args, **kwargs: None)
         patched.setattr(grouping, "row_symbols", lambda *args, **kwargs: None)
+        patched.setattr(grouping, "_runs_in_id_order", lambda *args, **kwargs: None)
         assert plan_arrays(build_plan(ids, cu, positions, **options)) == fast
+
+
+def grid_rollouts(diverge_at=None):
+    """Two prompts with an image-grid-like position row, four rollouts each; with `diverge_at`, one
+    rollout's positions step away from its siblings' there while its ids still agree with them."""
+    rng = random.Random(3)
+    seqs = []
+    for _ in range(2):
+        prompt = [rng.randrange(1, 500) for _ in range(100)]
+        seqs += [prompt + [rng.randrange(1, 500) for _ in range(rng.randrange(5, 30))] for _ in range(4)]
+    local = [np.arange(len(s)) for s in seqs]
+    rows = np.stack([np.concatenate(local), np.concatenate([o // 8 for o in local])])
+    if diverge_at is not None:
+        rows[1, diverge_at : len(seqs[0])] += 1  # in the first rollout, from offset diverge_at on
+    return seqs, rows, 64
+
+
+def test_rows_that_follow_the_ids_are_grouped_in_the_order_of_the_ids_alone(monkeypatch):
+    """Positions that agree wherever the ids do (an image grid's rows): the runs come from sorting
+    by the ids and comparing them, with the positions only checked; they are the symbol order's."""
+    monkeypatch.setattr(grouping, "PAIRWISE_MAX", 0)
+    seqs, rows, min_prefix = grid_rollouts()
+    ids, cu = host(seqs, rows)
+    candidates = np.flatnonzero(np.diff(cu) > min_prefix)
+    scratch = grouping.Arena(np.empty(16 * len(ids), np.int64))
+    fast = grouping._runs_in_id_order(ids, list(rows), rows, np.asarray(cu), candidates, min_prefix, scratch)
+    assert fast == reference_runs(seqs, rows, min_prefix)
+    assert [len(order) for order, _ in fast] == [4, 4]
+
+
+@pytest.mark.parametrize("pairwise_max", [0, 128])
+def test_a_position_that_differs_where_the_ids_agree_takes_the_symbol_order(monkeypatch, pairwise_max):
+    """The id order is not the symbol order once a rollout's positions part from its siblings'
+    before its ids do: the fast path declines, and the runs are still the symbol order's."""
+    monkeypatch.setattr(grouping, "PAIRWISE_MAX", pairwise_max)
+    seqs, rows, min_prefix = grid_rollouts(diverge_at=80)
+    ids, cu = host(seqs, rows)
+    candidates = np.flatnonzero(np.diff(cu) > min_prefix)
+    scratch = grouping.Arena(np.empty(16 * len(ids), np.int64))
+    assert grouping._runs_in_id_order(ids, list(rows), rows, np.asarray(cu), candidates, min_prefix, scratch) is None
+    runs = grouping.sorted_runs(ids, rows, cu, min_prefix)
+    assert runs == reference_runs(seqs, rows, min_prefix)
+    assert 80 in runs[0][1]  # the parted rollout shares 80 rows with its siblings
 
 
 def test_sequence_offsets_are_what_each_row_adds_to_the_sequences_own_count():
@@ -152,7 +208,8 @@ def test_sequence_offsets_are_what_each_row_adds_to_the_sequences_own_count():
     assert grouping.sequence_offsets(rows, cu).tolist() == [[0, 5], [0, 0], [7, 0]]
 
 
-@pytest.mark.parametrize("row", [[0, 1, 1, 0, 1], [0, 2, 4, 0, 1], [0, 1, 2, 1, 0]])
+# [0, 2, 2]: ends where a count would, but does not count
+@pytest.mark.parametrize("row", [[0, 1, 1, 0, 1], [0, 2, 4, 0, 1], [0, 1, 2, 1, 0], [0, 2, 2, 0, 1]])
 def test_a_row_that_does_not_count_up_by_one_has_no_offsets(row):
     assert grouping.sequence_offsets([np.arange(5), np.array(row)], np.array([0, 3, 5])) is None
 
@@ -198,3 +255,22 @@ def test_threads_building_plans_at_once_each_get_their_own_scratch(monkeypatch):
     with ThreadPoolExecutor(4) as pool:
         got = list(pool.map(runs, range(40)))
     assert got == [expected[i % len(batches)] for i in range(40)]
+
+
+@pytest.mark.parametrize("mode", ["none", "stepped"])
+def test_many_sequences_sort_as_few_do(mode):
+    """Past 128 candidates the sort keys are cut from one copy of the row: same runs as the definition."""
+    rng = random.Random(11)
+    seqs = []
+    for _ in range(3):
+        prompt = [rng.randrange(1, 4) for _ in range(40)]
+        seqs += [prompt + [rng.randrange(1, 4) for _ in range(rng.randrange(1, 30))] for _ in range(50)]
+    rng.shuffle(seqs)
+    local = np.concatenate([np.arange(len(s)) for s in seqs]).astype(np.int64)
+    rows = np.stack([local, local + 1, local + (local % 4 == 0)])
+    ids, cu = host(seqs, rows)
+    positions = None if mode == "none" else rows
+    expected = reference_runs(seqs, np.zeros((0, len(ids)), np.int64) if positions is None else rows, 16)
+    runs = grouping.sorted_runs(ids, positions, cu, 16)
+    assert runs == expected
+    assert sum(len(order) for order, _ in runs) > 128

@@ -144,6 +144,12 @@ def _bv(v: int, dtype, block_v: int | None) -> int:
     return block_v or head_block(v, dtype, cap=64)
 
 
+def _fwd_stages(dtype) -> dict:
+    """fp64 tiles pipelined at head dim 128 need 394 KB of shared memory a block, over sm_90's 227 KiB
+    (tests/triton/compile_kernels.py --stage llir): 8-byte dtypes are not pipelined."""
+    return {"num_stages": 1} if torch.empty((), dtype=dtype).element_size() >= 8 else {}
+
+
 def chunk_state_fwd(k, w, u, gc, chunking: Chunking, *, initial_state=None, output_final_state=False,
                     block_v: int | None = None):
     """Returns (h [NT, HV, K, V] chunk-start states in k's dtype, v_new [T, HV, V], final [N, HV, K, V] or None)."""
@@ -159,7 +165,8 @@ def chunk_state_fwd(k, w, u, gc, chunking: Chunking, *, initial_state=None, outp
         k, w, u, gc, h, v_new, initial_state, final, chunking.cu_seqlens, chunking.chunk_offsets,
         H=H, HV=HV, K=K, V=V, BT=chunking.chunk_size, BK=head_block(K, k.dtype), BV=BV,
         HAS_H0=initial_state is not None, STORE_HT=output_final_state,
-        ACC=prec.acc, DOT=prec.dot, PREC=prec.dot_precision, num_warps=TUNING.fwd_warps)
+        ACC=prec.acc, DOT=prec.dot, PREC=prec.dot_precision, num_warps=TUNING.fwd_warps,
+        **_fwd_stages(k.dtype))
     return h, v_new, final
 
 
