@@ -2,6 +2,8 @@
 
     python bench/shared_prefix_gpu.py --out DIR [--shapes grid | 4x2048x256,split,...] [--layers 8,32]
     python bench/shared_prefix_gpu.py --tiny --out DIR   # CPU run of the script itself, tiny widths
+    python bench/shared_prefix_gpu.py --graphs ...        # + the shared step without checkpointing, eager and
+                                                          #   under CUDA graphs (shared_prefix_graphs.py)
 
 Builds `Qwen3_5ForCausalLM` from the generated GPU module (hidden 2560, intermediate 9216, 16
 attention heads of 256 with 4 KV heads, GDN 16/32 heads of 128, conv 4, vocab 151936), bf16,
@@ -44,6 +46,8 @@ from shared_prefix_arms import (  # noqa: F401 - re-exported for the other bench
     packed_kwargs,
     train_step,
 )
+from shared_prefix_graphs import GRAPH_ARMS, graph_arms
+from shared_prefix_graphs import summary as graphs_summary
 from shared_prefix_report import ratios, table, write
 from shared_prefix_shapes import (  # noqa: F401 - re-exported for the other bench scripts
     CONTROLS,
@@ -169,6 +173,8 @@ def speed(model, shapes, rows, args, device, timer, vocab, cost_us, save):
         set_tree(model, shape)
         outputs = {arm: run_arm(model, arm, row, inputs, args, device, timer, cost_us) for arm in OURS}
         bit_equal(row, outputs)
+        if args.graphs:
+            graph_arms(model, row, inputs, args, device, timer, cost_us, run_arm)
         # The device cannot be busy longer than the step took: else the split misread the trace.
         for arm in OURS:
             if row.get(f"{arm}_gpu_ms", 0) > 1.05 * row.get(f"{arm}_train_ms", float("inf")):
@@ -189,6 +195,8 @@ def speed(model, shapes, rows, args, device, timer, vocab, cost_us, save):
             f"{row['logprobs_bitequal']}, syncs {row.get('syncs_packed_train')}/{row.get('syncs_shared_train')}",
             flush=True,
         )
+        if args.graphs:
+            print(graphs_summary(row), flush=True)
 
 
 def baseline_speed(twin, arm, shapes, rows, args, device, timer, vocab, cost_us, save):
@@ -368,12 +376,22 @@ def parse_args(argv):
         action="store_true",
         help="shared arm with shared_prefix_chunk_aligned (prefixes cut to whole GDN chunks, read in place)",
     )
+    parser.add_argument(
+        "--graphs",
+        action="store_true",
+        help="also the shared step without checkpointing, eager and with shared_prefix_cuda_graphs "
+        "(bench/shared_prefix_graphs.py; CUDA only)",
+    )
     args = parser.parse_args(argv)
+    if args.graphs and args.tiny:
+        raise SystemExit("--graphs needs a CUDA device: CUDA graphs do not run in the --tiny CPU run")
     if args.baselines is None:
         args.baselines = "" if args.tiny else "upstream_liger"
     args.baselines = [] if args.no_upstream else names(args.baselines, BASELINES, "--baselines")
     args.host_split = names(args.host_split, tuple(ARMS), "--host-split")
     args.layers = depths(args.layers)
+    if args.graphs and args.host_split:
+        args.host_split = [*args.host_split, *(a for a in GRAPH_ARMS if a not in args.host_split)]
     if args.upstream_only and not args.baselines:
         raise SystemExit(
             "--upstream-only with no baselines measures nothing; drop --no-upstream or give --baselines"

@@ -86,13 +86,17 @@ SHARED_PREFIX_TRAINING = "shared_prefix_training"
 SHARED_PREFIX_MIN_LENGTH = "shared_prefix_min_length"
 SHARED_PREFIX_VERIFY = "shared_prefix_verify"
 SHARED_PREFIX_CHUNK_ALIGNED = "shared_prefix_chunk_aligned"
-BOOL_FIELDS = (SHARED_PREFIX_TRAINING, SHARED_PREFIX_VERIFY, SHARED_PREFIX_CHUNK_ALIGNED)
+SHARED_PREFIX_CUDA_GRAPHS = "shared_prefix_cuda_graphs"
+SHARED_PREFIX_CUDA_GRAPHS_CACHE = "shared_prefix_cuda_graphs_cache"
+ENV_SHARED_PREFIX_CUDA_GRAPHS = "PATCHGEN_SHARED_PREFIX_CUDA_GRAPHS"
+BOOL_FIELDS = (SHARED_PREFIX_TRAINING, SHARED_PREFIX_VERIFY, SHARED_PREFIX_CHUNK_ALIGNED, SHARED_PREFIX_CUDA_GRAPHS)
 SHARED_PREFIX_MAX_DEPTH = "shared_prefix_max_depth"
 SHARED_PREFIX_LEVEL_COST = "shared_prefix_level_cost"
 # Whole-number fields: name -> (default, smallest value allowed, what it counts).
 INT_FIELDS = {
     SHARED_PREFIX_MIN_LENGTH: (64, 1, "the shortest prefix worth sharing, in tokens"),
     SHARED_PREFIX_MAX_DEPTH: (DEFAULT_MAX_DEPTH, 1, "levels of nested prefixes shared (1: one level)"),
+    SHARED_PREFIX_CUDA_GRAPHS_CACHE: (2, 1, "captured layer-stack graphs kept at once, each with its memory pool"),
 }
 FIELDS = (*BOOL_FIELDS, *INT_FIELDS, SHARED_PREFIX_LEVEL_COST, "ops_implementation")
 
@@ -141,6 +145,23 @@ def shared_prefix_level_cost(config: Any) -> int | None:
 def shared_prefix_min_length(config: Any) -> int:
     """``shared_prefix_min_length`` (default 64): the shortest prefix worth sharing, in tokens."""
     return int_field(config, SHARED_PREFIX_MIN_LENGTH)
+
+
+def shared_prefix_cuda_graphs(config: Any, environ: Mapping[str, str] | None = None) -> bool:
+    """``shared_prefix_cuda_graphs`` (default False), or ``PATCHGEN_SHARED_PREFIX_CUDA_GRAPHS=1`` in the environment.
+
+    The variable turns the feature on or off for every model (``0`` wins over the config); any other
+    value is an error rather than silently ignored.
+    """
+    value = (os.environ if environ is None else environ).get(ENV_SHARED_PREFIX_CUDA_GRAPHS, "").strip()
+    if value in ("1", "0"):
+        return value == "1"
+    if value:
+        raise SettingError(
+            f"environment variable {ENV_SHARED_PREFIX_CUDA_GRAPHS}={value!r}: expected 1 (on) or 0 (off); "
+            "unset it to follow the model config's shared_prefix_cuda_graphs"
+        )
+    return bool(field(config, SHARED_PREFIX_CUDA_GRAPHS, False))
 
 
 def check_model_config(config: Any) -> None:

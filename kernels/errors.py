@@ -33,3 +33,19 @@ class MissingWeights(RuntimeError):
             "ForConditionalGeneration layout or a ForCausalLM checkpoint of the same config), or pass "
             "allow_missing_weights=True to keep them random, as transformers does (it reports them as MISSING)."
         )
+
+
+class CudaGraphsUnavailable(RuntimeError):
+    """``shared_prefix_cuda_graphs`` is on where the layer stack cannot run under CUDA graphs (no CUDA device,
+    activation checkpointing, per-layer outputs asked for, an argument a graph cannot hold). The message
+    names what was found and the fix."""
+
+
+class GraphCaptureFailed(RuntimeError):
+    """Capturing the decoder-layer stack failed: something inside it synchronises with the host or reads
+    host data per call. The message names the op and the way out (turn the graphs off)."""
+
+
+class GraphReplayOverwritten(RuntimeError):
+    """The backward of a graphed forward ran after a later forward replayed the same graph, which overwrote
+    the activations that backward reads: its gradients would be another batch's."""

@@ -17,7 +17,7 @@
 #   add_method Qwen3_5GatedDeltaNet._cached_mix [upstream 323a207bd360]: upstream's cached conv and delta rule, for decode steps
 #   override_method Qwen3_5Attention.forward [upstream 2b6ae99fef5a]: rotary through ops.rotary; varlen ops.attention when packed or shared-prefix
 #   override_method Qwen3_5DecoderLayer.forward [upstream 141148e63653]: thread packed metadata / shared-prefix plan to both mixers
-#   override_method Qwen3_5TextModel.forward [upstream bb49569627a8]: compact row under a shared-prefix plan; packed rows checked or read from position_ids; no [T, T] mask
+#   override_method Qwen3_5TextModel.forward [upstream bb49569627a8]: compact row under a shared-prefix plan; packed rows checked or read from position_ids; no [T, T] mask; the layer stack through layer_graphs (opt-in CUDA graphs)
 #   override_method Qwen3_5Model.__init__ [upstream cf6bf9975545]: build this module's patched text model (AutoModel would build upstream's)
 #   override_method Qwen3_5ForCausalLM.forward [upstream 749a45f2182e]: shared-prefix plan and guards; LM head through ops.cross_entropy with row dedup
 #   override_method Qwen3_5ForConditionalGeneration.forward [upstream ef654ce3edba]: shared-prefix plan (text only) and guards; LM head through ops.cross_entropy with row dedup
@@ -104,7 +104,7 @@ from transformers.models.auto import AutoModel
 from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config, Qwen3_5TextConfig, Qwen3_5VisionConfig
 
 from patchgen.kernels import ops
-from patchgen.kernels.modeling import fields, shared_prefix, verify
+from patchgen.kernels.modeling import fields, layer_graphs, shared_prefix, verify
 from patchgen.kernels.modeling.boundaries import resolve_packed
 from patchgen.kernels.modeling.generation import prefill_rows, starts_from_zero_state, use_cache_for
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
@@ -1320,7 +1320,7 @@ class Qwen3_5TextModel(Qwen3_5PreTrainedModel):
         # Initialize weights and apply final processing
         self.post_init()
 
-    # patchgen[override_method]: compact row under a shared-prefix plan; packed rows checked or read from position_ids; no [T, T] mask
+    # patchgen[override_method]: compact row under a shared-prefix plan; packed rows checked or read from position_ids; no [T, T] mask; the layer stack through layer_graphs (opt-in CUDA graphs)
     @merge_with_config_defaults
     @capture_outputs
     @auto_docstring
@@ -1410,16 +1410,21 @@ class Qwen3_5TextModel(Qwen3_5PreTrainedModel):
         hidden_states = inputs_embeds
         position_embeddings = self.rotary_emb(hidden_states, position_ids)
 
-        for i, decoder_layer in enumerate(self.layers[: self.config.num_hidden_layers]):
-            hidden_states = decoder_layer(
-                hidden_states,
-                position_embeddings=position_embeddings,
-                attention_mask=causal_mask_mapping[self.config.layer_types[i]],
-                position_ids=text_position_ids,
-                cache=cache,
-                use_cache=use_cache,
-                **kwargs,
-            )
+        def decoder_layers(hidden_states, position_embeddings, masks, **layer_kwargs):
+            for i, decoder_layer in enumerate(self.layers[: self.config.num_hidden_layers]):
+                hidden_states = decoder_layer(
+                    hidden_states,
+                    position_embeddings=position_embeddings,
+                    attention_mask=masks[self.config.layer_types[i]],
+                    **layer_kwargs,
+                )
+            return hidden_states
+
+        # The loop as it is, or (shared_prefix_cuda_graphs, shared-prefix training step) replayed as CUDA graphs.
+        hidden_states = layer_graphs.run_layers(
+            self, decoder_layers, hidden_states, position_embeddings, causal_mask_mapping,
+            position_ids=text_position_ids, cache=cache, use_cache=use_cache, **kwargs,
+        )
 
         hidden_states = self.norm(hidden_states)
 

@@ -38,7 +38,7 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (
 )
 
 from patchgen.kernels import ops
-from patchgen.kernels.modeling import fields, shared_prefix, verify
+from patchgen.kernels.modeling import fields, layer_graphs, shared_prefix, verify
 from patchgen.kernels.modeling.boundaries import resolve_packed
 from patchgen.kernels.modeling.generation import prefill_rows, starts_from_zero_state, use_cache_for
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
@@ -427,16 +427,21 @@ class Qwen3_5TextModel(upstream.Qwen3_5TextModel):
         hidden_states = inputs_embeds
         position_embeddings = self.rotary_emb(hidden_states, position_ids)
 
-        for i, decoder_layer in enumerate(self.layers[: self.config.num_hidden_layers]):
-            hidden_states = decoder_layer(
-                hidden_states,
-                position_embeddings=position_embeddings,
-                attention_mask=causal_mask_mapping[self.config.layer_types[i]],
-                position_ids=text_position_ids,
-                cache=cache,
-                use_cache=use_cache,
-                **kwargs,
-            )
+        def decoder_layers(hidden_states, position_embeddings, masks, **layer_kwargs):
+            for i, decoder_layer in enumerate(self.layers[: self.config.num_hidden_layers]):
+                hidden_states = decoder_layer(
+                    hidden_states,
+                    position_embeddings=position_embeddings,
+                    attention_mask=masks[self.config.layer_types[i]],
+                    **layer_kwargs,
+                )
+            return hidden_states
+
+        # The loop as it is, or (shared_prefix_cuda_graphs, shared-prefix training step) replayed as CUDA graphs.
+        hidden_states = layer_graphs.run_layers(
+            self, decoder_layers, hidden_states, position_embeddings, causal_mask_mapping,
+            position_ids=text_position_ids, cache=cache, use_cache=use_cache, **kwargs,
+        )
 
         hidden_states = self.norm(hidden_states)
 

@@ -35,7 +35,9 @@ def dense_config(device: str, op_defaults: dict[str, str]) -> PatchConfig:
     )
     config.override_method("Qwen3_5DecoderLayer.forward", reason="thread packed metadata / shared-prefix plan to both mixers")
     config.override_method(
-        "Qwen3_5TextModel.forward", reason="compact row under a shared-prefix plan; packed rows checked or read from position_ids; no [T, T] mask"
+        "Qwen3_5TextModel.forward",
+        reason="compact row under a shared-prefix plan; packed rows checked or read from position_ids; no [T, T] mask; "
+        "the layer stack through layer_graphs (opt-in CUDA graphs)",
     )
     config.override_method(
         "Qwen3_5Model.__init__", reason="build this module's patched text model (AutoModel would build upstream's)"

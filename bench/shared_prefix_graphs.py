@@ -1,0 +1,76 @@
+"""The `--graphs` arms of `bench/shared_prefix_gpu.py`: the shared-prefix training step without activation
+checkpointing, eager (`shared_eager`) and with `shared_prefix_cuda_graphs` (`shared_graphs`).
+
+Both run the model's own step (`shared_prefix_arms.train_step`: forward with labels, backward), the
+way a trainer calls it; the graphs capture on the arm's first warm-up call of a shape (outside the
+timing) and replay in every timed call. Per shape: step ms, host vs GPU ms, peak memory (allocated;
+a graph's private pool is reserved, and given as `shared_graphs_reserved_gib`), efficiency against
+the bound T / C with packed (checkpointed, as the other arms) as the reference, the graphs' counters,
+and whether the graphed step's loss equals the eager one bit for bit.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from shared_prefix_arms import ARMS, checkpointed, logprob_pass, train_step
+
+GRAPH_ARMS = ("shared_eager", "shared_graphs")
+for _arm in GRAPH_ARMS:
+    ARMS.setdefault(_arm, (True, train_step, logprob_pass))
+
+
+def uncheckpointed(model):
+    (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
+    return model
+
+
+def graph_arms(model, row, inputs, args, device, timer, cost_us, run_arm) -> dict:
+    """Run the two arms into `row` (same keys as `run_arm`'s, arm names `shared_eager` / `shared_graphs`)."""
+    from patchgen.kernels.modeling.layer_graphs import graphs_of, use_graphs
+
+    outputs = {}
+    uncheckpointed(model)
+    try:
+        for arm in GRAPH_ARMS:
+            model.config.shared_prefix_cuda_graphs = arm == "shared_graphs"
+            outputs[arm] = run_arm(model, arm, row, inputs, args, device, timer, cost_us)
+            if arm == "shared_graphs":
+                graphs = graphs_of(model)
+                if graphs is not None:
+                    s = graphs.stats
+                    row["graphs_captures"], row["graphs_replays"] = s.captures, s.replays
+                if device.type == "cuda":
+                    row["shared_graphs_reserved_gib"] = torch.cuda.memory_reserved() / 2**30
+    finally:
+        model.config.shared_prefix_cuda_graphs = False
+        use_graphs(model.model, None)  # this shape's graphs and pools go before the next shape
+        checkpointed(model)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    a, b = outputs["shared_eager"].get("train"), outputs["shared_graphs"].get("train")
+    row["graphs_loss_bitequal"] = "" if a is None or b is None else bool(torch.equal(a, b))
+    get = functools.partial(row.get)
+    for arm in GRAPH_ARMS:
+        packed, mine = get("packed_train_ms"), get(f"{arm}_train_ms")
+        if packed and mine and mine == mine:
+            row[f"speedup_{arm}_train"] = packed / mine
+            row[f"efficiency_{arm}_train"] = packed / mine / row["bound"]
+    return outputs
+
+
+def summary(row) -> str:
+    def f(key, fmt=".0f"):
+        value = row.get(key)
+        return "-" if value is None or value != value else format(value, fmt)
+
+    return (
+        f"[{row['layers']}L] {row['shape']}: shared no-ckpt eager {f('shared_eager_train_ms')} ms (host/GPU "
+        f"{f('shared_eager_host_ms')}/{f('shared_eager_gpu_ms')}, eff {f('efficiency_shared_eager_train', '.2f')}) | "
+        f"graphs {f('shared_graphs_train_ms')} ms (host/GPU {f('shared_graphs_host_ms')}/{f('shared_graphs_gpu_ms')}, "
+        f"eff {f('efficiency_shared_graphs_train', '.2f')}, peak {f('shared_graphs_train_peak_gib', '.1f')} GiB, "
+        f"reserved {f('shared_graphs_reserved_gib', '.1f')} GiB, {row.get('graphs_captures', '-')} captures / "
+        f"{row.get('graphs_replays', '-')} replays, loss bit-equal to eager {row.get('graphs_loss_bitequal', '-')})"
+        + "".join(f"; {k}: {v}" for k, v in row.items() if k.startswith("shared_graphs") and k.endswith("_error"))
+    )

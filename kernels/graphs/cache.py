@@ -1,0 +1,104 @@
+"""The bounded cache of captured layer stacks (least recently used first out) and its counters.
+
+Every entry owns its static buffers, its graphs and their private memory pool (about one eager step's
+activations of the stack); evicting an entry drops all of them. Captures cost a few eager steps each:
+when most calls capture (batch layouts that never repeat), the cache warns once with the counts.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
+
+
+class GraphsRecapturing(UserWarning):
+    """Most calls of the graphed layer stack capture a new graph: batch layouts rarely repeat, so the graphs cost time."""
+
+
+@dataclass
+class GraphStats:
+    """What the cache did: captures (misses), replays (hits), evictions."""
+
+    captures: int = 0
+    replays: int = 0
+    evictions: int = 0
+
+    @property
+    def calls(self) -> int:
+        return self.captures + self.replays
+
+
+@dataclass
+class Entry:
+    static: object  # StaticCall
+    replay: object  # CudaGraphReplay or EagerReplay
+    params: list
+    generation: int = 0  # forward replays so far (the backward checks it is still the latest)
+
+
+@dataclass
+class GraphCache:
+    """At most `max_entries` captured stacks, by call key (`signature.call_signature`)."""
+
+    max_entries: int = 2
+    warn_after: int = 8  # calls before the recapture warning may fire
+    stats: GraphStats = field(default_factory=GraphStats)
+    _entries: OrderedDict = field(default_factory=OrderedDict)
+    _warned: bool = False
+
+    def __post_init__(self):
+        if isinstance(self.max_entries, bool) or not isinstance(self.max_entries, int) or self.max_entries < 1:
+            raise ValueError(f"a graph cache holds at least one entry, got max_entries={self.max_entries!r}")
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key) -> Entry | None:
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+            self.stats.replays += 1
+        return entry
+
+    def put(self, key, entry: Entry) -> None:
+        """Add a freshly captured entry, evicting the least recently used ones beyond `max_entries`."""
+        self.stats.captures += 1
+        self._entries[key] = entry
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+            self.stats.evictions += 1
+        logger.info("shared_prefix_cuda_graphs: captured a layer stack (%s)", self.describe())
+        self._maybe_warn()
+
+    def make_room(self) -> None:
+        """Drop the oldest entries before a capture, so that at most `max_entries` pools are held during it."""
+        while len(self._entries) >= self.max_entries:
+            self._entries.popitem(last=False)
+            self.stats.evictions += 1
+
+    def clear(self) -> None:
+        self.stats.evictions += len(self._entries)
+        self._entries.clear()
+
+    def describe(self) -> str:
+        s = self.stats
+        return f"{s.captures} captures, {s.replays} replays, {s.evictions} evictions, {len(self)}/{self.max_entries} held"
+
+    def _maybe_warn(self) -> None:
+        s = self.stats
+        if self._warned or s.calls < self.warn_after or s.captures * 2 <= s.calls:
+            return
+        self._warned = True
+        warnings.warn(
+            f"shared_prefix_cuda_graphs: {s.captures} of {s.calls} graphed layer-stack calls captured a new graph "
+            f"({self.describe()}): the batches' layouts (sequence lengths, shared prefixes) rarely repeat, and every "
+            "capture costs a few eager steps. Graphs pay off when layouts repeat (fixed-length packing, padded "
+            "responses); raise shared_prefix_cuda_graphs_cache if a few layouts alternate, or turn the graphs off",
+            GraphsRecapturing,
+            stacklevel=4,
+        )

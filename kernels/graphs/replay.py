@@ -1,0 +1,228 @@
+"""Capture and replay of the layer stack: forward and backward graphs, and the autograd node around them.
+
+`CudaGraphReplay` captures, on a side stream, one forward graph (the layers under autograd, as eager)
+and one backward graph (`torch.autograd.grad` of the stack's output with respect to the hidden states
+and every parameter that wants a gradient), both in one private memory pool that the entry owns:
+
+1. warm-up steps on the static arguments with the private pool active for every thread (the backward
+   runs on autograd's device thread; `allocating_to`): Triton autotuning and every
+   lazily built state happen before the capture, and whatever a kernel library computes from the static
+   plan's tensors and caches by tensor identity (fla's chunk tables) is allocated in the pool, so the
+   memory the graph reads stays valid for as long as the entry lives, whether or not the library's
+   cache still holds it (memory a global cache keeps, a stream's cuBLAS workspace, stays allocated and
+   valid after the entry goes; it is only accounted to its pool);
+2. the captures, which hit those caches. A miss under capture recomputes the table inside the graph
+   (in its pool, so valid too) or, where that needs a host copy, fails the capture loudly
+   (`GraphCaptureFailed`); it never leaves the graph reading memory it does not own.
+
+No autograd node made on the side stream outlives the capture (the static output is detached), so the
+parameters' `AccumulateGrad` nodes are made again on the training stream by the first replay: no
+"AccumulateGrad node's stream does not match" warning, no cross-stream wait.
+
+`StackReplay` is the autograd node of one replay. Its backward returns the static gradient buffers
+themselves: autograd adds them into `.grad` (or, when `.grad` is None, stores a copy: the buffer is
+still referenced by the entry, so it is never stolen), and every hook on the parameters (DDP's
+gradient-ready hooks) fires as in eager. A backward whose forward was followed by another replay of
+the same graph raises `GraphReplayOverwritten` instead of returning another batch's gradients.
+`EagerReplay` runs the same static buffers and node eagerly: the CPU tests' stand-in for the graphs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+import torch
+from torch.autograd.function import once_differentiable
+
+from ..errors import CudaGraphsUnavailable, GraphCaptureFailed, GraphReplayOverwritten
+from .static import StaticCall
+
+def run_stack(fn, hidden, position_embeddings, masks, kwargs) -> torch.Tensor:
+    return fn(hidden, position_embeddings, masks, **kwargs)
+
+
+def _grad_inputs(static: StaticCall, params: list[torch.Tensor]) -> list[torch.Tensor]:
+    return ([static.hidden] if static.hidden.requires_grad else []) + list(params)
+
+
+class EagerReplay:
+    """The layer stack run eagerly on the static buffers (same node, same buffers as the graphs; any device)."""
+
+    kind = "eager"
+
+    def __init__(self, fn, static: StaticCall, params: list[torch.Tensor]):
+        self.fn, self.static, self.params = fn, static, params
+        self._out = None
+        self._grads = None
+
+    def forward(self) -> torch.Tensor:
+        s = self.static
+        with torch.enable_grad():
+            self._out = run_stack(self.fn, s.hidden, s.position_embeddings, s.masks, s.kwargs)
+        return self._out.detach()
+
+    def backward(self, grad: torch.Tensor) -> tuple:
+        inputs = _grad_inputs(self.static, self.params)
+        found = torch.autograd.grad(self._out, inputs, grad, allow_unused=True)
+        self._out = None
+        # into buffers kept across calls, as a graph's outputs are: what autograd does with them is then
+        # what it does with the graph's (a stolen buffer would show as a wrong accumulated gradient)
+        if self._grads is None:
+            self._grads = tuple(None if g is None else torch.empty_like(g) for g in found)
+        for buffer, g in zip(self._grads, found):
+            if buffer is not None:
+                buffer.copy_(g)
+        return self._grads
+
+
+_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """One side stream per device for every warm-up and capture."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _STREAMS:
+        _STREAMS[index] = torch.cuda.Stream(device=index)
+    return _STREAMS[index]
+
+
+def _step(fn, hidden, position_embeddings, masks, kwargs, params) -> None:
+    """One forward and backward of the stack (warm-up); nothing of its autograd graph survives."""
+    with torch.enable_grad():
+        out = run_stack(fn, hidden, position_embeddings, masks, kwargs)
+        inputs = ([hidden] if hidden.requires_grad else []) + list(params)
+        torch.autograd.grad(out, inputs, torch.ones_like(out), allow_unused=True)
+
+
+OUTSIDE = ("/torch/", "/triton/")
+
+
+def failure_site(error: BaseException) -> str:
+    """The innermost frames of `error` outside torch and Triton: the op that could not be captured and its caller."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not any(o in f.filename for o in OUTSIDE)]
+    if not frames:
+        return "no Python frame outside torch"
+    return " <- ".join(f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno} {f.name}" for f in reversed(frames[-2:]))
+
+
+@contextlib.contextmanager
+def allocating_to(pool, device: torch.device):
+    """Every allocation on `device` inside the block comes from `pool`, whatever its thread or stream.
+
+    `torch.cuda.use_mem_pool` routes the calling thread's allocations only, and a CUDA backward runs on
+    autograd's device thread: what a kernel library caches from inside the backward would land outside
+    the pool. This is the allocator hook `use_mem_pool` is built on, with its all-threads filter."""
+    begin = getattr(torch._C, "_cuda_beginAllocateToPool", None)
+    end = getattr(torch._C, "_cuda_endAllocateToPool", None)
+    release = getattr(torch._C, "_cuda_releasePool", None)
+    if begin is None or end is None or release is None:
+        raise CudaGraphsUnavailable(
+            f"shared_prefix_cuda_graphs needs torch's allocator pool routing (torch._C._cuda_beginAllocateToPool, "
+            f"_cuda_endAllocateToPool, _cuda_releasePool), which torch {torch.__version__} lacks: use torch >= 2.8 "
+            "or set shared_prefix_cuda_graphs=False"
+        )
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    begin(index, pool.id)
+    try:
+        yield
+    finally:
+        end(index, pool.id)
+        release(index, pool.id)
+
+
+class CudaGraphReplay:
+    """Forward and backward graphs of the layer stack on `static`'s buffers, in a private pool (see module docstring)."""
+
+    kind = "cuda"
+
+    def __init__(self, fn, static: StaticCall, params: list[torch.Tensor], warmup: int = 2):
+        if not hasattr(torch.cuda, "MemPool"):
+            raise CudaGraphsUnavailable(
+                f"shared_prefix_cuda_graphs needs torch.cuda.MemPool (torch >= 2.8); found torch {torch.__version__}: "
+                "upgrade torch or set shared_prefix_cuda_graphs=False"
+            )
+        # `fn` is not kept: it closes over the text model, which holds this cache (a cycle only gc would free)
+        device = static.hidden.device
+        stream = capture_stream(device)
+        inputs = _grad_inputs(static, params)
+        with torch.cuda.device(device):
+            self.pool = torch.cuda.MemPool()
+            self._capture(fn, static, params, inputs, device, stream, warmup)
+
+    def _capture(self, fn, static, params, inputs, device, stream, warmup) -> None:
+        # eager steps: an error here (out of memory, a bad shape) is the eager step's own, raised as it is
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream), allocating_to(self.pool, device):
+            for _ in range(warmup):
+                _step(fn, static.hidden, static.position_embeddings, static.masks, static.kwargs, params)
+        torch.cuda.current_stream(device).wait_stream(stream)
+        try:
+            self.forward_graph, self.backward_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+            with torch.enable_grad():
+                with torch.cuda.graph(self.forward_graph, pool=self.pool.id, stream=stream, capture_error_mode="thread_local"):
+                    out = run_stack(fn, static.hidden, static.position_embeddings, static.masks, static.kwargs)
+                self.grad_out = torch.empty_like(out)
+                with torch.cuda.graph(self.backward_graph, pool=self.pool.id, stream=stream, capture_error_mode="thread_local"):
+                    grads = torch.autograd.grad(out, inputs, self.grad_out, allow_unused=True)
+        except Exception as error:
+            raise GraphCaptureFailed(
+                f"shared_prefix_cuda_graphs: capturing the decoder-layer stack failed at {failure_site(error)}: "
+                f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}. Something inside the "
+                "layers synchronises with the host or copies host data per call (an MoE experts backend that reads "
+                "token counts, a kernel library that rebuilt a cached table): that path cannot run under CUDA graphs. "
+                "Set shared_prefix_cuda_graphs=False (or PATCHGEN_SHARED_PREFIX_CUDA_GRAPHS=0), or choose a backend "
+                "for that op slot that does not sync"
+            ) from error
+        # the captured autograd graph (and its AccumulateGrad nodes, made on the side stream) goes now
+        self.out = out.detach()
+        del out
+        self.grads = grads
+
+    def forward(self) -> torch.Tensor:
+        self.forward_graph.replay()
+        return self.out
+
+    def __del__(self):
+        # graphs before their pool: some torch releases assert, when a MemPool goes, that no graph holds it
+        for name in ("forward_graph", "backward_graph"):
+            graph = self.__dict__.pop(name, None)
+            if graph is not None:
+                with contextlib.suppress(Exception):  # a graph whose capture failed
+                    graph.reset()
+        self.__dict__.pop("out", None)
+        self.__dict__.pop("grads", None)
+        self.__dict__.pop("pool", None)
+
+    def backward(self, grad: torch.Tensor) -> tuple:
+        self.grad_out.copy_(grad)
+        self.backward_graph.replay()
+        return self.grads
+
+
+class StackReplay(torch.autograd.Function):
+    """One replay of a cache entry's stack: `(entry, hidden, *params) -> hidden out`; backward replays the gradients."""
+
+    @staticmethod
+    def forward(ctx, entry, hidden, *params):
+        entry.static.hidden.detach().copy_(hidden)
+        out = entry.replay.forward()
+        entry.generation += 1
+        ctx.entry, ctx.generation = entry, entry.generation
+        ctx.hidden_grad = entry.static.hidden.requires_grad
+        # a copy: the next replay overwrites the static output, the caller may hold this one
+        return out.clone()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        entry = ctx.entry
+        if ctx.generation != entry.generation:
+            raise GraphReplayOverwritten(
+                "shared_prefix_cuda_graphs: the backward of a graphed layer stack ran after a later forward replayed "
+                f"the same graph (forward {ctx.generation}, now {entry.generation}), which overwrote the activations "
+                "this backward reads. Run each forward's backward before the next forward of the same shape (as a "
+                "training step does), run the other forward under torch.no_grad(), or set shared_prefix_cuda_graphs=False"
+            )
+        found = list(entry.replay.backward(grad.contiguous()))
+        hidden_grad = found.pop(0) if ctx.hidden_grad else None
+        return (None, hidden_grad, *found)

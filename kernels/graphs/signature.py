@@ -1,0 +1,127 @@
+"""The key of a layer-stack call: everything a captured graph baked in, so that no batch replays a graph
+captured for another.
+
+A graph replays the captured kernels with their grids, host ints (`max_seqlen`, sequence and chunk
+counts, round flags) and device addresses. Two calls may share a graph only when all of these agree:
+
+- every tensor argument's shape, dtype, device and whether it asks for a gradient;
+- every host value the kernels read (ints, flags, CPU tensors such as `cu_seqlens_cpu`, by value);
+- the plan's segment layout (host arrays, by value): the GDN rounds, conv and attention indices are
+  functions of it, so equal layouts give equal index contents, and so do whatever a kernel library
+  derived from those indices and cached (fla keeps chunk tables it computed per `cu_seqlens` tensor);
+- the storage and requires-grad flag of every parameter and buffer of the layers (a graph reads the
+  weights where they were at capture: a moved or resharded model must capture again);
+- the autocast state.
+
+A value the key cannot describe (a cache object, an unknown class) is refused, never ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, is_dataclass
+
+import numpy as np
+import torch
+
+from ..errors import CudaGraphsUnavailable
+from ..shared_prefix.conv import ConvIndex
+
+# fields that hold caches derived from the other fields (built lazily by the first call), not inputs
+DERIVED = {(ConvIndex, "state_index")}
+# the segment arrays of a plan's layout that the mixers' indices are built from
+LAYOUT_FIELDS = ("start", "length", "offset", "parent", "level", "node", "ancestry")
+
+
+def is_host(tensor: torch.Tensor, device: torch.device) -> bool:
+    """A tensor the kernels read on the host (keyed by value, shared), not one they read on `device` (keyed by
+    shape, held in a static buffer and copied): a CPU tensor of a call on another device. On the CPU every
+    tensor counts as the device's, so that the CPU tests run the static buffers and copies a GPU batch runs."""
+    return tensor.device.type == "cpu" and device.type != "cpu" and not tensor.requires_grad
+
+
+def describe(value, where: str = "argument", device: torch.device = torch.device("cuda")):
+    """A hashable description of `value` for the key of a call on `device` (see the module docstring)."""
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device)):
+        return value
+    if isinstance(value, torch.Tensor):
+        if is_host(value, device):
+            return ("cpu", tuple(value.shape), value.dtype, tuple(value.reshape(-1).tolist()))
+        return ("tensor", tuple(value.shape), value.dtype, value.device, value.requires_grad)
+    if isinstance(value, np.ndarray):
+        return ("array", value.shape, value.dtype.str, value.tobytes())
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, tuple(describe(v, f"{where}[{i}]", device) for i, v in enumerate(value)))
+    if isinstance(value, dict):
+        return ("dict", tuple((k, describe(v, f"{where}[{k!r}]", device)) for k, v in sorted(value.items(), key=_by_key)))
+    if is_dataclass(value) and not isinstance(value, type):
+        kind = type(value)
+        return (
+            kind.__module__,
+            kind.__qualname__,
+            tuple(
+                (f.name, describe(getattr(value, f.name), f"{where}.{f.name}", device))
+                for f in fields(value)
+                if (kind, f.name) not in DERIVED
+            ),
+        )
+    raise CudaGraphsUnavailable(
+        f"shared_prefix_cuda_graphs: the decoder layers were called with {where} of type {type(value).__name__}, "
+        "which a captured graph cannot key on (a graph would replay it as it was at capture); the graphs run only "
+        "the shared-prefix training step, whose layer arguments are tensors, host values and the plan. "
+        "Set shared_prefix_cuda_graphs=False for this call pattern"
+    )
+
+
+def _by_key(item):
+    return str(item[0])
+
+
+def plan_signature(plan, device: torch.device) -> tuple:
+    """The plan's part of the key: its lengths, its segment layout (by value) and its mixers' indices."""
+    layout = plan.layout
+    return (
+        "plan",
+        plan.packed_length,
+        plan.compact_length,
+        tuple(describe(getattr(layout, name)) for name in LAYOUT_FIELDS),
+        describe(plan.gdn, "plan.gdn", device),
+        describe(plan.conv, "plan.conv", device),
+        describe(plan.attention, "plan.attention", device),
+        describe(plan.position_ids, "plan.position_ids", device),
+    )
+
+
+def module_state(modules) -> tuple:
+    """Storage, shape, dtype and requires-grad of every parameter and buffer the graph reads.
+
+    Walked every call (a submodule swapped in, an adapter added, a weight moved all change the key),
+    through the modules' own tables rather than `Module.parameters()`, whose generators cost about
+    10 ms per call at 32 layers."""
+    out = []
+    stack = list(modules)[::-1]
+    while stack:
+        module = stack.pop()
+        if module is None:
+            continue
+        for tensor in (*module._parameters.values(), *module._buffers.values()):
+            if tensor is not None:
+                out.append((tensor.data_ptr(), tensor.shape, tensor.dtype, tensor.requires_grad))
+        stack.extend(reversed(module._modules.values()))
+    return tuple(out)
+
+
+def call_signature(hidden, position_embeddings, masks, kwargs: dict, layers, plan_key: str) -> tuple:
+    """The key of one call of the layer stack (see the module docstring)."""
+    rest = {k: v for k, v in kwargs.items() if k != plan_key}
+    device = hidden.device
+    autocast = (torch.is_autocast_enabled(device.type), torch.get_autocast_dtype(device.type))
+    return (
+        describe(hidden, "hidden_states", device),
+        describe(position_embeddings, "position_embeddings", device),
+        describe(masks, "attention masks", device),
+        describe(rest, "layer keyword", device),
+        plan_signature(kwargs[plan_key], device),
+        module_state(layers),
+        autocast,
+        torch.is_grad_enabled(),
+    )

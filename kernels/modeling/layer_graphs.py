@@ -1,0 +1,121 @@
+"""The decoder-layer stack of a shared-prefix training step under CUDA graphs (``shared_prefix_cuda_graphs``).
+
+The generated ``TextModel.forward`` hands its layer loop to `run_layers`. With the flag off, or for any
+call that is not a shared-prefix training step (no plan, no gradient: generation, scoring, evaluation),
+the loop runs as it is. Otherwise the stack runs as one forward and one backward graph replay, keyed
+by everything the graphs baked in (`patchgen.kernels.graphs.signature`); a batch whose key was never
+seen captures first (a few eager steps' time), and at most ``shared_prefix_cuda_graphs_cache`` captured
+stacks are kept. Loss and gradients are the eager step's: the same kernels on the same rows.
+
+Refused with `CudaGraphsUnavailable` (flag on, shared-prefix training step): a device other than CUDA,
+activation checkpointing (the graphs hold the whole stack's activations, a recompute would save
+nothing), per-layer outputs asked for (hidden states, attentions, router logits: hooks do not run in
+a replay), and layer arguments a key cannot describe.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import SHARED_PREFIX_CUDA_GRAPHS_CACHE, int_field, shared_prefix_cuda_graphs
+from ..errors import CudaGraphsUnavailable
+from ..graphs import CudaGraphReplay, GraphCache, StackReplay, StaticCall, call_signature
+from ..graphs.cache import Entry
+from .shared_prefix import KWARG
+
+ATTRIBUTE = "_patchgen_layer_graphs"
+# what a text model's graphs capture with; tests off CUDA set `EagerReplay` (the same buffers and node, run eagerly)
+DEFAULT_REPLAY = CudaGraphReplay
+RECORDED_OUTPUTS = ("output_hidden_states", "output_attentions", "output_router_logits")
+
+
+class LayerGraphs:
+    """The graph cache of one text model and the replay it captures with (`CudaGraphReplay`; `EagerReplay` in tests)."""
+
+    def __init__(self, max_entries: int = 2, replay=CudaGraphReplay):
+        self.cache = GraphCache(max_entries)
+        self.replay = replay
+
+    @property
+    def stats(self):
+        return self.cache.stats
+
+    def __call__(self, text_model, layers_fn, hidden, position_embeddings, masks, kwargs: dict) -> torch.Tensor:
+        layers = list(text_model.layers[: text_model.config.num_hidden_layers])
+        key = call_signature(hidden, position_embeddings, masks, kwargs, layers, KWARG)
+        entry = self.cache.get(key)
+        if entry is None:
+            self.cache.make_room()
+            params = list(dict.fromkeys(p for layer in layers for p in layer.parameters() if p.requires_grad))
+            static = StaticCall.of(hidden, position_embeddings, masks, kwargs)
+            entry = Entry(static, self.replay(layers_fn, static, params), params)
+            self.cache.put(key, entry)
+        entry.static.load(position_embeddings, masks, kwargs)
+        return StackReplay.apply(entry, hidden, *entry.params)
+
+
+def graphs_of(model) -> LayerGraphs | None:
+    """The layer graphs of a model (its text model's), for their counters (`.stats`); None before the first graphed call."""
+    for module in model.modules():
+        found = getattr(module, ATTRIBUTE, None)
+        if found is not None:
+            return found
+    return None
+
+
+def use_graphs(text_model, graphs: LayerGraphs | None) -> None:
+    """Give a text model its layer graphs (tests give `LayerGraphs(replay=EagerReplay)` to run the static path off CUDA)."""
+    object.__setattr__(text_model, ATTRIBUTE, graphs)
+
+
+def _graphs(text_model) -> LayerGraphs | None:
+    """The text model's layer graphs when the flag is on (made on first use); None, and any held graphs dropped, when off."""
+    current = getattr(text_model, ATTRIBUTE, None)
+    if not shared_prefix_cuda_graphs(text_model.config):
+        if current is not None:
+            use_graphs(text_model, None)  # turned off: the graphs and their pools go
+        return None
+    if current is None:
+        current = LayerGraphs(int_field(text_model.config, SHARED_PREFIX_CUDA_GRAPHS_CACHE), replay=DEFAULT_REPLAY)
+        use_graphs(text_model, current)
+    return current
+
+
+def _training_step(text_model, hidden, kwargs) -> bool:
+    """A shared-prefix step that will run a backward: a plan, and gradients wanted from the stack."""
+    if kwargs.get(KWARG) is None or not torch.is_grad_enabled():
+        return False
+    return hidden.requires_grad or any(p.requires_grad for p in text_model.layers.parameters())
+
+
+def _refuse(text_model, graphs: LayerGraphs, hidden, kwargs) -> None:
+    fix = "set shared_prefix_cuda_graphs=False (or PATCHGEN_SHARED_PREFIX_CUDA_GRAPHS=0)"
+    if graphs.replay is CudaGraphReplay and hidden.device.type != "cuda":
+        raise CudaGraphsUnavailable(
+            f"shared_prefix_cuda_graphs is on, but the model runs on {hidden.device} ({hidden.device.type}): CUDA "
+            f"graphs need a CUDA device; {fix} on this device"
+        )
+    checkpointed = [i for i, layer in enumerate(text_model.layers) if getattr(layer, "gradient_checkpointing", False)]
+    if text_model.training and (checkpointed or getattr(text_model, "gradient_checkpointing", False)):
+        raise CudaGraphsUnavailable(
+            "shared_prefix_cuda_graphs is on together with activation checkpointing (layers "
+            f"{checkpointed[:4]}{'...' if len(checkpointed) > 4 else ''}): the graphs keep the whole stack's "
+            "activations in their memory pool, so a recompute would save no memory and cost time. Turn one off: "
+            f"model.gradient_checkpointing_disable() (or TrainingArguments(gradient_checkpointing=False)), or {fix}"
+        )
+    asked = [name for name in RECORDED_OUTPUTS if kwargs.get(name, getattr(text_model.config, name, False))]
+    if asked:
+        raise CudaGraphsUnavailable(
+            f"shared_prefix_cuda_graphs is on and this forward asks for {', '.join(asked)}: per-layer outputs are "
+            "recorded by hooks, which do not run when a graph replays (an MoE model's router logits for the "
+            f"load-balancing loss among them). Do not ask for them in training steps, or {fix}"
+        )
+
+
+def run_layers(text_model, layers_fn, hidden_states, position_embeddings, masks, **kwargs) -> torch.Tensor:
+    """``layers_fn(hidden_states, position_embeddings, masks, **kwargs)``: the decoder layers, graphed when asked for and possible."""
+    graphs = _graphs(text_model)
+    if graphs is None or not _training_step(text_model, hidden_states, kwargs):
+        return layers_fn(hidden_states, position_embeddings, masks, **kwargs)
+    _refuse(text_model, graphs, hidden_states, kwargs)
+    return graphs(text_model, layers_fn, hidden_states, position_embeddings, masks, kwargs)

@@ -1,0 +1,42 @@
+"""`bench/shared_prefix_gpu.py --graphs` on the CPU: the two arms (shared step without checkpointing,
+eager and graphed) land in the shape's row with their times, the graphs' counters and whether the
+graphed loss equals the eager one; the model goes back to checkpointing and drops its graphs after.
+The graphs run as `EagerReplay` here (CUDA graphs need CUDA; the bench refuses --graphs --tiny)."""
+
+import pathlib
+import sys
+
+import pytest
+import torch
+from patchgen.kernels.graphs import EagerReplay
+from patchgen.kernels.modeling import layer_graphs
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+import shared_prefix_gpu  # noqa: E402
+from shared_prefix_graphs import graph_arms  # noqa: E402
+from shared_prefix_graphs import summary as shared_prefix_graphs_summary  # noqa: E402
+
+
+def test_graph_arms_fill_the_row(monkeypatch):
+    monkeypatch.setattr(layer_graphs, "DEFAULT_REPLAY", EagerReplay)
+    args = shared_prefix_gpu.parse_args(["--tiny", "--layers", "4", "--shapes", "n4", "--host-split", ""])
+    args.graphs, args.repeats, args.min_repeats, args.repeat_ms = True, 2, 1, 0.0
+    device = torch.device("cpu")
+    model = shared_prefix_gpu.our_model(shared_prefix_gpu.TINY, 4, device, torch.float32)
+    shape = shared_prefix_gpu.tiny_shapes("n4")[0]
+    row, inputs = shared_prefix_gpu.shape_row(shape, 4, shared_prefix_gpu.TINY["vocab_size"], device)
+    row["packed_train_ms"] = 100.0  # the packed arm's time, as `speed` measures it first
+    graph_arms(model, row, inputs, args, device, shared_prefix_gpu.Timer(device), float("nan"),
+               shared_prefix_gpu.run_arm)
+    assert row["shared_eager_train_ms"] > 0 and row["shared_graphs_train_ms"] > 0
+    assert row["graphs_loss_bitequal"] is True
+    assert row["graphs_captures"] == 1 and row["graphs_replays"] >= 1  # one capture (the warm-up call), the timed calls replay
+    assert row["efficiency_shared_graphs_train"] == pytest.approx(100.0 / row["shared_graphs_train_ms"] / row["bound"])
+    assert "1 captures / 1 replays, loss bit-equal to eager True" in shared_prefix_graphs_summary(row)
+    assert layer_graphs.graphs_of(model) is None and not model.config.shared_prefix_cuda_graphs
+    assert all(layer.gradient_checkpointing for layer in model.model.layers)
+
+
+def test_graphs_are_refused_in_the_tiny_cpu_run():
+    with pytest.raises(SystemExit, match="--graphs needs a CUDA device"):
+        shared_prefix_gpu.parse_args(["--tiny", "--graphs"])

@@ -1,0 +1,156 @@
+"""`shared_prefix_cuda_graphs` on the CPU: the graphed step's machinery (key, static buffers, loads, cache,
+autograd node) run with `EagerReplay`, which replays the static buffers eagerly where a CUDA graph
+would replay its kernels. Float64: the graphed step must equal the ordinary shared-prefix step bit
+for bit (same ops on the same rows), over captures, replays and accumulated micro-batches; and every
+refusal names its reason."""
+
+import pytest
+import torch
+from patchgen.kernels.errors import CudaGraphsUnavailable, GraphReplayOverwritten, SettingError
+from patchgen.kernels.graphs import EagerReplay
+from patchgen.kernels.modeling import layer_graphs
+
+from tests.models import tiny
+
+A = [(70, [5, 9, 3])]  # one GRPO group of three
+C = [(70, [5, 9, 4])]  # one response one token longer: another layout
+
+
+def _batch(groups, seed):
+    ids, cu, prompt = tiny.grpo_batch(groups, seed=seed)
+    return ids, ids.masked_fill(prompt, -100), tiny.packed_kwargs(cu)
+
+
+def _model(model="qwen3_5", graphs=True, cache=2, **extra):
+    net = tiny.build(model, "gpu", shared_prefix_training=True, shared_prefix_cuda_graphs=graphs,
+                     shared_prefix_cuda_graphs_cache=cache, **extra)
+    if graphs:
+        layer_graphs.use_graphs(net.model, layer_graphs.LayerGraphs(cache, replay=EagerReplay))
+    return net
+
+
+def _step(net, batches, **kwargs):
+    """Zeroed gradients, then each micro-batch's loss x (1 + its index) backward: (losses, gradients)."""
+    net.zero_grad(set_to_none=True)
+    losses = []
+    for i, (ids, labels, packed) in enumerate(batches):
+        out = net(input_ids=ids, labels=labels, **packed, **kwargs)
+        (out.loss * (1 + i)).backward()
+        losses.append(out.loss.detach())
+    return losses, tiny.grads(net)
+
+
+def _same(eager, graphed):
+    assert [l.item() for l in graphed[0]] == [l.item() for l in eager[0]]
+    assert graphed[1].keys() == eager[1].keys()
+    assert tiny.max_diff(graphed[1], eager[1]) == 0.0
+
+
+def test_graphed_step_equals_the_shared_step_through_capture_replay_and_new_capture():
+    eager, graphed = _model(graphs=False), _model()
+    stats = layer_graphs.graphs_of(graphed).stats
+    _same(_step(eager, [_batch(A, 1)]), _step(graphed, [_batch(A, 1)]))
+    assert (stats.captures, stats.replays) == (1, 0)
+    # A's layout with other tokens, two accumulated micro-batches: both replay, the second adds onto the first
+    batches = [_batch(A, 2), _batch(A, 3)]
+    _same(_step(eager, batches), _step(graphed, batches))
+    assert (stats.captures, stats.replays) == (1, 2)
+    _same(_step(eager, [_batch(C, 4)]), _step(graphed, [_batch(C, 4)]))
+    assert (stats.captures, stats.replays, stats.evictions) == (2, 2, 0)
+
+
+def test_parameter_gradients_never_alias_the_static_buffers():
+    graphed = _model()
+    _step(graphed, [_batch(A, 1)])
+    entry = next(iter(layer_graphs.graphs_of(graphed).cache._entries.values()))
+    buffers = {b.data_ptr() for b in entry.replay._grads if b is not None}
+    assert not buffers & {p.grad.data_ptr() for p in graphed.parameters() if p.grad is not None}
+
+
+def test_the_least_recently_used_graph_is_evicted():
+    graphed = _model(cache=1)
+    graphs = layer_graphs.graphs_of(graphed)
+    _step(graphed, [_batch(A, 1)])
+    _step(graphed, [_batch(C, 2)])
+    _step(graphed, [_batch(A, 3)])
+    assert (graphs.stats.captures, graphs.stats.replays, graphs.stats.evictions, len(graphs.cache)) == (3, 0, 2, 1)
+
+
+def test_a_backward_after_a_later_forward_of_the_same_graph_raises():
+    graphed = _model()
+    ids, labels, packed = _batch(A, 1)
+    first = graphed(input_ids=ids, labels=labels, **packed).loss
+    second = graphed(input_ids=ids, labels=labels, **packed).loss
+    with pytest.raises(GraphReplayOverwritten, match="overwrote the activations"):
+        first.backward()
+    second.backward()
+
+
+def test_forwards_without_gradient_or_plan_run_the_layers_as_they_are():
+    graphed = _model()
+    ids, labels, packed = _batch(A, 1)
+    with torch.no_grad():
+        graphed(input_ids=ids, labels=labels, **packed)  # a log-prob pass
+    unshared, cu_unshared = tiny.packed_batch([30, 40], seed=2)  # nothing shared: no plan
+    graphed(input_ids=unshared, labels=unshared, **tiny.packed_kwargs(cu_unshared)).loss.backward()
+    assert layer_graphs.graphs_of(graphed).stats.calls == 0
+
+
+def test_the_flag_turned_off_drops_the_graphs():
+    graphed = _model()
+    _step(graphed, [_batch(A, 1)])
+    graphed.config.shared_prefix_cuda_graphs = False
+    _step(graphed, [_batch(A, 2)])
+    assert layer_graphs.graphs_of(graphed) is None
+
+
+def test_moe_graphed_step_equals_the_shared_step():
+    kwargs = {"output_router_logits": False}
+    eager, graphed = _model("qwen3_5_moe", graphs=False), _model("qwen3_5_moe")
+    _same(_step(eager, [_batch(A, 1)], **kwargs), _step(graphed, [_batch(A, 1)], **kwargs))
+    assert layer_graphs.graphs_of(graphed).stats.captures == 1
+
+
+def test_router_logits_asked_for_are_refused():
+    graphed = _model("qwen3_5_moe")
+    with pytest.raises(CudaGraphsUnavailable, match="output_router_logits"):
+        _step(graphed, [_batch(A, 1)], output_router_logits=True)
+
+
+def test_hidden_states_asked_for_are_refused():
+    graphed = _model()
+    with pytest.raises(CudaGraphsUnavailable, match="output_hidden_states"):
+        _step(graphed, [_batch(A, 1)], output_hidden_states=True)
+
+
+def test_activation_checkpointing_is_refused():
+    graphed = _model()
+    (getattr(graphed, "activation_checkpointing_enable", None) or graphed.gradient_checkpointing_enable)()
+    graphed.train()
+    with pytest.raises(CudaGraphsUnavailable, match="activation checkpointing"):
+        _step(graphed, [_batch(A, 1)])
+
+
+def test_cuda_graphs_on_a_cpu_model_are_refused():
+    net = tiny.build("qwen3_5", "gpu", shared_prefix_training=True, shared_prefix_cuda_graphs=True)
+    with pytest.raises(CudaGraphsUnavailable, match="need a CUDA device"):
+        _step(net, [_batch(A, 1)])
+
+
+def test_the_environment_variable_turns_the_graphs_on_and_off(monkeypatch):
+    net = tiny.build("qwen3_5", "gpu", shared_prefix_training=True)
+    monkeypatch.setenv("PATCHGEN_SHARED_PREFIX_CUDA_GRAPHS", "1")
+    with pytest.raises(CudaGraphsUnavailable, match="need a CUDA device"):
+        _step(net, [_batch(A, 1)])
+    net.config.shared_prefix_cuda_graphs = True
+    monkeypatch.setenv("PATCHGEN_SHARED_PREFIX_CUDA_GRAPHS", "0")
+    _step(net, [_batch(A, 1)])  # off: the ordinary step
+    monkeypatch.setenv("PATCHGEN_SHARED_PREFIX_CUDA_GRAPHS", "yes")
+    with pytest.raises(SettingError, match="PATCHGEN_SHARED_PREFIX_CUDA_GRAPHS"):
+        _step(net, [_batch(A, 1)])
+
+
+@pytest.mark.parametrize("name,value", [("shared_prefix_cuda_graphs", "yes"), ("shared_prefix_cuda_graphs_cache", 0)])
+def test_bad_config_values_are_refused_at_build(name, value):
+    with pytest.raises(SettingError, match=name):
+        tiny.build("qwen3_5", "gpu", **{name: value})

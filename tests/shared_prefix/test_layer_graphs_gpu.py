@@ -1,0 +1,156 @@
+"""`shared_prefix_cuda_graphs` on the GPU: the model's own training step with its decoder-layer stack
+replayed as CUDA graphs gives the eager step's loss (bit for bit: the forward kernels are
+deterministic) and gradients (within the eager-vs-eager floor: index_add_ and fla's atomics are not),
+for a batch that captures, one that replays the captured graph, and one that needs a new capture;
+over two accumulated micro-batches; after other layouts' eager steps have flushed fla's chunk-table
+cache (the graph must not read memory that cache freed); with no AccumulateGrad stream warning.
+
+Generated GPU module, 8 layers (6 GDN + 2 attention at Qwen3.5-4B head widths, so fla's tuned
+configurations apply; hidden 1024), bf16, real backends. Skipped without CUDA.
+"""
+
+import warnings
+
+import pytest
+import torch
+
+from tests.models import tiny
+
+pytestmark = pytest.mark.gpu
+
+MODULE = "patchgen.generated.qwen3_5.patched_modeling_qwen3_5_gpu"
+WIDTHS = dict(
+    hidden_size=1024,
+    intermediate_size=2048,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    head_dim=256,
+    linear_num_key_heads=16,
+    linear_num_value_heads=32,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_conv_kernel_dim=4,
+    vocab_size=8192,
+)
+LAYERS = 8
+A = (1000, [200, 130, 257, 64])  # prompt, responses: one GRPO group of 4
+A_AGAIN = A  # same layout, other tokens: replays A's graph
+C = (1000, [180, 130, 257, 64])  # one response shorter: a new capture
+D = (700, [90, 300])  # other layouts, run eagerly in between
+E = (1200, [50, 60, 70])
+
+
+def _model(graphs: bool, cache: int = 2):
+    import importlib
+
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
+
+    config = Qwen3_5TextConfig(
+        num_hidden_layers=LAYERS,
+        layer_types=["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"],
+        tie_word_embeddings=False,
+        use_cache=False,
+        **WIDTHS,
+    )
+    config.shared_prefix_training = True
+    config.shared_prefix_cuda_graphs = graphs
+    config.shared_prefix_cuda_graphs_cache = cache
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = importlib.import_module(MODULE).Qwen3_5ForCausalLM(config).to(torch.bfloat16)
+    return model.train()
+
+
+def _batch(shape, seed):
+    prompt, responses = shape
+    ids, cu, prompt_mask = tiny.grpo_batch([(prompt, responses)], seed=seed, vocab=WIDTHS["vocab_size"])
+    labels = ids.masked_fill(prompt_mask, -100)
+    return ids.cuda(), labels.cuda(), {k: (v.cuda() if torch.is_tensor(v) else v) for k, v in tiny.packed_kwargs(cu).items()}
+
+
+def _step(model, batch, scale=1.0):
+    ids, labels, kwargs = batch
+    out = model(input_ids=ids, labels=labels, return_logits=False, **kwargs)
+    (out.loss * scale).backward()
+    return out.loss.detach()
+
+
+def _run(model, batches):
+    """Per entry of `batches` (a list of micro-batches accumulated into one step): the losses and the gradients."""
+    model.zero_grad(set_to_none=True)
+    losses = [_step(model, b, scale=1.0 + i) for i, b in enumerate(batches)]
+    return losses, {n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _largest(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[n] - b[n]).abs().max().item() for n in a)
+
+
+@pytest.fixture(scope="module")
+def models():
+    eager, graphed = _model(graphs=False), _model(graphs=True)
+    graphed.load_state_dict(eager.state_dict())  # the same weights, whatever the initialisation did
+    return eager, graphed
+
+
+def _check(models, batches, what):
+    eager_model, graphed_model = models
+    eager = _run(eager_model, batches)
+    again = _run(eager_model, batches)
+    floor = _largest(eager[1], again[1])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        graphed = _run(graphed_model, batches)
+    stream_warnings = [str(w.message)[:120] for w in seen if "AccumulateGrad" in str(w.message)]
+    diff = _largest(eager[1], graphed[1])
+    print(f"{what}: loss eager {[l.item() for l in eager[0]]} graphed {[l.item() for l in graphed[0]]}; "
+          f"max |d grad| graphed-vs-eager {diff:.3g}, eager-vs-eager floor {floor:.3g}")
+    assert not stream_warnings, stream_warnings
+    for e, g in zip(eager[0], graphed[0]):
+        assert torch.equal(e, g), (what, e.item(), g.item())
+    assert diff <= 2 * floor if floor > 0 else diff == 0.0, (what, diff, floor)
+
+
+def test_graphed_step_equals_the_eager_step_capture_replay_and_new_capture(models):
+    from patchgen.kernels.modeling.layer_graphs import graphs_of
+
+    graphed_model = models[1]
+    _check(models, [_batch(A, seed=1)], "A (captures)")
+    stats = graphs_of(graphed_model).stats
+    assert (stats.captures, stats.replays) == (1, 0)
+    # two accumulated micro-batches of A's layout with other tokens: both replay A's graph
+    _check(models, [_batch(A_AGAIN, seed=2), _batch(A_AGAIN, seed=3)], "A layout x2 accumulated (replays)")
+    assert (stats.captures, stats.replays) == (1, 2)
+    _check(models, [_batch(C, seed=4)], "C (new capture)")
+    assert (stats.captures, stats.replays) == (2, 2)
+    # other layouts' eager steps churn fla's chunk-table cache; A's graph still reads valid memory
+    for shape, seed in ((D, 5), (E, 6), (D, 7)):
+        _run(models[0], [_batch(shape, seed=seed)])
+    _check(models, [_batch(A, seed=8)], "A after other layouts (replays)")
+    assert (stats.captures, stats.replays, stats.evictions) == (2, 3, 0)
+
+
+def test_a_third_layout_evicts_the_least_recently_used_graph(models):
+    from patchgen.kernels.modeling.layer_graphs import graphs_of
+
+    graphed_model = models[1]
+    stats = graphs_of(graphed_model).stats
+    before = (stats.captures, stats.evictions)
+    _check(models, [_batch(D, seed=9)], "D (capture, evicts)")
+    assert (stats.captures, stats.evictions) == (before[0] + 1, before[1] + 1)
+    assert len(graphs_of(graphed_model).cache) == 2
+
+
+def test_a_backward_after_a_later_replay_of_the_same_graph_raises(models):
+    from patchgen.kernels.errors import GraphReplayOverwritten
+
+    graphed_model = models[1]
+    graphed_model.zero_grad(set_to_none=True)
+    ids, labels, kwargs = _batch(A, seed=10)
+    first = graphed_model(input_ids=ids, labels=labels, return_logits=False, **kwargs).loss
+    second = graphed_model(input_ids=ids, labels=labels, return_logits=False, **kwargs).loss
+    with pytest.raises(GraphReplayOverwritten):
+        first.backward()
+    second.backward()
+    graphed_model.zero_grad(set_to_none=True)
