@@ -12,6 +12,7 @@ and whether the graphed step's loss equals the eager one bit for bit.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 from shared_prefix_arms import ARMS, checkpointed, logprob_pass, train_step
@@ -54,7 +55,7 @@ def graph_arms(model, row, inputs, args, device, timer, cost_us, run_arm) -> dic
     get = functools.partial(row.get)
     for arm in GRAPH_ARMS:
         packed, mine = get("packed_train_ms"), get(f"{arm}_train_ms")
-        if packed and mine and mine == mine:
+        if packed and mine and not math.isnan(mine):
             row[f"speedup_{arm}_train"] = packed / mine
             row[f"efficiency_{arm}_train"] = packed / mine / row["bound"]
     return outputs
@@ -63,7 +64,7 @@ def graph_arms(model, row, inputs, args, device, timer, cost_us, run_arm) -> dic
 def summary(row) -> str:
     def f(key, fmt=".0f"):
         value = row.get(key)
-        return "-" if value is None or value != value else format(value, fmt)
+        return "-" if value is None or math.isnan(value) else format(value, fmt)
 
     return (
         f"[{row['layers']}L] {row['shape']}: shared no-ckpt eager {f('shared_eager_train_ms')} ms (host/GPU "

@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import contextlib
 import traceback
+
 import torch
 from torch.autograd.function import once_differentiable
 
 from ..errors import CudaGraphsUnavailable, GraphCaptureFailed, GraphReplayOverwritten
 from .static import StaticCall
+
 
 def run_stack(fn, hidden, position_embeddings, masks, kwargs) -> torch.Tensor:
     return fn(hidden, position_embeddings, masks, **kwargs)

@@ -39,7 +39,10 @@ def is_host(tensor: torch.Tensor, device: torch.device) -> bool:
     return tensor.device.type == "cpu" and device.type != "cpu" and not tensor.requires_grad
 
 
-def describe(value, where: str = "argument", device: torch.device = torch.device("cuda")):
+CUDA = torch.device("cuda")
+
+
+def describe(value, where: str = "argument", device: torch.device = CUDA):
     """A hashable description of `value` for the key of a call on `device` (see the module docstring)."""
     if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device)):
         return value

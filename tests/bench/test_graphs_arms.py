@@ -12,9 +12,9 @@ from patchgen.kernels.graphs import EagerReplay
 from patchgen.kernels.modeling import layer_graphs
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
-import shared_prefix_gpu  # noqa: E402
-from shared_prefix_graphs import graph_arms  # noqa: E402
-from shared_prefix_graphs import summary as shared_prefix_graphs_summary  # noqa: E402
+import shared_prefix_gpu
+from shared_prefix_graphs import graph_arms
+from shared_prefix_graphs import summary as shared_prefix_graphs_summary
 
 
 def test_graph_arms_fill_the_row(monkeypatch):
