@@ -12,6 +12,8 @@
 #   sp32   the same bench at 32 layers, two one-level shapes, with the upstream + liger baseline
 #   sp32t  sp32's shapes with our Triton GDN, conv and gated norm instead of fla's (ours costs less host
 #          per call; the step is host-bound)
+#   cgraph  shared_prefix_cuda_graphs: its GPU test (graphed step == eager step), then the bench's --graphs
+#           arms (shared step without checkpointing, eager and graphed) at 8 and 32 layers, n=4 P=2048 R=256
 #   tests  the whole gpu-marked test suite (bench/gpu_tests.sh: compiles and autotunes fla, liger and
 #          ours into the Triton cache, which the parts after it then find warm)
 #   grpo   GRPO through TRL, every arm, two warm-up steps (bench/grpo_trl.py)
@@ -45,7 +47,7 @@ PACK=step_run.tar.gz
 wanted() { [[ ",$PARTS," == *",$1,"* ]]; }
 
 for p in ${PARTS//,/ }; do
-  case $p in tests|grpo|host|level|sp8|sp32|sp32t|graph) ;; *) echo "unknown part $p (tests, grpo, host, level, sp8, sp32, sp32t, graph)"; exit 2;; esac
+  case $p in tests|grpo|host|level|sp8|sp32|sp32t|cgraph|graph) ;; *) echo "unknown part $p (tests, grpo, host, level, sp8, sp32, sp32t, cgraph, graph)"; exit 2;; esac
 done
 if wanted level; then
   cp kernels/shared_prefix/level_costs.json "$R/level_costs.json"
@@ -70,6 +72,13 @@ if wanted sp32t; then
     part sp32t 200 python bench/shared_prefix_gpu.py --layers 32 --shapes 4x2048x256,8x4096x256 --correctness '' \
     --no-upstream --out "$R/sp32t" --tag l32t > "$R/sp32t.txt" 2>&1
   tail -30 "$R/sp32t.txt"; pack
+fi
+if wanted cgraph; then
+  WORKERS=1 part cgraph-test 120 bash bench/gpu_tests.sh -q -s -k layer_graphs > "$R/cgraph_test.txt" 2>&1
+  tail -15 "$R/cgraph_test.txt"; pack
+  part cgraph-bench 240 python bench/shared_prefix_gpu.py --graphs --layers 8,32 --shapes 4x2048x256 --correctness '' \
+    --no-upstream --out "$R/cgraph" --tag graphs > "$R/cgraph.txt" 2>&1
+  tail -20 "$R/cgraph.txt"; pack
 fi
 if wanted tests; then
   part gpu-tests 240 bash bench/gpu_tests.sh -q > "$R/gpu_tests.txt" 2>&1
