@@ -43,6 +43,23 @@ def run_stack(fn, hidden, position_embeddings, masks, kwargs) -> torch.Tensor:
     return fn(hidden, position_embeddings, masks, **kwargs)
 
 
+@contextlib.contextmanager
+def uncached_autocast(device_type: str):
+    """Autocast as the caller has it, but without its cast cache, for the warm-ups and the captures.
+
+    Under autocast with its cache on (the default; HF Trainer's ``bf16=True`` on float32 weights), the
+    first cast of a weight is kept for the rest of the autocast region and later casts are cache hits.
+    A capture after the warm-ups would then record no cast kernel, and every replay would read the copy
+    the warm-up made: the weights as they were at capture, whatever the optimizer did since (torch's
+    ``make_graphed_callables`` refuses the cache for this reason). With the cache off the casts are
+    captured and every replay casts the current weights, as every eager step does."""
+    if not torch.is_autocast_enabled(device_type):
+        yield
+        return
+    with torch.autocast(device_type, dtype=torch.get_autocast_dtype(device_type), cache_enabled=False):
+        yield
+
+
 def _grad_inputs(static: StaticCall, params: list[torch.Tensor]) -> list[torch.Tensor]:
     return ([static.hidden] if static.hidden.requires_grad else []) + list(params)
 
@@ -154,13 +171,13 @@ class CudaGraphReplay:
     def _capture(self, fn, static, params, inputs, device, stream, warmup) -> None:
         # eager steps: an error here (out of memory, a bad shape) is the eager step's own, raised as it is
         stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream), allocating_to(self.pool, device):
+        with torch.cuda.stream(stream), allocating_to(self.pool, device), uncached_autocast(device.type):
             for _ in range(warmup):
                 _step(fn, static.hidden, static.position_embeddings, static.masks, static.kwargs, params)
         torch.cuda.current_stream(device).wait_stream(stream)
         try:
             self.forward_graph, self.backward_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-            with torch.enable_grad():
+            with torch.enable_grad(), uncached_autocast(device.type):
                 with torch.cuda.graph(self.forward_graph, pool=self.pool.id, stream=stream, capture_error_mode="thread_local"):
                     out = run_stack(fn, static.hidden, static.position_embeddings, static.masks, static.kwargs)
                 self.grad_out = torch.empty_like(out)

@@ -154,3 +154,30 @@ def test_the_environment_variable_turns_the_graphs_on_and_off(monkeypatch):
 def test_bad_config_values_are_refused_at_build(name, value):
     with pytest.raises(SettingError, match=name):
         tiny.build("qwen3_5", "gpu", **{name: value})
+
+
+def test_a_hook_on_a_module_of_the_stack_is_refused():
+    graphed = _model()
+    graphed.model.layers[0].mlp.register_forward_hook(lambda module, args, out: None)  # a probe: its Python would run at capture only
+    with pytest.raises(CudaGraphsUnavailable, match=r"have hooks \(layers\.0\.mlp\)"):
+        _step(graphed, [_batch(A, 1)])
+
+
+def test_a_global_module_hook_is_refused():
+    graphed = _model()
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda module, args, out: None)
+    try:
+        with pytest.raises(CudaGraphsUnavailable, match="every module"):
+            _step(graphed, [_batch(A, 1)])
+    finally:
+        handle.remove()
+
+
+def test_transformers_output_recorders_left_on_the_layers_do_not_refuse_a_step():
+    graphed = _model()
+    ids, labels, packed = _batch(A, 1)
+    with torch.no_grad():  # a scoring pass that asks for hidden states installs transformers' recorders for good
+        graphed(input_ids=ids, labels=labels, **packed, output_hidden_states=True)
+    assert any(layer._forward_hooks for layer in graphed.model.layers)
+    _step(graphed, [_batch(A, 2)])
+    assert layer_graphs.graphs_of(graphed).stats.captures == 1
