@@ -133,7 +133,8 @@ def _recording(hook) -> bool:
 
 def hooked_modules(layers) -> list[str]:
     """The modules of the stack whose hooks a replay would skip (any module hook but transformers' inactive
-    output recorder, or an accelerate hook that wraps the forward), and "every module" for global hooks."""
+    output recorder, or an accelerate hook that wraps the forward), the parameters with tensor hooks, and
+    "every module" for global module hooks."""
     found = []
     if any(getattr(torch.nn.modules.module, table, None) for table in GLOBAL_HOOK_TABLES):
         found.append("every module (torch.nn.modules.module.register_module_*_hook)")
@@ -143,6 +144,10 @@ def hooked_modules(layers) -> list[str]:
         hooks = [h for table in HOOK_TABLES for h in getattr(module, table, {}).values()]
         if getattr(module, "_hf_hook", None) is not None or any(not _recording(h) for h in hooks):
             found.append(name)
+        # a parameter's tensor hook (`register_hook`) fires inside the warm-ups' and capture's own backward (with
+        # their gradients), and one that changes the gradient would be applied in the graph and again on replay;
+        # post-accumulate hooks (DDP, FSDP2, optimizer-in-backward) run once per replay, as in eager
+        found += [f"{name}.{p_name} (register_hook)" for p_name, p in module._parameters.items() if p is not None and p._backward_hooks]
         stack.extend((f"{name}.{child}", m) for child, m in reversed(module._modules.items()) if m is not None)
     return found
 

@@ -181,3 +181,19 @@ def test_transformers_output_recorders_left_on_the_layers_do_not_refuse_a_step()
     assert any(layer._forward_hooks for layer in graphed.model.layers)
     _step(graphed, [_batch(A, 2)])
     assert layer_graphs.graphs_of(graphed).stats.captures == 1
+
+
+def test_a_tensor_hook_on_a_parameter_of_the_stack_is_refused():
+    graphed = _model()
+    graphed.model.layers[0].mlp.down_proj.weight.register_hook(lambda g: g * 0.5)  # would fire at capture and again on replay
+    with pytest.raises(CudaGraphsUnavailable, match=r"layers\.0\.mlp\.down_proj\.weight \(register_hook\)"):
+        _step(graphed, [_batch(A, 1)])
+
+
+def test_post_accumulate_grad_hooks_fire_once_per_graphed_backward():
+    graphed = _model()
+    fired = []
+    graphed.model.layers[0].mlp.down_proj.weight.register_post_accumulate_grad_hook(lambda p: fired.append(1))
+    _step(graphed, [_batch(A, 1)])  # captures
+    _step(graphed, [_batch(A, 2), _batch(A, 3)])  # replays twice
+    assert len(fired) == 3
