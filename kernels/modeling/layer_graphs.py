@@ -76,9 +76,11 @@ def _graphs(text_model) -> LayerGraphs | None:
         if current is not None:
             use_graphs(text_model, None)  # turned off: the graphs and their pools go
         return None
+    size = int_field(text_model.config, SHARED_PREFIX_CUDA_GRAPHS_CACHE)
     if current is None:
-        current = LayerGraphs(int_field(text_model.config, SHARED_PREFIX_CUDA_GRAPHS_CACHE), replay=DEFAULT_REPLAY)
+        current = LayerGraphs(size, replay=DEFAULT_REPLAY)
         use_graphs(text_model, current)
+    current.cache.max_entries = size  # a bound changed since (to free memory) holds from the next capture on
     return current
 
 

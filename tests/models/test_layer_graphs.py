@@ -197,3 +197,14 @@ def test_post_accumulate_grad_hooks_fire_once_per_graphed_backward():
     _step(graphed, [_batch(A, 1)])  # captures
     _step(graphed, [_batch(A, 2), _batch(A, 3)])  # replays twice
     assert len(fired) == 3
+
+
+def test_a_smaller_cache_bound_set_later_holds_from_the_next_capture():
+    graphed = _model(cache=2)
+    graphs = layer_graphs.graphs_of(graphed)
+    _step(graphed, [_batch(A, 1)])
+    _step(graphed, [_batch(C, 2)])
+    graphed.config.shared_prefix_cuda_graphs_cache = 1
+    _step(graphed, [_batch(A, 3)])  # replays A: the bound is checked when room is made
+    _step(graphed, [_batch([(70, [5, 9, 5])], 4)])
+    assert len(graphs.cache) == 1
