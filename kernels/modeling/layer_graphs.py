@@ -27,6 +27,8 @@ from .shared_prefix import KWARG
 ATTRIBUTE = "_patchgen_layer_graphs"
 # what a text model's graphs capture with; tests off CUDA set `EagerReplay` (the same buffers and node, run eagerly)
 DEFAULT_REPLAY = CudaGraphReplay
+# keyword arguments the decoder layers pass along but never read under a plan; left out of a graphed stack's call
+LOSS_ONLY = ("num_items_in_batch",)
 RECORDED_OUTPUTS = ("output_hidden_states", "output_attentions", "output_router_logits")
 
 
@@ -160,4 +162,6 @@ def run_layers(text_model, layers_fn, hidden_states, position_embeddings, masks,
     if graphs is None or not _training_step(text_model, hidden_states, kwargs):
         return layers_fn(hidden_states, position_embeddings, masks, **kwargs)
     _refuse(text_model, graphs, hidden_states, kwargs)
+    # read by the loss only (HF Trainer's token count, new every step): in the key, every step would capture
+    kwargs = {k: v for k, v in kwargs.items() if k not in LOSS_ONLY}
     return graphs(text_model, layers_fn, hidden_states, position_embeddings, masks, kwargs)

@@ -208,3 +208,11 @@ def test_a_smaller_cache_bound_set_later_holds_from_the_next_capture():
     _step(graphed, [_batch(A, 3)])  # replays A: the bound is checked when room is made
     _step(graphed, [_batch([(70, [5, 9, 5])], 4)])
     assert len(graphs.cache) == 1
+
+
+def test_a_new_num_items_in_batch_every_step_replays_and_scales_the_loss_as_eager():
+    eager, graphed = _model(graphs=False), _model()
+    for i, count in enumerate((50, 61, torch.tensor(37))):  # HF Trainer's token count of the accumulation window
+        _same(_step(eager, [_batch(A, i)], num_items_in_batch=count), _step(graphed, [_batch(A, i)], num_items_in_batch=count))
+    stats = layer_graphs.graphs_of(graphed).stats
+    assert (stats.captures, stats.replays) == (1, 2)
