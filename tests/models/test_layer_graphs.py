@@ -216,3 +216,10 @@ def test_a_new_num_items_in_batch_every_step_replays_and_scales_the_loss_as_eage
         _same(_step(eager, [_batch(A, i)], num_items_in_batch=count), _step(graphed, [_batch(A, i)], num_items_in_batch=count))
     stats = layer_graphs.graphs_of(graphed).stats
     assert (stats.captures, stats.replays) == (1, 2)
+
+
+def test_a_flag_set_to_a_string_after_the_build_is_refused():
+    net = _model(graphs=False)
+    net.config.shared_prefix_cuda_graphs = "false"  # would read as on
+    with pytest.raises(SettingError, match="shared_prefix_cuda_graphs must be True or False, got 'false'"):
+        _step(net, [_batch(A, 1)])
