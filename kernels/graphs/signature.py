@@ -11,7 +11,7 @@ counts, round flags) and device addresses. Two calls may share a graph only when
   derived from those indices and cached (fla keeps chunk tables it computed per `cu_seqlens` tensor);
 - the storage and requires-grad flag of every parameter and buffer of the layers (a graph reads the
   weights where they were at capture: a moved or resharded model must capture again);
-- every layer module's training flag (dropout runs or not);
+- every layer module's training flag (dropout runs or not) and op table (`ops.bind` again: other backends);
 - the autocast state.
 
 A tensor argument other than the hidden states that requires grad is refused (the stack returns no
@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from ..errors import CudaGraphsUnavailable
+from ..ops import ATTRIBUTE as OP_TABLE
 from ..shared_prefix.conv import ConvIndex
 
 # fields that hold caches derived from the other fields (built lazily by the first call), not inputs
@@ -107,7 +108,8 @@ def plan_signature(plan, device: torch.device) -> tuple:
 
 def module_state(modules) -> tuple:
     """Storage, shape, dtype and requires-grad of every parameter and buffer the graph reads, and every
-    module's training flag (a dropout, LoRA's among them, runs in a graph captured in training mode only).
+    module's training flag (a dropout, LoRA's among them, runs in a graph captured in training mode only)
+    and bound op table (a graph replays the backends it captured).
 
     Walked every call (a submodule swapped in, an adapter added, a weight moved all change the key),
     through the modules' own tables rather than `Module.parameters()`, whose generators cost about
@@ -119,6 +121,7 @@ def module_state(modules) -> tuple:
         if module is None:
             continue
         out.append(module.training)
+        out.append(module.__dict__.get(OP_TABLE))  # the backends its forward calls (held: identity stays unique)
         for tensor in (*module._parameters.values(), *module._buffers.values()):
             if tensor is not None:
                 out.append((tensor.data_ptr(), tensor.shape, tensor.dtype, tensor.requires_grad))

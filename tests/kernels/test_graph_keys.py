@@ -171,3 +171,15 @@ def test_captures_cast_the_current_weights_under_autocast():
         assert torch.is_autocast_cache_enabled()
     assert stale[0, 0].item() == 4.0  # the cache this guards against
     assert fresh[0, 0].item() == 8.0 and fresh.dtype == torch.bfloat16
+
+
+def test_op_slots_bound_again_change_the_key():
+    from patchgen.kernels import ops
+
+    plan = _plan([(100, [20, 30])])
+    layer = torch.nn.Linear(4, 4)
+    ops.bind(layer)
+    before = _key(plan, [layer])
+    assert _key(plan, [layer]) == before
+    ops.bind(layer)  # other backends chosen: a graph would replay the ones it captured
+    assert _key(plan, [layer]) != before
