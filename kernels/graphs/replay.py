@@ -11,6 +11,8 @@ and every parameter that wants a gradient), both in one private memory pool that
    memory the graph reads stays valid for as long as the entry lives, whether or not the library's
    cache still holds it (memory a global cache keeps, a stream's cuBLAS workspace, stays allocated and
    valid after the entry goes; it is only accounted to its pool);
+   Warm-ups and captures run with autocast's cast cache off (`uncached_autocast`), so that the weight
+   casts are captured and every replay casts the current weights;
 2. the captures, which hit those caches. A miss under capture recomputes the table inside the graph
    (in its pool, so valid too) or, where that needs a host copy, fails the capture loudly
    (`GraphCaptureFailed`); it never leaves the graph reading memory it does not own.
