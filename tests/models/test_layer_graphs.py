@@ -223,3 +223,16 @@ def test_a_flag_set_to_a_string_after_the_build_is_refused():
     net.config.shared_prefix_cuda_graphs = "false"  # would read as on
     with pytest.raises(SettingError, match="shared_prefix_cuda_graphs must be True or False, got 'false'"):
         _step(net, [_batch(A, 1)])
+
+
+def test_a_pending_backward_of_an_evicted_graph_returns_its_own_gradients():
+    eager, graphed = _model(graphs=False), _model(cache=1)
+    results = []
+    for net in (eager, graphed):
+        net.zero_grad(set_to_none=True)
+        first, second = (net(input_ids=i, labels=l, **p).loss for i, l, p in (_batch(A, 1), _batch(C, 2)))
+        first.backward()  # A's graph was evicted by C's capture; its forward is still pending
+        second.backward()
+        results.append(([first.detach(), second.detach()], tiny.grads(net)))
+    _same(*results)
+    assert layer_graphs.graphs_of(graphed).stats.evictions == 1
