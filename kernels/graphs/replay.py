@@ -23,8 +23,9 @@ parameters' `AccumulateGrad` nodes are made again on the training stream by the 
 
 `StackReplay` is the autograd node of one replay. Its backward returns the static gradient buffers
 themselves: autograd adds them into `.grad` (or, when `.grad` is None, stores a copy: the buffer is
-still referenced by the entry, so it is never stolen), and every hook on the parameters (DDP's
-gradient-ready hooks) fires as in eager. A backward whose forward was followed by another replay of
+still referenced by the entry, so it is never stolen), and every post-accumulate hook on the parameters
+(DDP's gradient-ready hooks) fires once, as in eager (tensor hooks, which the warm-ups' and captures' own
+backward would fire too, are refused by `layer_graphs`). A backward whose forward was followed by another replay of
 the same graph raises `GraphReplayOverwritten` instead of returning another batch's gradients.
 `EagerReplay` runs the same static buffers and node eagerly: the CPU tests' stand-in for the graphs.
 """
