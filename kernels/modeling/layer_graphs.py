@@ -150,7 +150,7 @@ def hooked_modules(layers) -> list[str]:
             found.append(name)
         # a parameter's tensor hook (`register_hook`) fires inside the warm-ups' and capture's own backward (with
         # their gradients), and one that changes the gradient would be applied in the graph and again on replay;
-        # post-accumulate hooks (DDP, FSDP2, optimizer-in-backward) run once per replay, as in eager
+        # post-accumulate hooks (DDP, optimizer-in-backward) run once per replay, as in eager
         found += [f"{name}.{p_name} (register_hook)" for p_name, p in module._parameters.items() if p is not None and p._backward_hooks]
         stack.extend((f"{name}.{child}", m) for child, m in reversed(module._modules.items()) if m is not None)
     return found
