@@ -161,7 +161,10 @@ def shared_prefix_cuda_graphs(config: Any, environ: Mapping[str, str] | None = N
             f"environment variable {ENV_SHARED_PREFIX_CUDA_GRAPHS}={value!r}: expected 1 (on) or 0 (off); "
             "unset it to follow the model config's shared_prefix_cuda_graphs"
         )
-    return bool(field(config, SHARED_PREFIX_CUDA_GRAPHS, False))
+    flag = field(config, SHARED_PREFIX_CUDA_GRAPHS, False)
+    if not isinstance(flag, bool):  # set after the build's check: "false" would read as on
+        raise SettingError(f"config field {SHARED_PREFIX_CUDA_GRAPHS} must be True or False, got {flag!r}")
+    return flag
 
 
 def check_model_config(config: Any) -> None:

@@ -11,6 +11,8 @@ and every parameter that wants a gradient), both in one private memory pool that
    memory the graph reads stays valid for as long as the entry lives, whether or not the library's
    cache still holds it (memory a global cache keeps, a stream's cuBLAS workspace, stays allocated and
    valid after the entry goes; it is only accounted to its pool);
+   Warm-ups and captures run with autocast's cast cache off (`uncached_autocast`), so that the weight
+   casts are captured and every replay casts the current weights;
 2. the captures, which hit those caches. A miss under capture recomputes the table inside the graph
    (in its pool, so valid too) or, where that needs a host copy, fails the capture loudly
    (`GraphCaptureFailed`); it never leaves the graph reading memory it does not own.
@@ -21,8 +23,9 @@ parameters' `AccumulateGrad` nodes are made again on the training stream by the 
 
 `StackReplay` is the autograd node of one replay. Its backward returns the static gradient buffers
 themselves: autograd adds them into `.grad` (or, when `.grad` is None, stores a copy: the buffer is
-still referenced by the entry, so it is never stolen), and every hook on the parameters (DDP's
-gradient-ready hooks) fires as in eager. A backward whose forward was followed by another replay of
+still referenced by the entry, so it is never stolen), and every post-accumulate hook on the parameters
+(DDP's gradient-ready hooks) fires once, as in eager (tensor hooks, which the warm-ups' and captures' own
+backward would fire too, are refused by `layer_graphs`). A backward whose forward was followed by another replay of
 the same graph raises `GraphReplayOverwritten` instead of returning another batch's gradients.
 `EagerReplay` runs the same static buffers and node eagerly: the CPU tests' stand-in for the graphs.
 """
@@ -41,6 +44,23 @@ from .static import StaticCall
 
 def run_stack(fn, hidden, position_embeddings, masks, kwargs) -> torch.Tensor:
     return fn(hidden, position_embeddings, masks, **kwargs)
+
+
+@contextlib.contextmanager
+def uncached_autocast(device_type: str):
+    """Autocast as the caller has it, but without its cast cache, for the warm-ups and the captures.
+
+    Under autocast with its cache on (the default; HF Trainer's ``bf16=True`` on float32 weights), the
+    first cast of a weight is kept for the rest of the autocast region and later casts are cache hits.
+    A capture after the warm-ups would then record no cast kernel, and every replay would read the copy
+    the warm-up made: the weights as they were at capture, whatever the optimizer did since (torch's
+    ``make_graphed_callables`` refuses the cache for this reason). With the cache off the casts are
+    captured and every replay casts the current weights, as every eager step does."""
+    if not torch.is_autocast_enabled(device_type):
+        yield
+        return
+    with torch.autocast(device_type, dtype=torch.get_autocast_dtype(device_type), cache_enabled=False):
+        yield
 
 
 def _grad_inputs(static: StaticCall, params: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -154,13 +174,13 @@ class CudaGraphReplay:
     def _capture(self, fn, static, params, inputs, device, stream, warmup) -> None:
         # eager steps: an error here (out of memory, a bad shape) is the eager step's own, raised as it is
         stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream), allocating_to(self.pool, device):
+        with torch.cuda.stream(stream), allocating_to(self.pool, device), uncached_autocast(device.type):
             for _ in range(warmup):
                 _step(fn, static.hidden, static.position_embeddings, static.masks, static.kwargs, params)
         torch.cuda.current_stream(device).wait_stream(stream)
         try:
             self.forward_graph, self.backward_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-            with torch.enable_grad():
+            with torch.enable_grad(), uncached_autocast(device.type):
                 with torch.cuda.graph(self.forward_graph, pool=self.pool.id, stream=stream, capture_error_mode="thread_local"):
                     out = run_stack(fn, static.hidden, static.position_embeddings, static.masks, static.kwargs)
                 self.grad_out = torch.empty_like(out)

@@ -11,9 +11,12 @@ counts, round flags) and device addresses. Two calls may share a graph only when
   derived from those indices and cached (fla keeps chunk tables it computed per `cu_seqlens` tensor);
 - the storage and requires-grad flag of every parameter and buffer of the layers (a graph reads the
   weights where they were at capture: a moved or resharded model must capture again);
+- every layer module's training flag (dropout runs or not) and op table (`ops.bind` again: other backends);
 - the autocast state.
 
-A value the key cannot describe (a cache object, an unknown class) is refused, never ignored.
+A tensor argument other than the hidden states that requires grad is refused (the stack returns no
+gradient for it), and so is a value the key cannot describe (a cache object, an unknown class): never
+ignored.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import numpy as np
 import torch
 
 from ..errors import CudaGraphsUnavailable
+from ..ops import ATTRIBUTE as OP_TABLE
 from ..shared_prefix.conv import ConvIndex
 
 # fields that hold caches derived from the other fields (built lazily by the first call), not inputs
@@ -40,6 +44,7 @@ def is_host(tensor: torch.Tensor, device: torch.device) -> bool:
 
 
 CUDA = torch.device("cuda")
+HIDDEN = "hidden_states"  # the one tensor argument whose gradient the graphed stack returns
 
 
 def describe(value, where: str = "argument", device: torch.device = CUDA):
@@ -47,6 +52,13 @@ def describe(value, where: str = "argument", device: torch.device = CUDA):
     if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device)):
         return value
     if isinstance(value, torch.Tensor):
+        if value.requires_grad and where != HIDDEN:
+            raise CudaGraphsUnavailable(
+                f"shared_prefix_cuda_graphs: the decoder layers were called with {where}, a tensor that requires "
+                "grad; a graphed stack returns gradients for the hidden states and the layers' parameters only, so "
+                "this tensor's gradient would be lost. Detach it, or set shared_prefix_cuda_graphs=False for this "
+                "call pattern"
+            )
         if is_host(value, device):
             return ("cpu", tuple(value.shape), value.dtype, tuple(value.reshape(-1).tolist()))
         return ("tensor", tuple(value.shape), value.dtype, value.device, value.requires_grad)
@@ -95,7 +107,9 @@ def plan_signature(plan, device: torch.device) -> tuple:
 
 
 def module_state(modules) -> tuple:
-    """Storage, shape, dtype and requires-grad of every parameter and buffer the graph reads.
+    """Storage, shape, dtype and requires-grad of every parameter and buffer the graph reads, and every
+    module's training flag (a dropout, LoRA's among them, runs in a graph captured in training mode only)
+    and bound op table (a graph replays the backends it captured).
 
     Walked every call (a submodule swapped in, an adapter added, a weight moved all change the key),
     through the modules' own tables rather than `Module.parameters()`, whose generators cost about
@@ -106,6 +120,8 @@ def module_state(modules) -> tuple:
         module = stack.pop()
         if module is None:
             continue
+        out.append(module.training)
+        out.append(module.__dict__.get(OP_TABLE))  # the backends its forward calls (held: identity stays unique)
         for tensor in (*module._parameters.values(), *module._buffers.values()):
             if tensor is not None:
                 out.append((tensor.data_ptr(), tensor.shape, tensor.dtype, tensor.requires_grad))
@@ -119,7 +135,7 @@ def call_signature(hidden, position_embeddings, masks, kwargs: dict, layers, pla
     device = hidden.device
     autocast = (torch.is_autocast_enabled(device.type), torch.get_autocast_dtype(device.type))
     return (
-        describe(hidden, "hidden_states", device),
+        describe(hidden, HIDDEN, device),
         describe(position_embeddings, "position_embeddings", device),
         describe(masks, "attention masks", device),
         describe(rest, "layer keyword", device),

@@ -10,7 +10,8 @@ stacks are kept. Loss and gradients are the eager step's: the same kernels on th
 Refused with `CudaGraphsUnavailable` (flag on, shared-prefix training step): a device other than CUDA,
 activation checkpointing (the graphs hold the whole stack's activations, a recompute would save
 nothing), per-layer outputs asked for (hidden states, attentions, router logits: hooks do not run in
-a replay), and layer arguments a key cannot describe.
+a replay), hooks on the stack's modules (FSDP, ZeRO-3, accelerate offloading, probes), and layer
+arguments a key cannot describe or that want a gradient the stack does not return.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from .shared_prefix import KWARG
 ATTRIBUTE = "_patchgen_layer_graphs"
 # what a text model's graphs capture with; tests off CUDA set `EagerReplay` (the same buffers and node, run eagerly)
 DEFAULT_REPLAY = CudaGraphReplay
+# keyword arguments the decoder layers pass along but never read under a plan; left out of a graphed stack's call
+LOSS_ONLY = ("num_items_in_batch",)
 RECORDED_OUTPUTS = ("output_hidden_states", "output_attentions", "output_router_logits")
 
 
@@ -75,9 +78,11 @@ def _graphs(text_model) -> LayerGraphs | None:
         if current is not None:
             use_graphs(text_model, None)  # turned off: the graphs and their pools go
         return None
+    size = int_field(text_model.config, SHARED_PREFIX_CUDA_GRAPHS_CACHE)
     if current is None:
-        current = LayerGraphs(int_field(text_model.config, SHARED_PREFIX_CUDA_GRAPHS_CACHE), replay=DEFAULT_REPLAY)
+        current = LayerGraphs(size, replay=DEFAULT_REPLAY)
         use_graphs(text_model, current)
+    current.cache.max_entries = size  # a bound changed since (to free memory) holds from the next capture on
     return current
 
 
@@ -110,6 +115,45 @@ def _refuse(text_model, graphs: LayerGraphs, hidden, kwargs) -> None:
             "recorded by hooks, which do not run when a graph replays (an MoE model's router logits for the "
             f"load-balancing loss among them). Do not ask for them in training steps, or {fix}"
         )
+    hooked = hooked_modules(text_model.layers[: text_model.config.num_hidden_layers])
+    if hooked:
+        raise CudaGraphsUnavailable(
+            f"shared_prefix_cuda_graphs is on and modules of the decoder-layer stack have hooks ({', '.join(hooked[:4])}"
+            f"{'...' if len(hooked) > 4 else ''}): a hook's Python runs when a graph is captured, never when it "
+            "replays (FSDP's and DeepSpeed ZeRO-3's parameter gathering, accelerate's offloading, a probe or "
+            f"steering hook among them). Remove the hooks, or {fix}"
+        )
+
+
+# transformers' output-recording hook: inactive unless per-layer outputs are asked for, which `_refuse` refuses
+RECORDING_HOOK = ("transformers.utils.output_capturing", "output_capturing_hook")
+HOOK_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+GLOBAL_HOOK_TABLES = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks", "_global_backward_hooks")
+
+
+def _recording(hook) -> bool:
+    return (getattr(hook, "__module__", None), getattr(hook, "__name__", None)) == RECORDING_HOOK
+
+
+def hooked_modules(layers) -> list[str]:
+    """The modules of the stack whose hooks a replay would skip (any module hook but transformers' inactive
+    output recorder, or an accelerate hook that wraps the forward), the parameters with tensor hooks, and
+    "every module" for global module hooks."""
+    found = []
+    if any(getattr(torch.nn.modules.module, table, None) for table in GLOBAL_HOOK_TABLES):
+        found.append("every module (torch.nn.modules.module.register_module_*_hook)")
+    stack = [(f"layers.{i}", layer) for i, layer in enumerate(layers)][::-1]
+    while stack:
+        name, module = stack.pop()
+        hooks = [h for table in HOOK_TABLES for h in getattr(module, table, {}).values()]
+        if getattr(module, "_hf_hook", None) is not None or any(not _recording(h) for h in hooks):
+            found.append(name)
+        # a parameter's tensor hook (`register_hook`) fires inside the warm-ups' and capture's own backward (with
+        # their gradients), and one that changes the gradient would be applied in the graph and again on replay;
+        # post-accumulate hooks (DDP, optimizer-in-backward) run once per replay, as in eager
+        found += [f"{name}.{p_name} (register_hook)" for p_name, p in module._parameters.items() if p is not None and p._backward_hooks]
+        stack.extend((f"{name}.{child}", m) for child, m in reversed(module._modules.items()) if m is not None)
+    return found
 
 
 def run_layers(text_model, layers_fn, hidden_states, position_embeddings, masks, **kwargs) -> torch.Tensor:
@@ -118,4 +162,6 @@ def run_layers(text_model, layers_fn, hidden_states, position_embeddings, masks,
     if graphs is None or not _training_step(text_model, hidden_states, kwargs):
         return layers_fn(hidden_states, position_embeddings, masks, **kwargs)
     _refuse(text_model, graphs, hidden_states, kwargs)
+    # read by the loss only (HF Trainer's token count, new every step): in the key, every step would capture
+    kwargs = {k: v for k, v in kwargs.items() if k not in LOSS_ONLY}
     return graphs(text_model, layers_fn, hidden_states, position_embeddings, masks, kwargs)

@@ -13,6 +13,7 @@ import torch
 from patchgen.kernels.errors import CudaGraphsUnavailable
 from patchgen.kernels.graphs import GraphCache, StaticCall, call_signature, plan_signature
 from patchgen.kernels.graphs.cache import Entry, GraphsRecapturing
+from patchgen.kernels.graphs.replay import uncached_autocast
 from patchgen.kernels.graphs.static import device_paths
 from patchgen.kernels.shared_prefix import build_plan
 
@@ -139,3 +140,46 @@ def test_the_cache_warns_once_when_most_calls_capture():
 def test_a_cache_of_no_entries_is_refused():
     with pytest.raises(ValueError, match="at least one entry"):
         GraphCache(max_entries=0)
+
+
+def test_a_layer_switched_to_eval_changes_the_key():
+    plan = _plan([(100, [20, 30])])
+    layer = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.1))  # a LoRA adapter's dropout, say
+    before = _key(plan, [layer])
+    layer.eval()  # a graph captured in training mode would keep dropping
+    assert _key(plan, [layer]) != before
+
+
+def test_a_layer_argument_other_than_the_hidden_states_that_wants_a_gradient_is_refused():
+    hidden, (cos, sin), masks, kwargs = _call(_plan([(100, [20, 30])]))
+    with pytest.raises(CudaGraphsUnavailable, match=r"position_embeddings\[0\], a tensor that requires grad"):
+        call_signature(hidden, (cos.requires_grad_(), sin), masks, kwargs, (), "shared_prefix")
+
+
+def test_captures_cast_the_current_weights_under_autocast():
+    # autocast keeps its first cast of a weight for the whole region: a graph captured on that cache hit
+    # would replay the weights of the capture step forever
+    weight, x = torch.nn.Parameter(torch.ones(4, 4)), torch.ones(2, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.nn.functional.linear(x, weight)
+        with torch.no_grad():
+            weight.mul_(2)  # an optimizer step
+        stale = torch.nn.functional.linear(x, weight)
+        with uncached_autocast("cpu"):
+            assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+            fresh = torch.nn.functional.linear(x, weight)
+        assert torch.is_autocast_cache_enabled()
+    assert stale[0, 0].item() == 4.0  # the cache this guards against
+    assert fresh[0, 0].item() == 8.0 and fresh.dtype == torch.bfloat16
+
+
+def test_op_slots_bound_again_change_the_key():
+    from patchgen.kernels import ops
+
+    plan = _plan([(100, [20, 30])])
+    layer = torch.nn.Linear(4, 4)
+    ops.bind(layer)
+    before = _key(plan, [layer])
+    assert _key(plan, [layer]) == before
+    ops.bind(layer)  # other backends chosen: a graph would replay the ones it captured
+    assert _key(plan, [layer]) != before

@@ -154,3 +154,85 @@ def test_the_environment_variable_turns_the_graphs_on_and_off(monkeypatch):
 def test_bad_config_values_are_refused_at_build(name, value):
     with pytest.raises(SettingError, match=name):
         tiny.build("qwen3_5", "gpu", **{name: value})
+
+
+def test_a_hook_on_a_module_of_the_stack_is_refused():
+    graphed = _model()
+    graphed.model.layers[0].mlp.register_forward_hook(lambda module, args, out: None)  # a probe: its Python would run at capture only
+    with pytest.raises(CudaGraphsUnavailable, match=r"have hooks \(layers\.0\.mlp\)"):
+        _step(graphed, [_batch(A, 1)])
+
+
+def test_a_global_module_hook_is_refused():
+    graphed = _model()
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda module, args, out: None)
+    try:
+        with pytest.raises(CudaGraphsUnavailable, match="every module"):
+            _step(graphed, [_batch(A, 1)])
+    finally:
+        handle.remove()
+
+
+def test_transformers_output_recorders_left_on_the_layers_do_not_refuse_a_step():
+    graphed = _model()
+    ids, labels, packed = _batch(A, 1)
+    with torch.no_grad():  # a scoring pass that asks for hidden states installs transformers' recorders for good
+        graphed(input_ids=ids, labels=labels, **packed, output_hidden_states=True)
+    assert any(layer._forward_hooks for layer in graphed.model.layers)
+    _step(graphed, [_batch(A, 2)])
+    assert layer_graphs.graphs_of(graphed).stats.captures == 1
+
+
+def test_a_tensor_hook_on_a_parameter_of_the_stack_is_refused():
+    graphed = _model()
+    graphed.model.layers[0].mlp.down_proj.weight.register_hook(lambda g: g * 0.5)  # would fire at capture and again on replay
+    with pytest.raises(CudaGraphsUnavailable, match=r"layers\.0\.mlp\.down_proj\.weight \(register_hook\)"):
+        _step(graphed, [_batch(A, 1)])
+
+
+def test_post_accumulate_grad_hooks_fire_once_per_graphed_backward():
+    graphed = _model()
+    fired = []
+    graphed.model.layers[0].mlp.down_proj.weight.register_post_accumulate_grad_hook(lambda p: fired.append(1))
+    _step(graphed, [_batch(A, 1)])  # captures
+    _step(graphed, [_batch(A, 2), _batch(A, 3)])  # replays twice
+    assert len(fired) == 3
+
+
+def test_a_smaller_cache_bound_set_later_holds_from_the_next_capture():
+    graphed = _model(cache=2)
+    graphs = layer_graphs.graphs_of(graphed)
+    _step(graphed, [_batch(A, 1)])
+    _step(graphed, [_batch(C, 2)])
+    graphed.config.shared_prefix_cuda_graphs_cache = 1
+    _step(graphed, [_batch(A, 3)])  # replays A: the bound is checked when room is made
+    _step(graphed, [_batch([(70, [5, 9, 5])], 4)])
+    assert len(graphs.cache) == 1
+
+
+def test_a_new_num_items_in_batch_every_step_replays_and_scales_the_loss_as_eager():
+    eager, graphed = _model(graphs=False), _model()
+    for i, count in enumerate((50, 61, torch.tensor(37))):  # HF Trainer's token count of the accumulation window
+        _same(_step(eager, [_batch(A, i)], num_items_in_batch=count), _step(graphed, [_batch(A, i)], num_items_in_batch=count))
+    stats = layer_graphs.graphs_of(graphed).stats
+    assert (stats.captures, stats.replays) == (1, 2)
+
+
+def test_a_flag_set_to_a_string_after_the_build_is_refused():
+    net = _model(graphs=False)
+    net.config.shared_prefix_cuda_graphs = "false"  # would read as on
+    with pytest.raises(SettingError, match="shared_prefix_cuda_graphs must be True or False, got 'false'"):
+        _step(net, [_batch(A, 1)])
+
+
+def test_a_pending_backward_of_an_evicted_graph_returns_its_own_gradients():
+    eager, graphed = _model(graphs=False), _model(cache=1)
+    results = []
+    for net in (eager, graphed):
+        net.zero_grad(set_to_none=True)
+        first, second = (net(input_ids=i, labels=l, **p).loss for i, l, p in (_batch(A, 1), _batch(C, 2)))
+        first.backward()  # A's graph was evicted by C's capture; its forward is still pending
+        second.backward()
+        results.append(([first.detach(), second.detach()], tiny.grads(net)))
+    _same(*results)
+    assert layer_graphs.graphs_of(graphed).stats.evictions == 1

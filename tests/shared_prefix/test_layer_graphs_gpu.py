@@ -40,7 +40,7 @@ D = (700, [90, 300])  # other layouts, run eagerly in between
 E = (1200, [50, 60, 70])
 
 
-def _model(graphs: bool, cache: int = 2):
+def _model(graphs: bool, cache: int = 2, dtype: torch.dtype = torch.bfloat16):
     import importlib
 
     from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
@@ -57,7 +57,7 @@ def _model(graphs: bool, cache: int = 2):
     config.shared_prefix_cuda_graphs_cache = cache
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = importlib.import_module(MODULE).Qwen3_5ForCausalLM(config).to(torch.bfloat16)
+        model = importlib.import_module(MODULE).Qwen3_5ForCausalLM(config).to(dtype)
     return model.train()
 
 
@@ -154,3 +154,31 @@ def test_a_backward_after_a_later_replay_of_the_same_graph_raises(models):
         first.backward()
     second.backward()
     graphed_model.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("dtype,autocast", [(torch.bfloat16, False), (torch.float32, True)])
+def test_replays_read_the_weights_of_the_latest_update(dtype, autocast):
+    """An in-place update between steps (what an optimizer step does) is read by the next replay; float32
+    weights under bf16 autocast (HF Trainer's bf16=True) too, where a capture on autocast's cast cache
+    would replay the capture step's weights forever."""
+    from patchgen.kernels.modeling.layer_graphs import graphs_of
+
+    eager, graphed = _model(graphs=False, dtype=dtype), _model(graphs=True, dtype=dtype)
+    graphed.load_state_dict(eager.state_dict())
+    batch = _batch(A, seed=12)
+    noise = {n: torch.randn_like(p) * 1e-2 for n, p in eager.named_parameters() if ".layers." in n}
+    losses = []
+    for _ in range(3):
+        step = []
+        for model in (eager, graphed):
+            model.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+                step.append(_step(model, batch))
+            with torch.no_grad():  # the same in-place update on both models (an optimizer step, deterministic)
+                for n, p in model.named_parameters():
+                    if n in noise:
+                        p.add_(noise[n])
+        assert torch.equal(*step), [x.item() for x in step]
+        losses.append(step[1].item())
+    assert len(set(losses)) == 3, losses  # the updates changed the loss: the replays read them
+    assert (graphs_of(graphed).stats.captures, graphs_of(graphed).stats.replays) == (1, 2)
