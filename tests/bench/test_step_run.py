@@ -1,15 +1,13 @@
 """bench/step_run.sh, the training-step checks in one device call, run on the CPU with a stub environment
 and a `python` (and `bash bench/gpu_tests.sh`'s python) that exits at once with 3."""
 
-import os
 import re
-import subprocess
 import tarfile
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests.bench.device_stub import BENCH, run_device_script
+
 SCRIPT = BENCH / "step_run.sh"
 
 
@@ -19,17 +17,7 @@ def _header_parts() -> list[str]:
 
 
 def _run(tmp_path, parts: str, budget: int = 600):
-    stub = tmp_path / "stub"
-    stub.mkdir()
-    (stub / "python").write_text('#!/bin/sh\necho "fake python $*"\nexit 3\n')
-    (stub / "python").chmod(0o755)
-    (stub / "env.sh").write_text(f"export PATH={stub}:$PATH T371=/nonexistent PYTHONPATH=/nonexistent\n")
-    out = tmp_path / "out"
-    out.mkdir()
-    env = {**os.environ, "OUT": str(out), "GPU_ENV": str(stub / "env.sh"), "BUDGET": str(budget), "PARTS": parts}
-    proc = subprocess.run(["bash", str(SCRIPT)], check=False, cwd=BENCH.parent, env=env, capture_output=True,
-                          text=True, timeout=120)
-    return proc, out
+    return run_device_script(tmp_path, "step_run.sh", BUDGET=budget, PARTS=parts)
 
 
 def test_every_documented_part_runs_says_its_exit_status_and_lands_in_the_tarball(tmp_path):

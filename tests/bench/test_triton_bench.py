@@ -8,7 +8,6 @@ import csv
 import json
 import math
 import os
-import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -22,6 +21,8 @@ sys.path.insert(0, str(BENCH))
 import triton_kernels
 import triton_presets
 import triton_tuning
+
+from tests.bench.device_stub import run_device_script
 
 interpreter_only = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1",
@@ -136,17 +137,7 @@ def test_write_table_refuses_a_preset_the_kernel_does_not_have(tmp_path):
 
 def _run_floor_script(tmp_path, budget: int):
     """bench/triton_floor_run.sh with a stub environment and a `python` that exits at once with 3."""
-    stub = tmp_path / "stub"
-    stub.mkdir()
-    (stub / "python").write_text("#!/bin/sh\necho \"fake python $*\"\nexit 3\n")
-    (stub / "python").chmod(0o755)
-    (stub / "env.sh").write_text(f"export PATH={stub}:$PATH T371=/nonexistent PYTHONPATH=/nonexistent\n")
-    out = tmp_path / "out"
-    out.mkdir()
-    env = {**os.environ, "OUT": str(out), "GPU_ENV": str(stub / "env.sh"), "BUDGET": str(budget)}
-    proc = subprocess.run(["bash", str(BENCH / "triton_floor_run.sh")], check=False, cwd=BENCH.parent, env=env,
-                          capture_output=True, text=True, timeout=120)
-    return proc, out
+    return run_device_script(tmp_path, "triton_floor_run.sh", BUDGET=budget)
 
 
 def test_the_device_script_reports_every_part_and_packs_one_tarball(tmp_path):
