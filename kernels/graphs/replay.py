@@ -295,9 +295,9 @@ class CudaGraphScoring:
             torch.cuda.current_stream(device).wait_stream(stream)
             self.graph = torch.cuda.CUDAGraph()
             try:
-                with torch.no_grad(), uncached_autocast(device.type):
-                    with torch.cuda.graph(self.graph, pool=self.pool.id, stream=stream, capture_error_mode="thread_local"):
-                        self.out = run_stack(fn, static.hidden, static.position_embeddings, static.masks, static.kwargs)
+                capture = torch.cuda.graph(self.graph, pool=self.pool.id, stream=stream, capture_error_mode="thread_local")
+                with torch.no_grad(), uncached_autocast(device.type), capture:
+                    self.out = run_stack(fn, static.hidden, static.position_embeddings, static.masks, static.kwargs)
             except Exception as error:
                 raise _capture_failed(error) from error
 
