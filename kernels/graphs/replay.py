@@ -167,17 +167,21 @@ def _capture_failed(error: BaseException) -> GraphCaptureFailed:
     )
 
 
+def _need_mem_pool() -> None:
+    if not hasattr(torch.cuda, "MemPool"):
+        raise CudaGraphsUnavailable(
+            f"shared_prefix_cuda_graphs needs torch.cuda.MemPool (torch >= 2.8); found torch {torch.__version__}: "
+            "upgrade torch or set shared_prefix_cuda_graphs=False"
+        )
+
+
 class CudaGraphReplay:
     """Forward and backward graphs of the layer stack on `static`'s buffers, in a private pool (see module docstring)."""
 
     kind = "cuda"
 
     def __init__(self, fn, static: StaticCall, params: list[torch.Tensor], warmup: int = 2):
-        if not hasattr(torch.cuda, "MemPool"):
-            raise CudaGraphsUnavailable(
-                f"shared_prefix_cuda_graphs needs torch.cuda.MemPool (torch >= 2.8); found torch {torch.__version__}: "
-                "upgrade torch or set shared_prefix_cuda_graphs=False"
-            )
+        _need_mem_pool()
         # `fn` is not kept: it closes over the text model, which holds this cache (a cycle only gc would free)
         device = static.hidden.device
         stream = capture_stream(device)
@@ -279,11 +283,7 @@ class CudaGraphScoring:
     kind = "cuda"
 
     def __init__(self, fn, static: StaticCall, warmup: int = 2):
-        if not hasattr(torch.cuda, "MemPool"):
-            raise CudaGraphsUnavailable(
-                f"shared_prefix_cuda_graphs needs torch.cuda.MemPool (torch >= 2.8); found torch {torch.__version__}: "
-                "upgrade torch or set shared_prefix_cuda_graphs=False"
-            )
+        _need_mem_pool()
         device = static.hidden.device
         stream = capture_stream(device)
         with torch.cuda.device(device):
