@@ -21,7 +21,7 @@ from .grouping import Group
 from .layout import Layout, build_layout, ranges
 from .level_cost import LevelCost, resolve_level_cost
 from .lm_rows import LMIndex, LMRows, lm_host_index, lm_index, lm_rows
-from .positions import are_per_sequence
+from .positions import offset_rows
 from .rows import Arena
 from .tree import Node, find_tree
 
@@ -144,11 +144,18 @@ def build_plan(
     cu, ids, pos = _to_host(cu_seqlens, input_ids, pos_rows)
     if cu[0] != 0 or cu[-1] != length or bool((np.diff(cu) < 0).any()):
         raise ValueError(f"cu_seqlens must rise from 0 to T={length}, got {cu[:4]}...{cu[-2:]}")
-    if pos is not None and are_per_sequence(pos, cu):
-        pos = None  # per-sequence positions (text-only M-RoPE too) agree wherever offsets agree
+    grouped_by = pos
+    if pos is not None:
+        # rows that are one function of the offset in every sequence (per-sequence positions,
+        # text-only M-RoPE too) agree wherever offsets agree: the ids alone decide the grouping
+        kind = offset_rows(pos, cu)
+        if kind is not None:
+            grouped_by = None
+        if kind == "per_sequence":
+            pos = None  # the compact positions are the offsets themselves
     nodes = find_tree(
         ids,
-        pos,
+        grouped_by,
         cu,
         min_prefix=min_prefix,
         max_depth=max_depth,

@@ -1,4 +1,4 @@
-"""Per-sequence positions of a packed row, for callers that pass `position_ids=None`."""
+"""Per-sequence positions of a packed row, and what position rows a plan may ignore when grouping."""
 
 from __future__ import annotations
 
@@ -35,3 +35,49 @@ def are_per_sequence(pos: np.ndarray, cu: list[int]) -> bool:
         return False
     expected = host_positions(cu)
     return all(np.array_equal(row, expected) for row in pos)
+
+
+def offset_rows(pos: np.ndarray, cu) -> str | None:
+    """How host positions `[R, T]` depend on the offset inside each sequence: "per_sequence" (every
+    row is the offset: 0, 1, 2, ... from every sequence start), "offset" (every row holds the same
+    value at the same offset in every sequence, some other function of the offset), else None.
+
+    In both cases two sequences' positions agree at every offset they both have, so the ids alone
+    decide which rows are shared. Rows that fail mostly do so at a sequence's first or last row,
+    looked at first; then each distinct row is compared with the offsets, or with itself gathered
+    at the longest sequence (which holds every offset).
+    """
+    bounds = np.asarray(cu, dtype=np.int64)
+    lengths = np.diff(bounds)
+    t = int(bounds[-1])
+    if t == 0:
+        return "per_sequence"
+    ref = int(np.argmax(lengths))
+    ref_start = int(bounds[ref])
+    full = lengths > 0
+    firsts, lasts = bounds[:-1][full], bounds[1:][full] - 1
+    ref_lasts = ref_start + lengths[full] - 1
+    distinct: list[np.ndarray] = []
+    for row in pos:
+        if not (row[firsts] == row[ref_start]).all() or not np.array_equal(row[lasts], row[ref_lasts]):
+            return None
+        if not any(_same_bytes(row, kept) for kept in distinct):
+            distinct.append(row)
+    offsets = np.repeat(-bounds[:-1], lengths)
+    offsets += counting(t)
+    per_sequence, seen = True, None
+    for row in distinct:
+        if np.array_equal(row, offsets):
+            continue
+        per_sequence = False
+        if seen is None:
+            seen = np.empty(t, dtype=row.dtype)
+        np.take(row[ref_start:], offsets, out=seen, mode="clip")  # offsets lie inside the longest sequence
+        if not np.array_equal(seen, row):
+            return None
+    return "per_sequence" if per_sequence else "offset"
+
+
+def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal arrays; rows that differ mostly do so early, so a look at the heads spares most full compares."""
+    return np.array_equal(a[:256], b[:256]) and np.array_equal(a, b)
