@@ -359,8 +359,8 @@ def _first_differences(
 ) -> np.ndarray:
     """The first offset where the symbols of `first[i]` and `second[i]` differ, or the shorter one's
     length where they agree throughout (arguments as for `_common_prefixes`). Few pairs: one slice
-    compare each; many (short sequences): the overlapping rows of all pairs side by side, compared
-    in one pass (temporaries from `scratch`)."""
+    compare each (the reference of the batched path); many (short sequences): block by block, every
+    pair at once (`_first_differences_blocks`, temporaries from `scratch`)."""
     n = np.minimum(cu[first + 1] - cu[first], cu[second + 1] - cu[second])
     rest = n - skip
     if len(first) <= PAIRWISE_MAX:
@@ -372,22 +372,44 @@ def _first_differences(
             at = int(differs.argmax()) if k else 0
             out.append(at if k and differs[at] else k)
         return skip + np.asarray(out, dtype=np.int64)
-    scratch = scratch or Arena()
-    left, right = scratch.ranges(cu[first] + skip, rest), scratch.ranges(cu[second] + skip, rest)
-    # indices built from `cu` are in range: 'clip' only spares numpy's bounds-checking copy
-    at_left = np.take(ids, left, out=scratch.take(len(left)), mode="clip")
-    at_right = np.take(ids, right, out=scratch.take(len(left)), mode="clip")
-    differs = np.not_equal(at_left, at_right, out=scratch.take(len(left), bool))
-    if positions is not None:
-        for row in positions:
-            differs |= np.take(row, left) != np.take(row, right)
-    pair_start = np.cumsum(rest) - rest
-    hits = np.flatnonzero(differs)
-    if not len(hits):
-        return n.copy()
-    after = np.searchsorted(hits, pair_start)  # the first differing row at or after each pair's start
-    first_hit = np.where(after < len(hits), hits[np.minimum(after, len(hits) - 1)] - pair_start, rest)
-    return skip + np.minimum(first_hit, rest)
+    return skip + _first_differences_blocks(ids, positions, cu, first, second, skip, n, scratch or Arena())
+
+
+BLOCKS = (64, 128, 256)  # rows compared per pair at a time, the last repeated: most pairs part early
+
+
+def _first_differences_blocks(ids, positions, cu, first, second, skip, n, scratch: Arena) -> np.ndarray:
+    """`_first_differences - skip` for many pairs at once: the next block of rows of every pair that
+    still agrees, gathered as one `[pairs, width]` window of each side (a strided view of the row, no
+    index per row), compared in one pass; pairs that part in a block, or run out of rows, drop out."""
+    fields = [ids, *(() if positions is None else positions)]
+    t, widest = len(ids), BLOCKS[-1]
+    padded = []
+    for field in fields:  # room for a window that starts near the end of the row (rows past it are capped)
+        row = scratch.take(t + widest)
+        row[:t] = field
+        row[t:] = 0
+        padded.append(row)
+    rest = n - skip
+    out = rest.copy()
+    todo = np.flatnonzero(rest > 0)
+    left, right = cu[first[todo]] + skip, cu[second[todo]] + skip
+    done, b = 0, 0
+    while len(todo):
+        width = BLOCKS[min(b, len(BLOCKS) - 1)]
+        b += 1
+        differs = None
+        for row in padded:
+            windows = np.lib.stride_tricks.sliding_window_view(row, width)
+            here = windows[left] != windows[right]
+            differs = here if differs is None else np.logical_or(differs, here, out=differs)
+        hit = differs.any(axis=1)
+        parted = todo[hit]
+        out[parted] = np.minimum(done + differs[hit].argmax(axis=1), rest[parted])
+        done += width
+        keep = ~hit & (rest[todo] > done)
+        todo, left, right = todo[keep], left[keep] + width, right[keep] + width
+    return out
 
 
 def _best_partition(adjacent: list[int], min_prefix: int) -> list[tuple[int, int, int]]:
