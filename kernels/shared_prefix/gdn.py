@@ -121,7 +121,8 @@ def gdn_host_index(layout: Layout, arena: Arena | None = None) -> dict:
     kept_from.append(rows)
     kept_len.append(lengths)
     row += int(lengths.sum())
-    rounds.append((start[first], lengths, np.zeros(0, np.int64), np.zeros(0, np.int64), lengths, None))
+    none = np.zeros(len(first), np.int64)  # round 0: no parent's tail in front
+    rounds.append((start[first], lengths, none, none, lengths, None))
 
     tail = end - aligned_end  # of every segment; read at parents
     tail_start = start + aligned_end - offset
@@ -155,18 +156,33 @@ def gdn_host_index(layout: Layout, arena: Arena | None = None) -> dict:
     order = np.argsort(kept_at, kind="stable")
     out = arena.ranges(kept_from[order], kept_len[order])
     host = {"out_index": out, "rounds": len(rounds)}
-    for r, (a_start, a_len, b_start, b_len, seq_lengths, state) in enumerate(rounds):
-        if not len(seq_lengths):
+    # Every round's rows, boundaries and chunk tables are built once for all rounds together (the
+    # joint call's), and each round's are slices of them, renumbered from the round's first
+    # sequence: a handful of array calls however many rounds. Per sequence two pieces, the
+    # parent's tail then the child's own rows (round 0: its rows and an empty piece).
+    joint = np.concatenate([seq_lengths for *_, seq_lengths, _ in rounds])
+    src = arena.ranges(
+        np.stack([np.concatenate([r[0] for r in rounds]), np.concatenate([r[2] for r in rounds])], 1).reshape(-1),
+        np.stack([np.concatenate([r[1] for r in rounds]), np.concatenate([r[3] for r in rounds])], 1).reshape(-1),
+    )
+    cu_joint = arena.boundaries(joint)
+    chunks_joint = chunk_indices(joint, arena, np.int32)
+    offsets_joint = arena.boundaries(-(-joint // CHUNK))
+    first_seq = 0
+    for r, (*_, seq_lengths, state) in enumerate(rounds):
+        n = len(seq_lengths)
+        if not n:
             continue
-        if r:  # two pieces per sequence: the parent's tail, then the child's own rows
-            src = arena.ranges(np.stack([a_start, b_start], 1).reshape(-1), np.stack([a_len, b_len], 1).reshape(-1))
-        else:
-            src = arena.ranges(a_start, a_len)
+        s0, s1 = first_seq, first_seq + n
+        first_seq = s1
+        c0, c1 = int(offsets_joint[s0]), int(offsets_joint[s1])
         host |= {
-            f"src{r}": src,
-            f"cu{r}": arena.boundaries(seq_lengths),
-            f"chunks{r}": chunk_indices(seq_lengths, arena, np.int32),
-            f"offsets{r}": arena.boundaries(-(-seq_lengths // CHUNK)),  # first chunk of each sequence
+            f"src{r}": src[cu_joint[s0] : cu_joint[s1]],
+            f"cu{r}": np.subtract(cu_joint[s0 : s1 + 1], cu_joint[s0], out=arena.take(n + 1, np.int32)),
+            f"chunks{r}": np.subtract(
+                chunks_joint[c0:c1], np.array([s0, 0], np.int32), out=arena.take(2 * (c1 - c0), np.int32).reshape(-1, 2)
+            ),
+            f"offsets{r}": np.subtract(offsets_joint[s0 : s1 + 1], c0, out=arena.take(n + 1, np.int32)),
             f"export{r}": r + 1 < len(rounds),  # not an array: stays on the host
         }
         if state is not None:
@@ -174,14 +190,8 @@ def gdn_host_index(layout: Layout, arena: Arena | None = None) -> dict:
             host[f"zero{r}"] = zero
             host[f"state{r}"] = arena.put(np.where(state < 0, 0, state + zero))
     # every round's rows in order: one gather per input serves all rounds (gdn_rounds)
-    host["src"] = arena.put(np.concatenate([host[f"src{r}"] for r in range(len(rounds)) if f"src{r}" in host]))
-    joint = np.concatenate([seq_lengths for *_, seq_lengths, _ in rounds])
-    host |= {
-        "cu_joint": arena.boundaries(joint),
-        "chunks_joint": chunk_indices(joint, arena, np.int32),
-        "offsets_joint": arena.boundaries(-(-joint // CHUNK)),
-    }
-    host["src_identity"] = _is_identity(host["src"], layout.compact_length)
+    host |= {"src": src, "cu_joint": cu_joint, "chunks_joint": chunks_joint, "offsets_joint": offsets_joint}
+    host["src_identity"] = _is_identity(src, layout.compact_length)
     host["out_identity"] = _is_identity(out, layout.compact_length)
     return host
 

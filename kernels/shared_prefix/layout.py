@@ -12,7 +12,6 @@ layout; the builders work on whole arrays, never row by row or member by member.
 from __future__ import annotations
 
 import functools
-import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -123,17 +122,24 @@ def build_layout(nodes: list[Node], cu: list[int], arena: Arena | None = None, b
     arena = arena or Arena()
     cu_arr = np.asarray(cu, dtype=np.int64)
     n_seq, n_nodes = len(cu) - 1, len(nodes)
-    node_parent = np.fromiter((-1 if n.parent is None else n.parent for n in nodes), np.int64, n_nodes)
-    node_start = np.fromiter((n.start for n in nodes), np.int64, n_nodes)
-    node_end = np.fromiter((n.end for n in nodes), np.int64, n_nodes)
-    sizes = np.fromiter((len(n.members) for n in nodes), np.int64, n_nodes)
-    flat_members = np.fromiter(itertools.chain.from_iterable(n.members for n in nodes), np.int64, int(sizes.sum()))
+    # one pass over the nodes (parents come first, so a node's level follows its parent's)
+    parents, starts, ends, sizes, levels_of, flat = [], [], [], [], [], []
+    for n in nodes:
+        p = -1 if n.parent is None else n.parent
+        parents.append(p)
+        starts.append(n.start)
+        ends.append(n.end)
+        sizes.append(len(n.members))
+        levels_of.append(0 if p < 0 else levels_of[p] + 1)
+        flat += n.members
+    node_parent = np.array(parents, dtype=np.int64)
+    node_start = np.array(starts, dtype=np.int64)
+    node_end = np.array(ends, dtype=np.int64)
+    node_level = np.array(levels_of, dtype=np.int64)
+    sizes = np.array(sizes, dtype=np.int64)
+    flat_members = np.array(flat, dtype=np.int64)
     member_node = np.repeat(np.arange(n_nodes, dtype=np.int64), sizes)
     node_first = flat_members[np.cumsum(sizes) - sizes]
-    node_level = np.zeros(n_nodes, dtype=np.int64)
-    for i, p in enumerate(node_parent.tolist()):  # parents come first
-        if p >= 0:
-            node_level[i] = node_level[p] + 1
     deepest = np.full(n_seq, -1, dtype=np.int64)  # each sequence's deepest node (children follow parents)
     np.maximum.at(deepest, flat_members, member_node)
 
