@@ -213,11 +213,27 @@ def _sorted_buckets(ids: np.ndarray, cu: np.ndarray, candidates: np.ndarray, key
     order = candidates.tolist()
     order.sort(key=_sequence_bytes(ids, cu, order).__getitem__)
     starts = cu[order]
-    heads = ids[starts[:, None] + counting(key_len)]
+    heads = _heads(ids, starts, key_len)
     edges = np.flatnonzero((heads[1:] != heads[:-1]).any(axis=1)) + 1
     bounds = [0, *edges.tolist(), len(order)]
     buckets = [order[a:b] for a, b in itertools.pairwise(bounds) if b - a >= 2]
     return sorted(buckets, key=min)
+
+
+def _heads(ids: np.ndarray, starts, key_len: int) -> np.ndarray:
+    """`[n, key_len]`: the first `key_len` ids from each start (every candidate is longer), gathered as
+    rows of a strided window view of the row (one copy per start, no index per id)."""
+    return _windows(ids, key_len)[starts]
+
+
+def _windows(row: np.ndarray, width: int) -> np.ndarray:
+    """`[len(row) - width + 1, width]`: every run of `width` consecutive values, a read-only view of
+    `row` (contiguous). What numpy's `sliding_window_view` gives, without its per-call checks."""
+    row = np.ascontiguousarray(row)
+    step = row.strides[0]
+    view = np.ndarray((len(row) - width + 1, width), row.dtype, buffer=row, strides=(step, step))
+    view.flags.writeable = False
+    return view
 
 
 def _sequence_bytes(ids: np.ndarray, cu: np.ndarray, seqs) -> dict[int, bytes]:
@@ -238,7 +254,7 @@ def _buckets(ids: np.ndarray, cu: np.ndarray, candidates: np.ndarray, key_len: i
     of their first member, members ascending. A hash of the heads finds the buckets, an exact
     compare of every head with its bucket's first confirms them (a collision falls back to an
     exact unique over the heads)."""
-    heads = ids[cu[candidates, None] + np.arange(key_len, dtype=np.int64)]
+    heads = _heads(ids, cu[candidates], key_len)
     with np.errstate(over="ignore"):
         hashes = (heads * _HASH[:key_len]).sum(axis=1)  # wraps modulo 2**64
     _, first, bucket, counts = np.unique(hashes, return_index=True, return_inverse=True, return_counts=True)
@@ -400,7 +416,7 @@ def _first_differences_blocks(ids, positions, cu, first, second, skip, n, scratc
         b += 1
         differs = None
         for row in padded:
-            windows = np.lib.stride_tricks.sliding_window_view(row, width)
+            windows = _windows(row, width)
             here = windows[left] != windows[right]
             differs = here if differs is None else np.logical_or(differs, here, out=differs)
         hit = differs.any(axis=1)
