@@ -42,17 +42,29 @@ def find_groups(
     one suffix token. Sequences in no group are not listed. `runs`: `sorted_runs` of the same
     arguments, when the caller has them already.
     """
-    groups: list[Group] = []
-    for order, adjacent in sorted_runs(ids, positions, cu, min_prefix) if runs is None else runs:
+    runs = sorted_runs(ids, positions, cu, min_prefix) if runs is None else runs
+    return [Group(members, prefix) for members, prefix in group_runs(runs, min_prefix)[0]]
+
+
+def group_runs(runs, min_prefix: int) -> tuple[list[tuple[tuple[int, ...], int]], bool]:
+    """`(members, prefix)` of every group of `find_groups`, in packed order, from the runs of
+    `sorted_runs`; and whether some run nests (its adjacent prefixes are not all one value)."""
+    groups, nests = [], False
+    for order, adjacent in runs:
         lowest = min(adjacent)
         if lowest == max(adjacent):  # one common prefix (a plain GRPO group): all together or none
             if lowest >= min_prefix:
-                groups.append(Group(tuple(sorted(order)), lowest))
+                groups.append((tuple(sorted(order)), lowest))
             continue
+        nests = True
         for lo, hi, prefix in _best_partition(adjacent, min_prefix):
-            groups.append(Group(tuple(sorted(order[lo:hi])), prefix))
-    groups.sort(key=lambda grp: grp.members[0])
-    return groups
+            groups.append((tuple(sorted(order[lo:hi])), prefix))
+    groups.sort(key=_first_member)
+    return groups, nests
+
+
+def _first_member(group: tuple[tuple[int, ...], int]) -> int:
+    return group[0][0]
 
 
 def sorted_runs(

@@ -112,15 +112,18 @@ class Layout:
         return [self.segments[i] for i in self.ancestry[index].tolist() if i >= 0]
 
 
-def build_layout(nodes: list[Node], cu: list[int], arena: Arena | None = None, by_level: bool = False) -> Layout:
+def build_layout(
+    nodes: list[Node], cu: list[int], arena: Arena | None = None, by_level: bool = False, cu_array=None
+) -> Layout:
     """Lay out the nodes (parents before children, as `find_tree` returns them) and every sequence;
     `compact_src` and `expand_index` are written into `arena` when given.
 
     `by_level`: every root and singleton first, then every level-1 segment, and so on (each level
     in the depth-first order), instead of each root followed by its subtree: the order of the GDN
-    rounds, which then read the row in place when no node has a tail (`aligned.py`)."""
+    rounds, which then read the row in place when no node has a tail (`aligned.py`). `cu_array`: the
+    same boundaries as a numpy array, when the caller has them."""
     arena = arena or Arena()
-    cu_arr = np.asarray(cu, dtype=np.int64)
+    cu_arr = np.asarray(cu if cu_array is None else cu_array, dtype=np.int64)
     n_seq, n_nodes = len(cu) - 1, len(nodes)
     # one pass over the nodes (parents come first, so a node's level follows its parent's)
     parents, starts, ends, sizes, levels_of, flat = [], [], [], [], [], []

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .layout import Layout
-from .rows import Arena
+from .rows import Arena, counting
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,9 +47,9 @@ def lm_host_index(layout: Layout, arena: Arena | None = None) -> dict:
     node_of = parent[later]
     entry_of = np.full(len(parent), -1, dtype=np.int64)
     entry_of[later] = c + np.arange(len(later), dtype=np.int64)
-    rows = arena.ranges(
-        np.concatenate([[0], layout.start[node_of] + layout.length[node_of] - 1]), [c] + [1] * len(later)
-    )
+    rows = arena.take(c + len(later))  # every compact row once, then each such node's last row again
+    rows[:c] = counting(c)
+    rows[c:] = layout.start[node_of] + layout.length[node_of] - 1
     label_src = arena.take(c + len(later))
     label_src[:c] = layout.compact_src
     label_src[c:] = cu[layout.source[later]] + end[node_of] - 1

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .grouping import find_groups, sorted_runs
+from .grouping import group_runs, sorted_runs
 
 MAX_TRIE_HEIGHT = 64  # deeper tries (chains of nested prefixes) keep the one-level plan
 
@@ -39,6 +39,14 @@ class Node:
         return self.end - self.start
 
 
+def _node(members: tuple[int, ...], start: int, end: int, parent: int | None) -> Node:
+    """`Node(members, start, end, parent)` without the frozen dataclass's checked `__setattr__` per
+    field: a plan of hundreds of groups makes as many nodes, each of which cost a microsecond so."""
+    node = object.__new__(Node)
+    node.__dict__.update(members=members, start=start, end=end, parent=parent)
+    return node
+
+
 def find_tree(
     ids: np.ndarray,
     positions: np.ndarray | None,
@@ -55,13 +63,11 @@ def find_tree(
     least `min_prefix` rows long, a nested node at least `nested_min`; at most `max_depth` levels.
     """
     runs = sorted_runs(ids, positions, cu, min_prefix)
-    groups = find_groups(ids, positions, cu, min_prefix, runs=runs)
-    flat = [Node(g.members, 0, g.prefix_length, None) for g in groups]
-    if max_depth == 1 or not groups:
-        return flat
+    groups, nests = group_runs(runs, min_prefix)
+    flat = [_node(members, 0, prefix, None) for members, prefix in groups]
     # a run nests (its trie has an internal node below the root) exactly when its adjacent
     # prefixes are not all equal: where nothing nests, a deeper tree has nothing more to share
-    if all(min(adjacent) == max(adjacent) for _, adjacent in runs):
+    if max_depth == 1 or not groups or not nests:
         return flat
     limit = sys.getrecursionlimit()
     # the trie and the solver recurse once (a few frames) per trie level; a chain of nested
@@ -257,7 +263,7 @@ def _ordered(kept: list[tuple[tuple[int, ...], int, int, int | None]]) -> list[N
     def visit(slot: int, parent: int | None) -> None:
         members, start, end, _ = kept[slot]
         index = len(nodes)
-        nodes.append(Node(members, start, end, parent))
+        nodes.append(_node(members, start, end, parent))
         for c in sorted(children.get(slot, []), key=lambda s: kept[s][0][0]):
             visit(c, index)
 
