@@ -37,6 +37,9 @@ def are_per_sequence(pos: np.ndarray, cu: list[int]) -> bool:
     return all(np.array_equal(row, expected) for row in pos)
 
 
+FEW_SEQUENCES = 32  # up to this many sequences, a slice compare each beats one gather of the whole row
+
+
 def offset_rows(pos: np.ndarray, cu) -> str | None:
     """How host positions `[R, T]` depend on the offset inside each sequence: "per_sequence" (every
     row is the offset: 0, 1, 2, ... from every sequence start), "offset" (every row holds the same
@@ -63,6 +66,15 @@ def offset_rows(pos: np.ndarray, cu) -> str | None:
             return None
         if not any(_same_bytes(row, kept) for kept in distinct):
             distinct.append(row)
+    if len(lengths) <= FEW_SEQUENCES:  # few (long) sequences: each compared as a slice, nothing gathered
+        per_sequence = True
+        for row in distinct:
+            ref_row = row[ref_start:]
+            for a, n in zip(bounds[:-1][full].tolist(), lengths[full].tolist()):
+                if not np.array_equal(row[a : a + n], ref_row[:n]):
+                    return None
+            per_sequence = per_sequence and np.array_equal(ref_row[: lengths[ref]], counting(int(lengths[ref])))
+        return "per_sequence" if per_sequence else "offset"
     offsets = np.repeat(-bounds[:-1], lengths)
     offsets += counting(t)
     per_sequence, seen = True, None

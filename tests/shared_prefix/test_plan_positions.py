@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from patchgen.kernels.shared_prefix import build_plan, grouping
 from patchgen.kernels.shared_prefix import plan as plan_module
+from patchgen.kernels.shared_prefix import positions as positions_module
 from patchgen.kernels.shared_prefix.positions import offset_rows
 
 SETTINGS = {
@@ -179,10 +180,13 @@ def reference_offset_rows(seqs, rows):
 
 @settings(max_examples=80, **SETTINGS)
 @given(position_batches())
-def test_offset_rows_tell_rows_that_depend_only_on_the_offset(batch):
+def test_offset_rows_tell_rows_that_depend_only_on_the_offset(monkeypatch, batch):
     seqs, rows, _ = batch
     _, cu = host(seqs, rows)
-    assert offset_rows(rows, cu) == reference_offset_rows(seqs, rows)
+    expected = reference_offset_rows(seqs, rows)
+    assert offset_rows(rows, cu) == expected  # few sequences: a slice compare each
+    monkeypatch.setattr(positions_module, "FEW_SEQUENCES", 0)  # many: one gather of each distinct row
+    assert offset_rows(rows, cu) == expected
 
 
 @pytest.mark.parametrize(
@@ -196,7 +200,9 @@ def test_offset_rows_tell_rows_that_depend_only_on_the_offset(batch):
         ([0, 5, 2, 0, 1], None),  # and here inside the longest one, which no first or last row shows
     ],
 )
-def test_offset_rows_on_two_sequences(row, kind):
+@pytest.mark.parametrize("few", [0, 32])
+def test_offset_rows_on_two_sequences(monkeypatch, row, kind, few):
+    monkeypatch.setattr(positions_module, "FEW_SEQUENCES", few)
     assert offset_rows(np.array([row]), [0, 3, 3, 5]) == kind  # an empty sequence in the middle
 
 
