@@ -183,7 +183,9 @@ def build_plan(
     if pos is None:  # per-sequence positions: a compact row's position is its offset in its sequence
         positions[...] = ranges(layout.offset, layout.length)
     else:
-        np.take(pos, layout.compact_src, axis=1, out=positions.reshape(len(pos), -1))
+        # row by row: a 1-D take is several times faster than one along axis 1 of the block
+        for row, out in zip(pos, positions.reshape(len(pos), -1)):
+            np.take(row, layout.compact_src, out=out, mode="clip")  # compact_src indexes the packed row
     host = {
         "plan": {
             "compact_src": layout.compact_src,
