@@ -89,9 +89,7 @@ def naive_nodes(monkeypatch, seqs, rows, **options):
 def test_the_fast_plan_equals_the_naive_one_field_by_field(monkeypatch, batch, mode, depth, level_cost, shape, seed):
     seqs, prompt_lengths, _ = batch
     min_prefix, conv_kernel_size, chunk_aligned = shape
-    rng = np.random.default_rng(seed)
-    ids, cu = pack(seqs)
-    positions = position_rows(seqs, mode, rng)
+    positions = position_rows(seqs, mode, np.random.default_rng(seed))
     options = {
         "min_prefix": min_prefix,
         "max_depth": depth,
@@ -99,29 +97,51 @@ def test_the_fast_plan_equals_the_naive_one_field_by_field(monkeypatch, batch, m
         "conv_kernel_size": conv_kernel_size,
         "chunk_aligned": chunk_aligned,
     }
+    assert_matches_naive(monkeypatch, seqs, prompt_lengths, positions, options)
+
+
+def test_roots_shorter_than_a_chunk_start_their_rounds_from_zero_beside_others(monkeypatch):
+    """A root under 64 rows exports no state (its round reads zeros), another root does: the state
+    rows of one round mix both."""
+    rng = np.random.default_rng(3)
+
+    def toks(n):
+        return rng.integers(1, 1000, n).tolist()
+
+    short, long = toks(30), toks(100)
+    seqs = [short + toks(2) for _ in range(3)] + [long + toks(3) for _ in range(3)] + [toks(70)]
+    options = {"min_prefix": 16, "max_depth": 1, "level_cost": 0, "conv_kernel_size": 4, "chunk_aligned": False}
+    plan = assert_matches_naive(monkeypatch, seqs, [30] * 3 + [100] * 3 + [0], None, options)
+    assert plan.gdn.rounds[1].zero_state and plan.gdn.rounds[1].state_index.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def assert_matches_naive(monkeypatch, seqs, prompt_lengths, positions, options):
+    ids, cu = pack(seqs)
     plan = build_plan(ids, cu, positions, **options)
     rows = None if positions is None else positions.reshape(-1, ids.shape[1]).numpy()
     nodes = naive_nodes(monkeypatch, seqs, rows, **options)
     if plan is None:
         assert nodes == []
-        return
+        return plan
     assert [(n.members, n.start, n.end, n.parent) for n in plan.nodes] == [
         (n.members, n.start, n.end, n.parent) for n in nodes
     ]
-    expected = reference_arrays(nodes, cu.tolist(), None if rows is None else rows.tolist(), conv_kernel_size, chunk_aligned)
+    expected = reference_arrays(
+        nodes, cu.tolist(), None if rows is None else rows.tolist(), options["conv_kernel_size"], options["chunk_aligned"]
+    )
     got = plan_arrays(plan)
     assert got.keys() == expected.keys()
     for key in expected:
         assert got[key] == expected[key], key
 
     # LM rows for prompts masked (-100) and labelled: each entry scores the largest label of its positions
-    labels = ids.clone()
-    masked = labels.clone()
+    masked = ids.clone()
     for s, n in enumerate(prompt_lengths):
         masked[0, int(cu[s]) : int(cu[s]) + n] = -100
-    for shift_labels in (labels, masked):
+    for shift_labels in (ids, masked):
         lm = plan.lm_rows(shift_labels)
         best = {}
         for p, e in enumerate(expected["lm.inverse"]):
             best[e] = max(best.get(e, -(2**63)), int(shift_labels[0, p]))
         assert lm.labels.tolist() == [best[e] for e in range(expected["lm.length"])]
+    return plan
