@@ -27,7 +27,7 @@ import torch
 
 from .gdn_rounds import gated_delta_rule_rounds, round_kernels
 from .layout import Layout, ranges
-from .rows import Arena, counting
+from .rows import Arena, counting, interleave
 
 CHUNK = 64  # chunk size of the chunked GDN kernels (fla, ours); the split aligns to it
 
@@ -113,10 +113,10 @@ def gdn_host_index(layout: Layout, arena: Arena | None = None) -> dict:
 
     # round 0: roots up to their last chunk boundary, singletons whole
     own = np.where(shared, aligned_end - offset, length)
-    first = np.flatnonzero((parent < 0) & (own > 0))
+    first = ((parent < 0) & (own > 0)).nonzero()[0]
     lengths = own[first]
     run_of[first] = np.arange(len(first))
-    rows = row + np.cumsum(lengths) - lengths
+    rows = row + lengths.cumsum() - lengths
     kept_at.append(start[first])
     kept_from.append(rows)
     kept_len.append(lengths)
@@ -129,9 +129,9 @@ def gdn_host_index(layout: Layout, arena: Arena | None = None) -> dict:
     for lvl in range(1, layout.depth + 1):
         # per node of level lvl - 1: its tail [B, E) alone, then tail + child for each child, from
         # the node's exported state; entries ordered by segment (a node comes before its subtree)
-        parents = np.flatnonzero(shared & (level == lvl - 1))
+        parents = (shared & (level == lvl - 1)).nonzero()[0]
         alone = parents[tail[parents] > 0]
-        children = np.flatnonzero(level == lvl)
+        children = (level == lvl).nonzero()[0]
         of = np.concatenate([alone, parent[children]])
         order = np.argsort(np.concatenate([alone, children]), kind="stable")
         of = of[order]
@@ -141,14 +141,14 @@ def gdn_host_index(layout: Layout, arena: Arena | None = None) -> dict:
         tails = tail[of]
         owns = np.where(is_child, own[child], 0)
         seq_lengths = tails + owns
-        rows = row + np.cumsum(seq_lengths) - seq_lengths
+        rows = row + seq_lengths.cumsum() - seq_lengths
         kept_at.append(np.where(is_child, start[child], tail_start[of]))
         kept_from.append(np.where(is_child, rows + tails, rows))
         kept_len.append(np.where(is_child, owns, tails))
         row += int(seq_lengths.sum())
         state = run_of[of]
         nested = is_child & shared[child]
-        run_of[child[nested]] = np.flatnonzero(nested)
+        run_of[child[nested]] = nested.nonzero()[0]
         rounds.append((tail_start[of], tails, np.where(is_child, start[child], 0), owns, seq_lengths, state))
 
     # the kept pieces tile the compact row: in compact order, their round rows are the out index
@@ -162,8 +162,8 @@ def gdn_host_index(layout: Layout, arena: Arena | None = None) -> dict:
     # parent's tail then the child's own rows (round 0: its rows and an empty piece).
     joint = np.concatenate([seq_lengths for *_, seq_lengths, _ in rounds])
     src = arena.ranges(
-        np.stack([np.concatenate([r[0] for r in rounds]), np.concatenate([r[2] for r in rounds])], 1).reshape(-1),
-        np.stack([np.concatenate([r[1] for r in rounds]), np.concatenate([r[3] for r in rounds])], 1).reshape(-1),
+        interleave(np.concatenate([r[0] for r in rounds]), np.concatenate([r[2] for r in rounds])),
+        interleave(np.concatenate([r[1] for r in rounds]), np.concatenate([r[3] for r in rounds])),
     )
     cu_joint = arena.boundaries(joint)
     chunks_joint = chunk_indices(joint, arena, np.int32)

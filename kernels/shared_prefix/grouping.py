@@ -75,7 +75,7 @@ def sorted_runs(
     the minimum over its adjacent pairs, so the best groups are contiguous runs)."""
     cu_arr = np.asarray(cu, dtype=np.int64)
     # prefix <= length - 1 and prefix >= min_prefix, so shorter sequences can never share
-    candidates = np.flatnonzero(np.diff(cu_arr) > min_prefix)
+    candidates = ((cu_arr[1:] - cu_arr[:-1]) > min_prefix).nonzero()[0]
     if len(candidates) < 2:
         return []
     key_len = min(BUCKET_TOKENS, min_prefix)
@@ -226,7 +226,7 @@ def _sorted_buckets(ids: np.ndarray, cu: np.ndarray, candidates: np.ndarray, key
     order.sort(key=_sequence_bytes(ids, cu, order).__getitem__)
     starts = cu[order]
     heads = _heads(ids, starts, key_len)
-    edges = np.flatnonzero((heads[1:] != heads[:-1]).any(axis=1)) + 1
+    edges = (heads[1:] != heads[:-1]).any(axis=1).nonzero()[0] + 1
     bounds = [0, *edges.tolist(), len(order)]
     buckets = [order[a:b] for a, b in itertools.pairwise(bounds) if b - a >= 2]
     return sorted(buckets, key=min)
@@ -420,7 +420,7 @@ def _first_differences_blocks(ids, positions, cu, first, second, skip, n, scratc
         padded.append(row)
     rest = n - skip
     out = rest.copy()
-    todo = np.flatnonzero(rest > 0)
+    todo = (rest > 0).nonzero()[0]
     left, right = cu[first[todo]] + skip, cu[second[todo]] + skip
     done, b = 0, 0
     while len(todo):

@@ -142,7 +142,7 @@ def build_layout(
     sizes = np.array(sizes, dtype=np.int64)
     flat_members = np.array(flat, dtype=np.int64)
     member_node = np.repeat(np.arange(n_nodes, dtype=np.int64), sizes)
-    node_first = flat_members[np.cumsum(sizes) - sizes]
+    node_first = flat_members[sizes.cumsum() - sizes]
     deepest = np.full(n_seq, -1, dtype=np.int64)  # each sequence's deepest node (children follow parents)
     np.maximum.at(deepest, flat_members, member_node)
 
@@ -180,7 +180,7 @@ def build_layout(
     level, node = u_level[order], u_node[order]
     parent = u_parent[order]
     parent = np.where(parent >= 0, seg_of[np.maximum(parent, 0)], -1)
-    start = np.cumsum(length) - length
+    start = length.cumsum() - length
     ancestry = _ancestry(parent, level, levels)
 
     compact_src = arena.ranges(cu_arr[source] + offset, length)
