@@ -77,16 +77,22 @@ def offset_rows(pos: np.ndarray, cu) -> str | None:
         return "per_sequence" if per_sequence else "offset"
     offsets = np.repeat(-bounds[:-1], lengths)
     offsets += counting(t)
-    per_sequence, seen = True, None
+    per_sequence, seen, checked = True, None, None
     for row in distinct:
         if np.array_equal(row, offsets):
+            checked = offsets
             continue
         per_sequence = False
+        if checked is not None:  # a row that differs from one already checked by a constant is one too
+            step = np.subtract(row, checked, out=seen if seen is not None else np.empty(t, dtype=row.dtype))
+            if (step == step[0]).all():
+                continue
         if seen is None:
             seen = np.empty(t, dtype=row.dtype)
         np.take(row[ref_start:], offsets, out=seen, mode="clip")  # offsets lie inside the longest sequence
         if not np.array_equal(seen, row):
             return None
+        checked = row
     return "per_sequence" if per_sequence else "offset"
 
 
