@@ -93,7 +93,10 @@ def sorted_runs(
     # one symbol per row: the id, then every position row; the raw bytes of a sequence's
     # row-major block give one lexicographic order
     if positions is None:
-        orders = _sorted_buckets(ids, cu_arr, candidates, key_len)
+        order, same = _sorted_order(ids, cu_arr, candidates, key_len)
+        # members of a bucket agree on their first key_len ids: nothing to compare there
+        first, second = order[:-1][same], order[1:][same]
+        return _runs_of_order(order, same, _common_prefixes(ids, None, cu_arr, first, second, key_len, scratch))
     elif offsets is not None:
         # Rows that count up from a constant of each sequence: at every offset two sequences'
         # positions agree exactly when their constants do. The ids of a bucket agree on row 0,
@@ -113,10 +116,7 @@ def sorted_runs(
     if not orders:
         return []
     first, second = _adjacent_pairs(orders)
-    if positions is None:
-        # members of a bucket agree on their first key_len ids: nothing to compare there
-        adjacent = _common_prefixes(ids, None, cu_arr, first, second, key_len, scratch=scratch)
-    elif offsets is not None:
+    if offsets is not None:
         # different constants differ on row 0; equal ones leave the ids to compare
         same = (offsets[first] == offsets[second]).all(axis=1)
         adjacent = np.zeros(len(first), dtype=np.int64)
@@ -173,10 +173,8 @@ def _runs_in_id_order(
     what this spares. `positions` are the distinct rows, `every_row` all of them `[R, T]` (a few
     pairs compare all rows in one slice each: fewer calls weigh more than a few more rows).
     """
-    orders = _sorted_buckets(ids, cu, candidates, key_len)
-    if not orders:
-        return []
-    first, second = _adjacent_pairs(orders)
+    order, same = _sorted_order(ids, cu, candidates, key_len)
+    first, second = order[:-1][same], order[1:][same]
     n = np.minimum(cu[first + 1] - cu[first], cu[second + 1] - cu[second])
     # members of a bucket agree on their first key_len ids: nothing to compare there
     differ_at = _first_differences(ids, None, cu, first, second, key_len, scratch=scratch)
@@ -195,7 +193,7 @@ def _runs_in_id_order(
             np.take(row, right, out=at_right, mode="clip")
             if np.not_equal(at_left, at_right, out=differs).any():
                 return None  # a position differs where the ids still agree: the symbols decide that pair
-    return _split_runs(orders, np.minimum(differ_at, n - 1))
+    return _runs_of_order(order, same, np.minimum(differ_at, n - 1))
 
 
 _SCRATCH = threading.local()
@@ -218,18 +216,34 @@ def _scratch(slots: int) -> np.ndarray:
     return buffer
 
 
-def _sorted_buckets(ids: np.ndarray, cu: np.ndarray, candidates: np.ndarray, key_len: int) -> list[list[int]]:
-    """Buckets of `_buckets`, each in lexicographic order, when a sequence's symbols are its ids:
-    one sort of every candidate by its bytes, whose runs of equal first `key_len` ids are the
-    buckets (the bucket key is a prefix of the sort key)."""
+def _sorted_order(ids: np.ndarray, cu: np.ndarray, candidates: np.ndarray, key_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every candidate in lexicographic order of its ids (one sort of their bytes), and for each
+    adjacent pair whether both are in one bucket (the same first `key_len` ids): the buckets of
+    `_sorted_buckets` are the runs of that order, as arrays."""
     order = candidates.tolist()
     order.sort(key=_sequence_bytes(ids, cu, order).__getitem__)
-    starts = cu[order]
-    heads = _heads(ids, starts, key_len)
-    edges = (heads[1:] != heads[:-1]).any(axis=1).nonzero()[0] + 1
-    bounds = [0, *edges.tolist(), len(order)]
-    buckets = [order[a:b] for a, b in itertools.pairwise(bounds) if b - a >= 2]
-    return sorted(buckets, key=min)
+    order = np.array(order, dtype=np.int64)
+    heads = _heads(ids, cu[order], key_len)
+    return order, (heads[1:] == heads[:-1]).all(axis=1)
+
+
+def _runs_of_order(order: np.ndarray, same: np.ndarray, adjacent: np.ndarray) -> list[tuple[list[int], list[int]]]:
+    """The runs of `sorted_runs` from `_sorted_order` and the prefix of every adjacent pair in one
+    bucket (in that order): per bucket of two or more its members and their pairs' prefixes,
+    buckets by their smallest member."""
+    bounds = [0, *((~same).nonzero()[0] + 1).tolist(), len(order)]
+    members, prefixes = order.tolist(), adjacent.tolist()
+    runs, at = [], 0
+    for a, b in itertools.pairwise(bounds):
+        if b - a >= 2:
+            runs.append((members[a:b], prefixes[at : at + b - a - 1]))
+            at += b - a - 1
+    runs.sort(key=_smallest_member)
+    return runs
+
+
+def _smallest_member(run: tuple[list[int], list[int]]) -> int:
+    return min(run[0])
 
 
 def _heads(ids: np.ndarray, starts, key_len: int) -> np.ndarray:
