@@ -197,7 +197,15 @@ def gdn_host_index(layout: Layout, arena: Arena | None = None) -> dict:
 
 
 def _is_identity(index: np.ndarray, length: int) -> bool:
-    return len(index) == length and bool(np.array_equal(index, counting(length)))
+    if len(index) != length:
+        return False
+    # a plan whose rounds replay a tail mostly shows it in the first or last rows: looked at first
+    head, tail = min(length, 64), max(length - 64, 0)
+    return bool(
+        np.array_equal(index[:head], counting(head))
+        and np.array_equal(index[tail:], counting(length)[tail:])
+        and np.array_equal(index, counting(length))
+    )
 
 
 def gdn_index(host: dict, dev: dict) -> GDNIndex:

@@ -71,6 +71,11 @@ class Layout:
     def compact_length(self) -> int:
         return len(self.compact_src)
 
+    @functools.cached_property
+    def cu_array(self) -> np.ndarray:
+        """The packed sequence boundaries as an int64 array (`build_layout` hands over its own)."""
+        return np.asarray(self.cu, dtype=np.int64)
+
     @property
     def end(self) -> np.ndarray:
         """[S] offset inside its sequences just past each segment's last row."""
@@ -189,7 +194,7 @@ def build_layout(
     path = ancestry[sequence_segment]
     path = path[path >= 0]
     expand_index = arena.ranges(start[path], length[path])
-    return Layout(
+    layout = Layout(
         cu=tuple(cu),
         start=start,
         length=length,
@@ -204,6 +209,8 @@ def build_layout(
         compact_src=compact_src,
         expand_index=expand_index,
     )
+    layout.__dict__["cu_array"] = cu_arr  # the cached property, filled with the array at hand
+    return layout
 
 
 def _ancestry(parent: np.ndarray, level: np.ndarray, levels: int) -> np.ndarray:

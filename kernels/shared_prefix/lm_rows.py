@@ -34,7 +34,7 @@ def lm_host_index(layout: Layout, arena: Arena | None = None) -> dict:
     """Host arrays of the LM-row dedup, written into `arena` when given; uploaded by the plan builder."""
     arena = arena or Arena()
     c = layout.compact_length
-    cu = np.asarray(layout.cu, dtype=np.int64)
+    cu = layout.cu_array
     parent, end = layout.parent, layout.end
     # a node's last row is scored once more for every child after its first (in compact order);
     # entries ordered by node, then child
