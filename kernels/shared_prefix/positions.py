@@ -51,19 +51,20 @@ def offset_rows(pos: np.ndarray, cu) -> str | None:
     at the longest sequence (which holds every offset).
     """
     bounds = np.asarray(cu, dtype=np.int64)
-    lengths = np.diff(bounds)
+    lengths = bounds[1:] - bounds[:-1]
     t = int(bounds[-1])
     if t == 0:
         return "per_sequence"
-    ref = int(np.argmax(lengths))
+    ref = int(lengths.argmax())
     ref_start = int(bounds[ref])
     full = lengths > 0
     firsts, lasts = bounds[:-1][full], bounds[1:][full] - 1
     ref_lasts = ref_start + lengths[full] - 1
+    # every row at every sequence's first and last row, against the longest sequence's (all rows at once)
+    if not (pos[:, firsts] == pos[:, ref_start, None]).all() or not np.array_equal(pos[:, lasts], pos[:, ref_lasts]):
+        return None
     distinct: list[np.ndarray] = []
     for row in pos:
-        if not (row[firsts] == row[ref_start]).all() or not np.array_equal(row[lasts], row[ref_lasts]):
-            return None
         if not any(_same_bytes(row, kept) for kept in distinct):
             distinct.append(row)
     if len(lengths) <= FEW_SEQUENCES:  # few (long) sequences: each compared as a slice, nothing gathered
