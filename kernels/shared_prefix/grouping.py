@@ -218,8 +218,8 @@ def _scratch(slots: int) -> np.ndarray:
 
 def _sorted_order(ids: np.ndarray, cu: np.ndarray, candidates: np.ndarray, key_len: int) -> tuple[np.ndarray, np.ndarray]:
     """Every candidate in lexicographic order of its ids (one sort of their bytes), and for each
-    adjacent pair whether both are in one bucket (the same first `key_len` ids): the buckets of
-    `_sorted_buckets` are the runs of that order, as arrays."""
+    adjacent pair whether both are in one bucket (the same first `key_len` ids; a bucket's key is a
+    prefix of the sort key, so the buckets are runs of that order)."""
     order = candidates.tolist()
     order.sort(key=_sequence_bytes(ids, cu, order).__getitem__)
     order = np.array(order, dtype=np.int64)

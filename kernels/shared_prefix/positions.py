@@ -16,27 +16,6 @@ def positions_from_cu_seqlens(cu_seqlens: torch.Tensor, length: int) -> torch.Te
     return (t - cu.index_select(0, seq)).unsqueeze(0)
 
 
-def host_positions(cu: list[int]) -> np.ndarray:
-    """The same positions on the host, from a host copy of `cu_seqlens`."""
-    lengths = np.diff(np.asarray(cu, dtype=np.int64))
-    starts = np.repeat(np.asarray(cu[:-1], dtype=np.int64), lengths)
-    return counting(cu[-1]) - starts
-
-
-def are_per_sequence(pos: np.ndarray, cu: list[int]) -> bool:
-    """Whether every row of host positions `[R, T]` restarts at 0 at every sequence start and counts up.
-
-    Rows that do not restart (a VL model's M-RoPE rows, a global arange) mostly fail at a sequence
-    start already, which is checked first: then no T-row reference is built.
-    """
-    bounds = np.asarray(cu, dtype=np.int64)
-    starts = bounds[:-1][np.diff(bounds) > 0]
-    if pos[:, starts].any():
-        return False
-    expected = host_positions(cu)
-    return all(np.array_equal(row, expected) for row in pos)
-
-
 FEW_SEQUENCES = 32  # up to this many sequences, a slice compare each beats one gather of the whole row
 
 
