@@ -1,7 +1,7 @@
 """Plan building, an older builder against this one, interleaved call by call in one process (CPU time).
 
     git archive <commit> kernels | tar -x -C /tmp/before && mv /tmp/before/kernels /tmp/before/kbase
-    python bench/plan_build_ab.py --before /tmp/before [--repeats 60] [--positions none mrope shifted stepped]
+    python bench/plan_build_ab.py --before /tmp/before [--repeats 60] [--positions none mrope shifted stepped stepped_compared]
 
 On a host shared with other jobs the wall clock is mostly waiting for a core; the CPU time of the
 building thread, measured for both builders in the same conditions (alternating calls), is what
@@ -63,11 +63,19 @@ def main() -> None:
     parser.add_argument("--before", required=True, help="a folder holding the older `kernels` package as `kbase`")
     parser.add_argument("--repeats", type=int, default=60)
     parser.add_argument(
-        "--positions", nargs="+", choices=("none", "mrope", "shifted", "stepped"), default=["none"]
+        "--positions",
+        nargs="+",
+        choices=("none", "mrope", "shifted", "stepped", "stepped_compared"),
+        default=["none"],
+        help="stepped_compared: the stepped rows with the check for rows that are one function of the "
+        "offset turned off in this builder, so they are grouped by comparing the rows (the path of rows "
+        "that differ between prompts, e.g. image grids)",
     )
     args = parser.parse_args()
     sys.path.insert(0, args.before)
     before = importlib.import_module("kbase.shared_prefix").build_plan
+    plan_module = importlib.import_module("patchgen.kernels.shared_prefix.plan")
+    offset_rows = getattr(plan_module, "offset_rows", None)
     torch.set_num_threads(1)
     for kind in args.positions:
         print(f"median (smallest) CPU ms, median wall ms, of {args.repeats} alternating calls; positions {kind}")
@@ -77,10 +85,12 @@ def main() -> None:
             pos = None
             if kind != "none":
                 pos = mrope(cu, ids.shape[1])
-                if kind in ("shifted", "stepped"):
+                if kind in ("shifted", "stepped", "stepped_compared"):
                     pos[1] += 1  # as plan_build.py's [3,1,T]* and [3,1,T]~ rows
-                if kind == "stepped":
+                if kind in ("stepped", "stepped_compared"):
                     pos[2] += (pos[0] % 4 == 0).long()
+            if offset_rows is not None:
+                plan_module.offset_rows = (lambda *a: None) if kind == "stepped_compared" else offset_rows
             for depth in (1, 4):
                 old, new = before(ids, cu, pos, max_depth=depth), after(ids, cu, pos, max_depth=depth)
                 if not same_plan(old, new):

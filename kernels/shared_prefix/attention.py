@@ -29,7 +29,7 @@ class AttentionIndex:
 def attention_host_index(layout: Layout, arena: Arena | None = None) -> dict:
     """Host arrays of the one attention call, written into `arena` when given; uploaded by the plan builder."""
     arena = arena or Arena()
-    segs = np.flatnonzero(layout.length > 0)
+    segs = (layout.length > 0).nonzero()[0]
     q_lengths = layout.length[segs]
     k_lengths = layout.offset[segs] + q_lengths
     path = layout.ancestry[segs]  # root .. each segment: every key its queries see, in order

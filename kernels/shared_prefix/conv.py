@@ -19,7 +19,7 @@ import torch
 
 from .gdn import chunk_indices
 from .layout import Layout
-from .rows import Arena
+from .rows import Arena, interleave
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,7 +63,7 @@ class ConvIndex:
 def conv_host_index(layout: Layout, kernel_size: int, arena: Arena | None = None) -> dict:
     """Host arrays of the one conv call, written into `arena` when given; uploaded by the plan builder."""
     arena = arena or Arena()
-    segs = np.flatnonzero(layout.length > 0)
+    segs = (layout.length > 0).nonzero()[0]
     length, offset, parent = layout.length[segs], layout.offset[segs], layout.parent[segs]
     has_parent = parent >= 0
     up = np.maximum(parent, 0)
@@ -75,9 +75,9 @@ def conv_host_index(layout: Layout, kernel_size: int, arena: Arena | None = None
         raise AssertionError(f"a nested node shorter than the conv look-back (segment {int(segs[short][0])})")
     parent_end = layout.start[up] + layout.length[up]
     seq_lengths = back + length
-    kept_from = np.cumsum(seq_lengths) - seq_lengths + back  # conv output row of each segment's first row
-    starts = np.stack([parent_end - back, layout.start[segs]], 1).reshape(-1)
-    if not np.array_equal(layout.start[segs], np.cumsum(length) - length):
+    kept_from = seq_lengths.cumsum() - seq_lengths + back  # conv output row of each segment's first row
+    starts = interleave(parent_end - back, layout.start[segs])
+    if not np.array_equal(layout.start[segs], length.cumsum() - length):
         raise AssertionError("the non-empty segments do not tile the compact row in order")
     # state slot w (of W) holds the row W - w before the segment's first row: parent_end - (W - w)
     slot = np.arange(kernel_size, dtype=np.int64)[None, :]
@@ -85,7 +85,7 @@ def conv_host_index(layout: Layout, kernel_size: int, arena: Arena | None = None
     rows = np.where(keep, parent_end[:, None] - kernel_size + slot, -1)
     return {
         "kernel_size": kernel_size,
-        "src": arena.ranges(starts, np.stack([back, length], 1).reshape(-1)),
+        "src": arena.ranges(starts, interleave(back, length)),
         "cu": arena.boundaries(seq_lengths),
         "out_index": arena.ranges(kept_from, length),  # non-empty segments tile the compact row in order
         "segment_cu": arena.boundaries(length),

@@ -42,17 +42,29 @@ def find_groups(
     one suffix token. Sequences in no group are not listed. `runs`: `sorted_runs` of the same
     arguments, when the caller has them already.
     """
-    groups: list[Group] = []
-    for order, adjacent in sorted_runs(ids, positions, cu, min_prefix) if runs is None else runs:
+    runs = sorted_runs(ids, positions, cu, min_prefix) if runs is None else runs
+    return [Group(members, prefix) for members, prefix in group_runs(runs, min_prefix)[0]]
+
+
+def group_runs(runs, min_prefix: int) -> tuple[list[tuple[tuple[int, ...], int]], bool]:
+    """`(members, prefix)` of every group of `find_groups`, in packed order, from the runs of
+    `sorted_runs`; and whether some run nests (its adjacent prefixes are not all one value)."""
+    groups, nests = [], False
+    for order, adjacent in runs:
         lowest = min(adjacent)
         if lowest == max(adjacent):  # one common prefix (a plain GRPO group): all together or none
             if lowest >= min_prefix:
-                groups.append(Group(tuple(sorted(order)), lowest))
+                groups.append((tuple(sorted(order)), lowest))
             continue
+        nests = True
         for lo, hi, prefix in _best_partition(adjacent, min_prefix):
-            groups.append(Group(tuple(sorted(order[lo:hi])), prefix))
-    groups.sort(key=lambda grp: grp.members[0])
-    return groups
+            groups.append((tuple(sorted(order[lo:hi])), prefix))
+    groups.sort(key=_first_member)
+    return groups, nests
+
+
+def _first_member(group: tuple[tuple[int, ...], int]) -> int:
+    return group[0][0]
 
 
 def sorted_runs(
@@ -63,7 +75,7 @@ def sorted_runs(
     the minimum over its adjacent pairs, so the best groups are contiguous runs)."""
     cu_arr = np.asarray(cu, dtype=np.int64)
     # prefix <= length - 1 and prefix >= min_prefix, so shorter sequences can never share
-    candidates = np.flatnonzero(np.diff(cu_arr) > min_prefix)
+    candidates = ((cu_arr[1:] - cu_arr[:-1]) > min_prefix).nonzero()[0]
     if len(candidates) < 2:
         return []
     key_len = min(BUCKET_TOKENS, min_prefix)
@@ -81,7 +93,10 @@ def sorted_runs(
     # one symbol per row: the id, then every position row; the raw bytes of a sequence's
     # row-major block give one lexicographic order
     if positions is None:
-        orders = _sorted_buckets(ids, cu_arr, candidates, key_len)
+        order, same = _sorted_order(ids, cu_arr, candidates, key_len)
+        # members of a bucket agree on their first key_len ids: nothing to compare there
+        first, second = order[:-1][same], order[1:][same]
+        return _runs_of_order(order, same, _common_prefixes(ids, None, cu_arr, first, second, key_len, scratch))
     elif offsets is not None:
         # Rows that count up from a constant of each sequence: at every offset two sequences'
         # positions agree exactly when their constants do. The ids of a bucket agree on row 0,
@@ -101,10 +116,7 @@ def sorted_runs(
     if not orders:
         return []
     first, second = _adjacent_pairs(orders)
-    if positions is None:
-        # members of a bucket agree on their first key_len ids: nothing to compare there
-        adjacent = _common_prefixes(ids, None, cu_arr, first, second, key_len, scratch=scratch)
-    elif offsets is not None:
+    if offsets is not None:
         # different constants differ on row 0; equal ones leave the ids to compare
         same = (offsets[first] == offsets[second]).all(axis=1)
         adjacent = np.zeros(len(first), dtype=np.int64)
@@ -161,10 +173,8 @@ def _runs_in_id_order(
     what this spares. `positions` are the distinct rows, `every_row` all of them `[R, T]` (a few
     pairs compare all rows in one slice each: fewer calls weigh more than a few more rows).
     """
-    orders = _sorted_buckets(ids, cu, candidates, key_len)
-    if not orders:
-        return []
-    first, second = _adjacent_pairs(orders)
+    order, same = _sorted_order(ids, cu, candidates, key_len)
+    first, second = order[:-1][same], order[1:][same]
     n = np.minimum(cu[first + 1] - cu[first], cu[second + 1] - cu[second])
     # members of a bucket agree on their first key_len ids: nothing to compare there
     differ_at = _first_differences(ids, None, cu, first, second, key_len, scratch=scratch)
@@ -183,7 +193,7 @@ def _runs_in_id_order(
             np.take(row, right, out=at_right, mode="clip")
             if np.not_equal(at_left, at_right, out=differs).any():
                 return None  # a position differs where the ids still agree: the symbols decide that pair
-    return _split_runs(orders, np.minimum(differ_at, n - 1))
+    return _runs_of_order(order, same, np.minimum(differ_at, n - 1))
 
 
 _SCRATCH = threading.local()
@@ -206,18 +216,50 @@ def _scratch(slots: int) -> np.ndarray:
     return buffer
 
 
-def _sorted_buckets(ids: np.ndarray, cu: np.ndarray, candidates: np.ndarray, key_len: int) -> list[list[int]]:
-    """Buckets of `_buckets`, each in lexicographic order, when a sequence's symbols are its ids:
-    one sort of every candidate by its bytes, whose runs of equal first `key_len` ids are the
-    buckets (the bucket key is a prefix of the sort key)."""
+def _sorted_order(ids: np.ndarray, cu: np.ndarray, candidates: np.ndarray, key_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every candidate in lexicographic order of its ids (one sort of their bytes), and for each
+    adjacent pair whether both are in one bucket (the same first `key_len` ids; a bucket's key is a
+    prefix of the sort key, so the buckets are runs of that order)."""
     order = candidates.tolist()
     order.sort(key=_sequence_bytes(ids, cu, order).__getitem__)
-    starts = cu[order]
-    heads = ids[starts[:, None] + counting(key_len)]
-    edges = np.flatnonzero((heads[1:] != heads[:-1]).any(axis=1)) + 1
-    bounds = [0, *edges.tolist(), len(order)]
-    buckets = [order[a:b] for a, b in itertools.pairwise(bounds) if b - a >= 2]
-    return sorted(buckets, key=min)
+    order = np.array(order, dtype=np.int64)
+    heads = _heads(ids, cu[order], key_len)
+    return order, (heads[1:] == heads[:-1]).all(axis=1)
+
+
+def _runs_of_order(order: np.ndarray, same: np.ndarray, adjacent: np.ndarray) -> list[tuple[list[int], list[int]]]:
+    """The runs of `sorted_runs` from `_sorted_order` and the prefix of every adjacent pair in one
+    bucket (in that order): per bucket of two or more its members and their pairs' prefixes,
+    buckets by their smallest member."""
+    bounds = [0, *((~same).nonzero()[0] + 1).tolist(), len(order)]
+    members, prefixes = order.tolist(), adjacent.tolist()
+    runs, at = [], 0
+    for a, b in itertools.pairwise(bounds):
+        if b - a >= 2:
+            runs.append((members[a:b], prefixes[at : at + b - a - 1]))
+            at += b - a - 1
+    runs.sort(key=_smallest_member)
+    return runs
+
+
+def _smallest_member(run: tuple[list[int], list[int]]) -> int:
+    return min(run[0])
+
+
+def _heads(ids: np.ndarray, starts, key_len: int) -> np.ndarray:
+    """`[n, key_len]`: the first `key_len` ids from each start (every candidate is longer), gathered as
+    rows of a strided window view of the row (one copy per start, no index per id)."""
+    return _windows(ids, key_len)[starts]
+
+
+def _windows(row: np.ndarray, width: int) -> np.ndarray:
+    """`[len(row) - width + 1, width]`: every run of `width` consecutive values, a read-only view of
+    `row` (contiguous). What numpy's `sliding_window_view` gives, without its per-call checks."""
+    row = np.ascontiguousarray(row)
+    step = row.strides[0]
+    view = np.ndarray((len(row) - width + 1, width), row.dtype, buffer=row, strides=(step, step))
+    view.flags.writeable = False
+    return view
 
 
 def _sequence_bytes(ids: np.ndarray, cu: np.ndarray, seqs) -> dict[int, bytes]:
@@ -238,7 +280,7 @@ def _buckets(ids: np.ndarray, cu: np.ndarray, candidates: np.ndarray, key_len: i
     of their first member, members ascending. A hash of the heads finds the buckets, an exact
     compare of every head with its bucket's first confirms them (a collision falls back to an
     exact unique over the heads)."""
-    heads = ids[cu[candidates, None] + np.arange(key_len, dtype=np.int64)]
+    heads = _heads(ids, cu[candidates], key_len)
     with np.errstate(over="ignore"):
         hashes = (heads * _HASH[:key_len]).sum(axis=1)  # wraps modulo 2**64
     _, first, bucket, counts = np.unique(hashes, return_index=True, return_inverse=True, return_counts=True)
@@ -359,8 +401,8 @@ def _first_differences(
 ) -> np.ndarray:
     """The first offset where the symbols of `first[i]` and `second[i]` differ, or the shorter one's
     length where they agree throughout (arguments as for `_common_prefixes`). Few pairs: one slice
-    compare each; many (short sequences): the overlapping rows of all pairs side by side, compared
-    in one pass (temporaries from `scratch`)."""
+    compare each (the reference of the batched path); many (short sequences): block by block, every
+    pair at once (`_first_differences_blocks`, temporaries from `scratch`)."""
     n = np.minimum(cu[first + 1] - cu[first], cu[second + 1] - cu[second])
     rest = n - skip
     if len(first) <= PAIRWISE_MAX:
@@ -372,22 +414,44 @@ def _first_differences(
             at = int(differs.argmax()) if k else 0
             out.append(at if k and differs[at] else k)
         return skip + np.asarray(out, dtype=np.int64)
-    scratch = scratch or Arena()
-    left, right = scratch.ranges(cu[first] + skip, rest), scratch.ranges(cu[second] + skip, rest)
-    # indices built from `cu` are in range: 'clip' only spares numpy's bounds-checking copy
-    at_left = np.take(ids, left, out=scratch.take(len(left)), mode="clip")
-    at_right = np.take(ids, right, out=scratch.take(len(left)), mode="clip")
-    differs = np.not_equal(at_left, at_right, out=scratch.take(len(left), bool))
-    if positions is not None:
-        for row in positions:
-            differs |= np.take(row, left) != np.take(row, right)
-    pair_start = np.cumsum(rest) - rest
-    hits = np.flatnonzero(differs)
-    if not len(hits):
-        return n.copy()
-    after = np.searchsorted(hits, pair_start)  # the first differing row at or after each pair's start
-    first_hit = np.where(after < len(hits), hits[np.minimum(after, len(hits) - 1)] - pair_start, rest)
-    return skip + np.minimum(first_hit, rest)
+    return skip + _first_differences_blocks(ids, positions, cu, first, second, skip, n, scratch or Arena())
+
+
+BLOCKS = (64, 128, 256)  # rows compared per pair at a time, the last repeated: most pairs part early
+
+
+def _first_differences_blocks(ids, positions, cu, first, second, skip, n, scratch: Arena) -> np.ndarray:
+    """`_first_differences - skip` for many pairs at once: the next block of rows of every pair that
+    still agrees, gathered as one `[pairs, width]` window of each side (a strided view of the row, no
+    index per row), compared in one pass; pairs that part in a block, or run out of rows, drop out."""
+    fields = [ids, *(() if positions is None else positions)]
+    t, widest = len(ids), BLOCKS[-1]
+    padded = []
+    for field in fields:  # room for a window that starts near the end of the row (rows past it are capped)
+        row = scratch.take(t + widest)
+        row[:t] = field
+        row[t:] = 0
+        padded.append(row)
+    rest = n - skip
+    out = rest.copy()
+    todo = (rest > 0).nonzero()[0]
+    left, right = cu[first[todo]] + skip, cu[second[todo]] + skip
+    done, b = 0, 0
+    while len(todo):
+        width = BLOCKS[min(b, len(BLOCKS) - 1)]
+        b += 1
+        differs = None
+        for row in padded:
+            windows = _windows(row, width)
+            here = windows[left] != windows[right]
+            differs = here if differs is None else np.logical_or(differs, here, out=differs)
+        hit = differs.any(axis=1)
+        parted = todo[hit]
+        out[parted] = np.minimum(done + differs[hit].argmax(axis=1), rest[parted])
+        done += width
+        keep = ~hit & (rest[todo] > done)
+        todo, left, right = todo[keep], left[keep] + width, right[keep] + width
+    return out
 
 
 def _best_partition(adjacent: list[int], min_prefix: int) -> list[tuple[int, int, int]]:

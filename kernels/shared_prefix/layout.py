@@ -12,7 +12,6 @@ layout; the builders work on whole arrays, never row by row or member by member.
 from __future__ import annotations
 
 import functools
-import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,6 +71,11 @@ class Layout:
     def compact_length(self) -> int:
         return len(self.compact_src)
 
+    @functools.cached_property
+    def cu_array(self) -> np.ndarray:
+        """The packed sequence boundaries as an int64 array (`build_layout` hands over its own)."""
+        return np.asarray(self.cu, dtype=np.int64)
+
     @property
     def end(self) -> np.ndarray:
         """[S] offset inside its sequences just past each segment's last row."""
@@ -113,27 +117,37 @@ class Layout:
         return [self.segments[i] for i in self.ancestry[index].tolist() if i >= 0]
 
 
-def build_layout(nodes: list[Node], cu: list[int], arena: Arena | None = None, by_level: bool = False) -> Layout:
+def build_layout(
+    nodes: list[Node], cu: list[int], arena: Arena | None = None, by_level: bool = False, cu_array=None
+) -> Layout:
     """Lay out the nodes (parents before children, as `find_tree` returns them) and every sequence;
     `compact_src` and `expand_index` are written into `arena` when given.
 
     `by_level`: every root and singleton first, then every level-1 segment, and so on (each level
     in the depth-first order), instead of each root followed by its subtree: the order of the GDN
-    rounds, which then read the row in place when no node has a tail (`aligned.py`)."""
+    rounds, which then read the row in place when no node has a tail (`aligned.py`). `cu_array`: the
+    same boundaries as a numpy array, when the caller has them."""
     arena = arena or Arena()
-    cu_arr = np.asarray(cu, dtype=np.int64)
+    cu_arr = np.asarray(cu if cu_array is None else cu_array, dtype=np.int64)
     n_seq, n_nodes = len(cu) - 1, len(nodes)
-    node_parent = np.fromiter((-1 if n.parent is None else n.parent for n in nodes), np.int64, n_nodes)
-    node_start = np.fromiter((n.start for n in nodes), np.int64, n_nodes)
-    node_end = np.fromiter((n.end for n in nodes), np.int64, n_nodes)
-    sizes = np.fromiter((len(n.members) for n in nodes), np.int64, n_nodes)
-    flat_members = np.fromiter(itertools.chain.from_iterable(n.members for n in nodes), np.int64, int(sizes.sum()))
+    # one pass over the nodes (parents come first, so a node's level follows its parent's)
+    parents, starts, ends, sizes, levels_of, flat = [], [], [], [], [], []
+    for n in nodes:
+        p = -1 if n.parent is None else n.parent
+        parents.append(p)
+        starts.append(n.start)
+        ends.append(n.end)
+        sizes.append(len(n.members))
+        levels_of.append(0 if p < 0 else levels_of[p] + 1)
+        flat += n.members
+    node_parent = np.array(parents, dtype=np.int64)
+    node_start = np.array(starts, dtype=np.int64)
+    node_end = np.array(ends, dtype=np.int64)
+    node_level = np.array(levels_of, dtype=np.int64)
+    sizes = np.array(sizes, dtype=np.int64)
+    flat_members = np.array(flat, dtype=np.int64)
     member_node = np.repeat(np.arange(n_nodes, dtype=np.int64), sizes)
-    node_first = flat_members[np.cumsum(sizes) - sizes]
-    node_level = np.zeros(n_nodes, dtype=np.int64)
-    for i, p in enumerate(node_parent.tolist()):  # parents come first
-        if p >= 0:
-            node_level[i] = node_level[p] + 1
+    node_first = flat_members[sizes.cumsum() - sizes]
     deepest = np.full(n_seq, -1, dtype=np.int64)  # each sequence's deepest node (children follow parents)
     np.maximum.at(deepest, flat_members, member_node)
 
@@ -171,7 +185,7 @@ def build_layout(nodes: list[Node], cu: list[int], arena: Arena | None = None, b
     level, node = u_level[order], u_node[order]
     parent = u_parent[order]
     parent = np.where(parent >= 0, seg_of[np.maximum(parent, 0)], -1)
-    start = np.cumsum(length) - length
+    start = length.cumsum() - length
     ancestry = _ancestry(parent, level, levels)
 
     compact_src = arena.ranges(cu_arr[source] + offset, length)
@@ -180,7 +194,7 @@ def build_layout(nodes: list[Node], cu: list[int], arena: Arena | None = None, b
     path = ancestry[sequence_segment]
     path = path[path >= 0]
     expand_index = arena.ranges(start[path], length[path])
-    return Layout(
+    layout = Layout(
         cu=tuple(cu),
         start=start,
         length=length,
@@ -195,6 +209,8 @@ def build_layout(nodes: list[Node], cu: list[int], arena: Arena | None = None, b
         compact_src=compact_src,
         expand_index=expand_index,
     )
+    layout.__dict__["cu_array"] = cu_arr  # the cached property, filled with the array at hand
+    return layout
 
 
 def _ancestry(parent: np.ndarray, level: np.ndarray, levels: int) -> np.ndarray:

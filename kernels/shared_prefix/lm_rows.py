@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .layout import Layout
-from .rows import Arena
+from .rows import Arena, counting
 
 
 @dataclass(frozen=True, eq=False)
@@ -34,7 +34,7 @@ def lm_host_index(layout: Layout, arena: Arena | None = None) -> dict:
     """Host arrays of the LM-row dedup, written into `arena` when given; uploaded by the plan builder."""
     arena = arena or Arena()
     c = layout.compact_length
-    cu = np.asarray(layout.cu, dtype=np.int64)
+    cu = layout.cu_array
     parent, end = layout.parent, layout.end
     # a node's last row is scored once more for every child after its first (in compact order);
     # entries ordered by node, then child
@@ -42,14 +42,14 @@ def lm_host_index(layout: Layout, arena: Arena | None = None) -> dict:
     has_parent = parent >= 0
     first_child = np.full(len(parent), len(parent), dtype=np.int64)
     np.minimum.at(first_child, parent[has_parent], segment[has_parent])
-    later = np.flatnonzero(has_parent & (segment != first_child[np.maximum(parent, 0)]))
+    later = (has_parent & (segment != first_child[np.maximum(parent, 0)])).nonzero()[0]
     later = later[np.argsort(parent[later], kind="stable")]
     node_of = parent[later]
     entry_of = np.full(len(parent), -1, dtype=np.int64)
     entry_of[later] = c + np.arange(len(later), dtype=np.int64)
-    rows = arena.ranges(
-        np.concatenate([[0], layout.start[node_of] + layout.length[node_of] - 1]), [c] + [1] * len(later)
-    )
+    rows = arena.take(c + len(later))  # every compact row once, then each such node's last row again
+    rows[:c] = counting(c)
+    rows[c:] = layout.start[node_of] + layout.length[node_of] - 1
     label_src = arena.take(c + len(later))
     label_src[:c] = layout.compact_src
     label_src[c:] = cu[layout.source[later]] + end[node_of] - 1

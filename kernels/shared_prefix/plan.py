@@ -8,6 +8,7 @@ shape that depends on device data.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +22,7 @@ from .grouping import Group
 from .layout import Layout, build_layout, ranges
 from .level_cost import LevelCost, resolve_level_cost
 from .lm_rows import LMIndex, LMRows, lm_host_index, lm_index, lm_rows
-from .positions import are_per_sequence
+from .positions import offset_rows
 from .rows import Arena
 from .tree import Node, find_tree
 
@@ -141,15 +142,23 @@ def build_plan(
         # Rows counted from the shape, not -1: reshape cannot infer -1 for an empty row (T = 0).
         pos_rows = position_ids.reshape(position_ids.shape[:-2].numel(), length)
 
-    cu, ids, pos = _to_host(cu_seqlens, input_ids, pos_rows)
-    if cu[0] != 0 or cu[-1] != length or bool((np.diff(cu) < 0).any()):
+    bounds, ids, pos = _to_host(cu_seqlens, input_ids, pos_rows)
+    cu = bounds.tolist()
+    if cu[0] != 0 or cu[-1] != length or bool((np.diff(bounds) < 0).any()):
         raise ValueError(f"cu_seqlens must rise from 0 to T={length}, got {cu[:4]}...{cu[-2:]}")
-    if pos is not None and are_per_sequence(pos, cu):
-        pos = None  # per-sequence positions (text-only M-RoPE too) agree wherever offsets agree
+    grouped_by = pos
+    if pos is not None:
+        # rows that are one function of the offset in every sequence (per-sequence positions,
+        # text-only M-RoPE too) agree wherever offsets agree: the ids alone decide the grouping
+        kind = offset_rows(pos, bounds)
+        if kind is not None:
+            grouped_by = None
+        if kind == "per_sequence":
+            pos = None  # the compact positions are the offsets themselves
     nodes = find_tree(
         ids,
-        pos,
-        cu,
+        grouped_by,
+        bounds,
         min_prefix=min_prefix,
         max_depth=max_depth,
         nested_min=max(CHUNK, conv_kernel_size - 1),
@@ -161,7 +170,7 @@ def build_plan(
         return None
 
     arena = _arena(nodes, cu, 1 if pos is None else len(pos), device)
-    layout = build_layout(nodes, cu, arena, by_level=chunk_aligned)
+    layout = build_layout(nodes, cu, arena, by_level=chunk_aligned, cu_array=bounds)
     blocks = layout.start if chunk_aligned else layout.start[layout.parent < 0]
     # built on the host, where the rows already are: cheaper than a strided index_select
     shape = (
@@ -170,11 +179,13 @@ def build_plan(
         else (*position_ids.shape[:-1], layout.compact_length)
     )
     wanted = torch.int64 if position_ids is None else position_ids.dtype
-    positions = arena.take(int(np.prod(shape)), _NUMPY_DTYPE.get(wanted, np.int64)).reshape(shape)
+    positions = arena.take(math.prod(shape), _NUMPY_DTYPE.get(wanted, np.int64)).reshape(shape)
     if pos is None:  # per-sequence positions: a compact row's position is its offset in its sequence
         positions[...] = ranges(layout.offset, layout.length)
     else:
-        np.take(pos, layout.compact_src, axis=1, out=positions.reshape(len(pos), -1))
+        # row by row: a 1-D take is several times faster than one along axis 1 of the block
+        for row, out in zip(pos, positions.reshape(len(pos), -1)):
+            np.take(row, layout.compact_src, out=out, mode="clip")  # compact_src indexes the packed row
     host = {
         "plan": {
             "compact_src": layout.compact_src,
@@ -209,7 +220,7 @@ def build_plan(
     )
 
 
-def _to_host(cu_seqlens, input_ids, pos_rows) -> tuple[list[int], np.ndarray, np.ndarray | None]:
+def _to_host(cu_seqlens, input_ids, pos_rows) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """The one device-to-host copy: boundaries, ids and positions travel together when on one device."""
     parts = [cu_seqlens.reshape(-1), input_ids.reshape(-1)] + (
         [] if pos_rows is None else [pos_rows.reshape(-1)]
@@ -229,7 +240,7 @@ def _to_host(cu_seqlens, input_ids, pos_rows) -> tuple[list[int], np.ndarray, np
             host[i] = flat[offset : offset + parts[i].numel()]
             offset += parts[i].numel()
     pos = None if pos_rows is None else host[2].reshape(pos_rows.shape[0], -1)
-    return host[0].tolist(), host[1], pos
+    return host[0], host[1], pos
 
 
 _ONE_LEVEL = LevelCost(0, "max_depth=1: no level beyond the first")

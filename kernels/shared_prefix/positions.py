@@ -1,4 +1,4 @@
-"""Per-sequence positions of a packed row, for callers that pass `position_ids=None`."""
+"""Per-sequence positions of a packed row, and what position rows a plan may ignore when grouping."""
 
 from __future__ import annotations
 
@@ -16,22 +16,66 @@ def positions_from_cu_seqlens(cu_seqlens: torch.Tensor, length: int) -> torch.Te
     return (t - cu.index_select(0, seq)).unsqueeze(0)
 
 
-def host_positions(cu: list[int]) -> np.ndarray:
-    """The same positions on the host, from a host copy of `cu_seqlens`."""
-    lengths = np.diff(np.asarray(cu, dtype=np.int64))
-    starts = np.repeat(np.asarray(cu[:-1], dtype=np.int64), lengths)
-    return counting(cu[-1]) - starts
+FEW_SEQUENCES = 32  # up to this many sequences, a slice compare each beats one gather of the whole row
 
 
-def are_per_sequence(pos: np.ndarray, cu: list[int]) -> bool:
-    """Whether every row of host positions `[R, T]` restarts at 0 at every sequence start and counts up.
+def offset_rows(pos: np.ndarray, cu) -> str | None:
+    """How host positions `[R, T]` depend on the offset inside each sequence: "per_sequence" (every
+    row is the offset: 0, 1, 2, ... from every sequence start), "offset" (every row holds the same
+    value at the same offset in every sequence, some other function of the offset), else None.
 
-    Rows that do not restart (a VL model's M-RoPE rows, a global arange) mostly fail at a sequence
-    start already, which is checked first: then no T-row reference is built.
+    In both cases two sequences' positions agree at every offset they both have, so the ids alone
+    decide which rows are shared. Rows that fail mostly do so at a sequence's first or last row,
+    looked at first; then each distinct row is compared with the offsets, or with itself gathered
+    at the longest sequence (which holds every offset).
     """
     bounds = np.asarray(cu, dtype=np.int64)
-    starts = bounds[:-1][np.diff(bounds) > 0]
-    if pos[:, starts].any():
-        return False
-    expected = host_positions(cu)
-    return all(np.array_equal(row, expected) for row in pos)
+    lengths = bounds[1:] - bounds[:-1]
+    t = int(bounds[-1])
+    if t == 0:
+        return "per_sequence"
+    ref = int(lengths.argmax())
+    ref_start = int(bounds[ref])
+    full = lengths > 0
+    firsts, lasts = bounds[:-1][full], bounds[1:][full] - 1
+    ref_lasts = ref_start + lengths[full] - 1
+    # every row at every sequence's first and last row, against the longest sequence's (all rows at once)
+    if not (pos[:, firsts] == pos[:, ref_start, None]).all() or not np.array_equal(pos[:, lasts], pos[:, ref_lasts]):
+        return None
+    distinct: list[np.ndarray] = []
+    for row in pos:
+        if not any(_same_bytes(row, kept) for kept in distinct):
+            distinct.append(row)
+    if len(lengths) <= FEW_SEQUENCES:  # few (long) sequences: each compared as a slice, nothing gathered
+        per_sequence = True
+        for row in distinct:
+            ref_row = row[ref_start:]
+            for a, n in zip(bounds[:-1][full].tolist(), lengths[full].tolist()):
+                if not np.array_equal(row[a : a + n], ref_row[:n]):
+                    return None
+            per_sequence = per_sequence and np.array_equal(ref_row[: lengths[ref]], counting(int(lengths[ref])))
+        return "per_sequence" if per_sequence else "offset"
+    offsets = np.repeat(-bounds[:-1], lengths)
+    offsets += counting(t)
+    per_sequence, seen, checked = True, None, None
+    for row in distinct:
+        if np.array_equal(row, offsets):
+            checked = offsets
+            continue
+        per_sequence = False
+        if checked is not None:  # a row that differs from one already checked by a constant is one too
+            step = np.subtract(row, checked, out=seen if seen is not None else np.empty(t, dtype=row.dtype))
+            if (step == step[0]).all():
+                continue
+        if seen is None:
+            seen = np.empty(t, dtype=row.dtype)
+        np.take(row[ref_start:], offsets, out=seen, mode="clip")  # offsets lie inside the longest sequence
+        if not np.array_equal(seen, row):
+            return None
+        checked = row
+    return "per_sequence" if per_sequence else "offset"
+
+
+def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal arrays; rows that differ mostly do so early, so a look at the heads spares most full compares."""
+    return np.array_equal(a[:256], b[:256]) and np.array_equal(a, b)

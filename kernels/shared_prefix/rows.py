@@ -34,6 +34,14 @@ def counting(n: int) -> np.ndarray:
     return _COUNTING[:n]
 
 
+def interleave(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """`[a0, b0, a1, b1, ...]` (int64): two pieces per segment, one array."""
+    out = np.empty(2 * len(a), dtype=np.int64)
+    out[0::2] = a
+    out[1::2] = b
+    return out
+
+
 def boundaries(lengths) -> np.ndarray:
     """cu_seqlens of consecutive segments with these lengths."""
     out = np.zeros(len(lengths) + 1, dtype=np.int64)

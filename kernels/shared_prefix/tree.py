@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .grouping import find_groups, sorted_runs
+from .grouping import group_runs, sorted_runs
 
 MAX_TRIE_HEIGHT = 64  # deeper tries (chains of nested prefixes) keep the one-level plan
 
@@ -39,6 +39,14 @@ class Node:
         return self.end - self.start
 
 
+def _node(members: tuple[int, ...], start: int, end: int, parent: int | None) -> Node:
+    """`Node(members, start, end, parent)` without the frozen dataclass's checked `__setattr__` per
+    field: a plan of hundreds of groups makes as many nodes, each of which cost a microsecond so."""
+    node = object.__new__(Node)
+    node.__dict__.update(members=members, start=start, end=end, parent=parent)
+    return node
+
+
 def find_tree(
     ids: np.ndarray,
     positions: np.ndarray | None,
@@ -55,13 +63,11 @@ def find_tree(
     least `min_prefix` rows long, a nested node at least `nested_min`; at most `max_depth` levels.
     """
     runs = sorted_runs(ids, positions, cu, min_prefix)
-    groups = find_groups(ids, positions, cu, min_prefix, runs=runs)
-    flat = [Node(g.members, 0, g.prefix_length, None) for g in groups]
-    if max_depth == 1 or not groups:
-        return flat
+    groups, nests = group_runs(runs, min_prefix)
+    flat = [_node(members, 0, prefix, None) for members, prefix in groups]
     # a run nests (its trie has an internal node below the root) exactly when its adjacent
     # prefixes are not all equal: where nothing nests, a deeper tree has nothing more to share
-    if all(min(adjacent) == max(adjacent) for _, adjacent in runs):
+    if max_depth == 1 or not groups or not nests:
         return flat
     limit = sys.getrecursionlimit()
     # the trie and the solver recurse once (a few frames) per trie level; a chain of nested
@@ -190,21 +196,32 @@ class _Solver:
                 result = ([0] + [(node.hi - node.lo - 1) * length] * top, [[]] + [every] * top)
             self.memo[key] = result
             return result
-        alone = [self._values(c, above) for c in children]
+        zeros = self.none[0]
+        alone = [zeros if a is None else a for a in (self._values(c, above) for c in children)]
         values, joined_at = [0] * (top + 1), [[] for _ in range(top + 1)]
         if length < self._shortest(above):
             for d in range(1, top + 1):
-                values[d] = sum(0 if a is None else a[d] for a in alone)
+                values[d] = sum(a[d] for a in alone)
         else:
-            kept = [self._values(c, node.prefix) for c in children]
-            sizes = [_size(c) for c in children]
+            kept = [zeros if k is None else k for k in (self._values(c, node.prefix) for c in children)]
+            sized = list(zip(range(len(children)), [_size(c) * length for c in children], kept, alone))
             for d in range(1, min(top, node.height) + 1):
-                values[d], joined_at[d] = self._split(
-                    [0 if a is None else a[d] for a in alone],
-                    [0 if a is None else a[d - 1] for a in kept],
-                    sizes,
-                    length,
-                )
+                # `_split` of this depth's values, in one pass over the children
+                saved_alone = total = members = 0
+                joined = []
+                for c, size_rows, k, a in sized:
+                    saved_alone += a[d]
+                    gain = size_rows + k[d - 1] - a[d]
+                    if gain > 0:
+                        joined.append(c)
+                        total += gain
+                        members += size_rows
+                total -= length
+                # members >= 2 sequences: size_rows counts `length` rows per sequence (length > 0 here)
+                if total > 0 and members >= 2 * length:
+                    values[d], joined_at[d] = saved_alone + total, joined
+                else:
+                    values[d] = saved_alone
             for d in range(node.height + 1, top + 1):
                 values[d], joined_at[d] = values[node.height], joined_at[node.height]
         result = (values, joined_at)
@@ -213,7 +230,8 @@ class _Solver:
 
     @staticmethod
     def _split(alone: list[int], kept: list[int], sizes: list[int], length: int) -> tuple[int, list[int]]:
-        """(rows saved, the children kept together at this node): every child that gains by joining, if that pays."""
+        """(rows saved, the children kept together at this node): every child that gains by joining, if
+        that pays. The plain form of the pass inside `_solve` (the tests solve with this one too)."""
         gains = [size * length + k - a for size, k, a in zip(sizes, kept, alone)]
         joined = [c for c, gain in enumerate(gains) if gain > 0]
         total = sum(gains[c] for c in joined) - length
@@ -257,7 +275,7 @@ def _ordered(kept: list[tuple[tuple[int, ...], int, int, int | None]]) -> list[N
     def visit(slot: int, parent: int | None) -> None:
         members, start, end, _ = kept[slot]
         index = len(nodes)
-        nodes.append(Node(members, start, end, parent))
+        nodes.append(_node(members, start, end, parent))
         for c in sorted(children.get(slot, []), key=lambda s: kept[s][0][0]):
             visit(c, index)
 

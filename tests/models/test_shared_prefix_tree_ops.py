@@ -117,3 +117,13 @@ def test_one_more_level_adds_a_gdn_round_per_layer():
     assert three["backend gated_delta_rule"] - two["backend gated_delta_rule"] == 2
     for slot in ("causal_conv1d", "attention", "cross_entropy"):
         assert three[f"backend {slot}"] == two[f"backend {slot}"]
+
+
+def test_three_levels_of_few_or_many_nodes_take_the_same_ops():
+    """Depth 3, branching in two or in three after the prompt and after every turn: the same ops and
+    backend calls op by op, forward and backward (4 GDN rounds per linear-attention layer)."""
+    few, depth, nodes = _step_ops(fan=2, turns=(64, 64))
+    many, wide_depth, wide_nodes = _step_ops(fan=3, turns=(64, 64))
+    assert depth == wide_depth == 3 and wide_nodes >= 2 * nodes
+    assert few["backend gated_delta_rule"] == 2 * (depth + 1)
+    assert few == many

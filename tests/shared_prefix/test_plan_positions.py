@@ -15,6 +15,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from patchgen.kernels.shared_prefix import build_plan, grouping
+from patchgen.kernels.shared_prefix import plan as plan_module
+from patchgen.kernels.shared_prefix import positions as positions_module
+from patchgen.kernels.shared_prefix.positions import offset_rows
 
 SETTINGS = {
     "deadline": None,
@@ -156,7 +159,51 @@ def test_fast_paths_build_the_plans_of_comparing_every_row(monkeypatch, batch, d
         patched.setattr(grouping, "sequence_offsets", lambda *args, **kwargs: None)
         patched.setattr(grouping, "row_symbols", lambda *args, **kwargs: None)
         patched.setattr(grouping, "_runs_in_id_order", lambda *args, **kwargs: None)
+        patched.setattr(plan_module, "offset_rows", lambda *args, **kwargs: None)
         assert plan_arrays(build_plan(ids, cu, positions, **options)) == fast
+
+
+def reference_offset_rows(seqs, rows):
+    """`offset_rows` from its definition: per sequence and row, value by value."""
+    starts = np.cumsum([0] + [len(s) for s in seqs])
+    at = {}  # (row, offset) -> the value every sequence holds there
+    per_sequence = True
+    for r, row in enumerate(rows.tolist()):
+        for i, s in enumerate(seqs):
+            for o in range(len(s)):
+                value = row[starts[i] + o]
+                if at.setdefault((r, o), value) != value:
+                    return None
+                per_sequence &= value == o
+    return "per_sequence" if per_sequence else "offset"
+
+
+@settings(max_examples=80, **SETTINGS)
+@given(position_batches())
+def test_offset_rows_tell_rows_that_depend_only_on_the_offset(monkeypatch, batch):
+    seqs, rows, _ = batch
+    _, cu = host(seqs, rows)
+    expected = reference_offset_rows(seqs, rows)
+    assert offset_rows(rows, cu) == expected  # few sequences: a slice compare each
+    monkeypatch.setattr(positions_module, "FEW_SEQUENCES", 0)  # many: one gather of each distinct row
+    assert offset_rows(rows, cu) == expected
+
+
+@pytest.mark.parametrize(
+    ("row", "kind"),
+    [
+        ([0, 1, 2, 0, 1], "per_sequence"),
+        ([1, 2, 3, 1, 2], "offset"),  # counts from 1 everywhere: one function of the offset
+        ([0, 1, 1, 0, 1], "offset"),  # does not count up, but alike in both sequences
+        ([0, 1, 2, 1, 2], None),  # the second sequence starts elsewhere
+        ([0, 1, 2, 0, 2], None),  # and here it differs at its last row only
+        ([0, 5, 2, 0, 1], None),  # and here inside the longest one, which no first or last row shows
+    ],
+)
+@pytest.mark.parametrize("few", [0, 32])
+def test_offset_rows_on_two_sequences(monkeypatch, row, kind, few):
+    monkeypatch.setattr(positions_module, "FEW_SEQUENCES", few)
+    assert offset_rows(np.array([row]), [0, 3, 3, 5]) == kind  # an empty sequence in the middle
 
 
 def grid_rollouts(diverge_at=None):

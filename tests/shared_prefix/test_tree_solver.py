@@ -37,6 +37,40 @@ def reference_trie(seqs, adjacent):
 
 
 class ReferenceSolver(tree._Solver):
+    def _solve(self, node, above):
+        """Rows saved and children kept per depth, each depth a call of the plain `_split`."""
+        if isinstance(node, int):
+            return self.none
+        key = (id(node), above)
+        if key in self.memo:
+            return self.memo[key]
+        top, children, length = self.max_depth, node.children, node.prefix - above
+        if node.height == 1:
+            if length < self._shortest(above):
+                result = self.none
+            else:
+                every = list(range(len(children)))
+                result = ([0] + [(node.hi - node.lo - 1) * length] * top, [[]] + [every] * top)
+            self.memo[key] = result
+            return result
+        alone = [self._values(c, above) for c in children]
+        values, joined_at = [0] * (top + 1), [[] for _ in range(top + 1)]
+        if length < self._shortest(above):
+            for d in range(1, top + 1):
+                values[d] = sum(0 if a is None else a[d] for a in alone)
+        else:
+            kept = [self._values(c, node.prefix) for c in children]
+            sizes = [1 if isinstance(c, int) else c.hi - c.lo for c in children]
+            for d in range(1, top + 1):
+                values[d], joined_at[d] = self._split(
+                    [0 if a is None else a[d] for a in alone],
+                    [0 if a is None else a[d - 1] for a in kept],
+                    sizes,
+                    length,
+                )
+        self.memo[key] = (values, joined_at)
+        return values, joined_at
+
     def collect(self, node, above, depth, parent, out):
         """Every child visited, leaves too; a node with only leaves below asks for all of them."""
         if isinstance(node, int) or depth == 0:
