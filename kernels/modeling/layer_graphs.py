@@ -164,4 +164,6 @@ def run_layers(text_model, layers_fn, hidden_states, position_embeddings, masks,
     _refuse(text_model, graphs, hidden_states, kwargs)
     # read by the loss only (HF Trainer's token count, new every step): in the key, every step would capture
     kwargs = {k: v for k, v in kwargs.items() if k not in LOSS_ONLY}
+    # the layers read the plan's mixer indices only; the rest follows the packed row (its length, the LM rows)
+    kwargs[KWARG] = kwargs[KWARG].for_layers()
     return graphs(text_model, layers_fn, hidden_states, position_embeddings, masks, kwargs)

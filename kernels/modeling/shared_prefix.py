@@ -18,6 +18,8 @@ from ..config import (
     SHARED_PREFIX_MAX_DEPTH,
     field,
     int_field,
+    shared_prefix_cuda_graphs,
+    shared_prefix_cuda_graphs_buckets,
     shared_prefix_level_cost,
     shared_prefix_min_length,
 )
@@ -125,10 +127,17 @@ def plan_for(config, table, *, input_ids, position_ids, cache, use_cache, kwargs
         max_depth=int_field(config, SHARED_PREFIX_MAX_DEPTH),
         level_cost=shared_prefix_level_cost(config),
         chunk_aligned=bool(field(config, SHARED_PREFIX_CHUNK_ALIGNED, False)),
+        pad_to_bucket=pads_to_bucket(config),
     )
     for observer in _observers:
         observer(plan, input_ids.shape[-1])
     return plan
+
+
+def pads_to_bucket(config) -> bool:
+    """A plan is padded to its bucket (`shared_prefix/bucket.py`) for the steps the CUDA graphs run: the graphs
+    on, their buckets on, gradients wanted (log-prob passes under no_grad run eagerly and are left unpadded)."""
+    return torch.is_grad_enabled() and shared_prefix_cuda_graphs(config) and shared_prefix_cuda_graphs_buckets(config)
 
 
 @contextlib.contextmanager
