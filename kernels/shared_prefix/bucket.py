@@ -56,21 +56,23 @@ def pad_lengths(count: int, rows: int, chunks: int) -> np.ndarray:
     return CHUNK * per - short
 
 
-def _free_rows(lengths: np.ndarray, extra_rows: int) -> tuple[int, int, int]:
+def _free_rows(lengths: np.ndarray, extra_rows: int, slots: int) -> tuple[int, int, int]:
     """Bucket counts (sequences, chunks, rows) of a varlen call whose row count is free, padding at least
     `extra_rows` rows: the real sequences' slack (rows short of their last chunk, 0 to 63 each) varies with
-    the layout, so `rung(n)` padding sequences or more absorb it and rows and chunks both stay fixed."""
+    the layout, so `rung(slots)` padding sequences or more absorb it and rows and chunks both stay fixed.
+    `slots` (>= the sequences) counts the sequences the layout's structure may have, so that a sequence
+    that is empty in one layout (a node's tail on a chunk boundary) does not change the bucket."""
     n = len(lengths)
-    n_b = rung(n)
+    n_b = rung(max(slots, n))
     sequences = 2 * n_b
     chunks = rung(chunks_of(lengths) + (sequences - n) + -(-extra_rows // CHUNK))
     rows = CHUNK * chunks - (CHUNK - 1) * n_b
     return sequences, chunks, rows
 
 
-def _pad_call(lengths: np.ndarray, extra_rows: int) -> tuple[tuple[int, int, int], np.ndarray]:
+def _pad_call(lengths: np.ndarray, extra_rows: int, slots: int = 0) -> tuple[tuple[int, int, int], np.ndarray]:
     """(bucket counts, padding sequence lengths) of a free-rows varlen call (see `_free_rows`)."""
-    sequences, chunks, rows = _free_rows(lengths, extra_rows)
+    sequences, chunks, rows = _free_rows(lengths, extra_rows, slots)
     pad = pad_lengths(sequences - len(lengths), rows - int(lengths.sum()), chunks - chunks_of(lengths))
     return (sequences, chunks, rows), pad
 
@@ -91,9 +93,9 @@ def compact_bucket(compact_length: int, attention_segments: int) -> int:
     return rung(compact_length + rung(attention_segments + 1) - attention_segments)
 
 
-def pad_host(host: dict, compact_length: int) -> tuple[dict, tuple]:
+def pad_host(host: dict, layout) -> tuple[dict, tuple]:
     """The plan's host arrays (`build_plan`'s `host`) padded to their bucket, and the bucket's counts."""
-    c = compact_length
+    c = layout.compact_length
     att = host["attention"]
     segments_a = len(att["cu_q"]) - 1
     c_star = compact_bucket(c, segments_a)
@@ -104,23 +106,34 @@ def pad_host(host: dict, compact_length: int) -> tuple[dict, tuple]:
     pad_pos = np.broadcast_to(counting(p).astype(positions.dtype), (*positions.shape[:-1], p))
     plan["positions"] = np.ascontiguousarray(np.concatenate([positions, pad_pos], axis=-1))
     plan["cu_seqlens"] = np.append(plan["cu_seqlens"], np.int32(c_star)).astype(np.int32)
-    gdn, gdn_bucket = _pad_gdn(host["gdn"], c, p)
+    gdn, gdn_bucket = _pad_gdn(host["gdn"], c, p, round_slots(layout))
     conv, conv_bucket = _pad_conv(host["conv"], c, p)
     attention, att_bucket = _pad_attention(att, c, p)
     out = {**host, "plan": plan, "gdn": gdn, "conv": conv, "attention": attention}
     return out, (c_star, gdn_bucket, conv_bucket, att_bucket)
 
 
-def _pad_gdn(host: dict, c: int, p: int) -> tuple[dict, tuple]:
-    """Every round (round 0 too, when it had no rows) gets padding sequences; round 0's read the compact
-    padding rows first (their kept outputs), every other padding row reads them again. From round 1 on,
+def round_slots(layout) -> list[int]:
+    """Per GDN round, the sequences its structure allows: round 0 every root and singleton, round l every
+    node of level l - 1 (its tail alone) and every segment of level l (the tail + child)."""
+    shared, level = layout.shared, layout.level
+    slots = [int((level == 0).sum())]
+    for lvl in range(1, layout.depth + 1):
+        slots.append(int((shared & (level == lvl - 1)).sum() + (level == lvl).sum()))
+    return slots
+
+
+def _pad_gdn(host: dict, c: int, p: int, slots: list[int]) -> tuple[dict, tuple]:
+    """Every round (round 0 too, when it had no rows) gets padding sequences, which read the compact padding
+    rows (repeated as needed); the compact padding rows keep round 0's first padding outputs (repeated when
+    round 0 has fewer padding rows: those outputs are never read, their gradient is zero). From round 1 on,
     padding sequences start from the zero state (so every round picks from zeros: `zero` is always set)."""
     out = {"rounds": host["rounds"]}
     real_rows, pad_rows, parts, buckets = [], [], [], []
     for r in range(host["rounds"]):
         present = f"src{r}" in host
         lengths = np.diff(host[f"cu{r}"]).astype(np.int64) if present else np.zeros(0, dtype=np.int64)
-        (n_star, nt_star, rows_star), pad = _pad_call(lengths, p if r == 0 else 0)
+        (n_star, nt_star, rows_star), pad = _pad_call(lengths, 0, slots[r])
         real = int(lengths.sum())
         pad_src = _cycle(c, p, int(pad.sum()))
         src = np.concatenate([host[f"src{r}"], pad_src]) if present else pad_src
@@ -147,7 +160,7 @@ def _pad_gdn(host: dict, c: int, p: int) -> tuple[dict, tuple]:
     index = host["out_index"]
     of = np.searchsorted(real_start, index, side="right") - 1
     shifted = index - real_start[of] + round_start[of]
-    out["out_index"] = np.concatenate([shifted, round_start[0] + real_rows[0] + counting(p)])
+    out["out_index"] = np.concatenate([shifted, _cycle(round_start[0] + real_rows[0], pad_rows[0], p)])
     out["src"] = np.concatenate([out[f"src{r}"] for r in range(host["rounds"])])
     joint = np.concatenate(parts)
     out |= {

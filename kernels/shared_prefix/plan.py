@@ -204,7 +204,7 @@ def build_plan(
     bucket = None
     compact_length = layout.compact_length
     if pad_to_bucket:
-        host, bucket = pad_host(host, compact_length)
+        host, bucket = pad_host(host, layout)
         compact_length = bucket[0]
     dev = _upload(host, device, arena=arena)
     compact_positions = dev["plan"]["positions"]
