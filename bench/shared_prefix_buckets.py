@@ -42,9 +42,15 @@ def batch(prompts, n, prompt_len, response_len, rng):
     return ids, cu
 
 
-def capture_share(keys, size: int) -> float:
-    cache, captures = OrderedDict(), 0
-    for key in keys:
+def replay_run(rows, size: int):
+    """Capture share of an LRU graph cache of `size` entries over the micro-batches `rows`, each padded as a
+    graphed step pads it: to a held graph's bucket when it fits (`choose_bucket`), else to its own; and the
+    padding (mean rows over the unpadded plan's) of the buckets chosen."""
+    cache, captures, chosen = OrderedDict(), 0, []
+    for ids, cu in rows:
+        padded = build_plan(ids, cu, conv_kernel_size=4, pad_to_bucket=True, held_buckets=tuple(reversed(cache)))
+        key = padded.bucket
+        chosen.append(padded)
         if key in cache:
             cache.move_to_end(key)
             continue
@@ -52,7 +58,7 @@ def capture_share(keys, size: int) -> float:
         cache[key] = True
         while len(cache) > size:
             cache.popitem(last=False)
-    return captures / len(keys)
+    return captures / len(rows), chosen
 
 
 def gdn_counts(plan):
@@ -61,26 +67,30 @@ def gdn_counts(plan):
     return rows, chunks
 
 
+def padding(plain, padded) -> dict:
+    (r0, c0), (r1, c1) = gdn_counts(plain), gdn_counts(padded)
+    return {
+        "C": padded.compact_length / plain.compact_length,
+        "gdn_rows": r1 / r0,
+        "gdn_chunks": c1 / c0,
+        "conv_rows": (padded.compact_length + len(padded.conv.extra_src)) / plain.compact_length,
+        "attention_keys": padded.attention.kv_src.numel() / plain.attention.kv_src.numel(),
+    }
+
+
 def measure(name, steps, caches, seed):
     prompts, n, prompt_len, response_len = SHAPES[name]
     rng = random.Random(seed)
-    keys, ratios = [], {"C": [], "gdn_rows": [], "gdn_chunks": [], "conv_rows": [], "attention_keys": []}
-    for _ in range(steps):
-        ids, cu = batch(prompts, n, prompt_len, response_len, rng)
-        plain = build_plan(ids, cu, conv_kernel_size=4)
-        padded = build_plan(ids, cu, conv_kernel_size=4, pad_to_bucket=True)
-        keys.append(padded.bucket)
-        (r0, c0), (r1, c1) = gdn_counts(plain), gdn_counts(padded)
-        conv_rows = padded.compact_length + len(padded.conv.extra_src)
-        ratios["C"].append(padded.compact_length / plain.compact_length)
-        ratios["gdn_rows"].append(r1 / r0)
-        ratios["gdn_chunks"].append(c1 / c0)
-        ratios["conv_rows"].append(conv_rows / plain.compact_length)
-        ratios["attention_keys"].append(padded.attention.kv_src.numel() / plain.attention.kv_src.numel())
-    shares = ", ".join(f"cache {size}: {capture_share(keys, size):.2f}" for size in caches)
-    waste = ", ".join(f"{k} x{np.mean(v):.3f} (max {np.max(v):.3f})" for k, v in ratios.items())
-    print(f"{name}: {steps} steps, {len(set(keys))} buckets; capture share {shares} (exact layout: 1.00)")
-    print(f"    padding: {waste}")
+    rows = [batch(prompts, n, prompt_len, response_len, rng) for _ in range(steps)]
+    plain = [build_plan(ids, cu, conv_kernel_size=4) for ids, cu in rows]
+    own = [build_plan(ids, cu, conv_kernel_size=4, pad_to_bucket=True) for ids, cu in rows]
+    print(f"{name}: {steps} steps, {len({p.bucket for p in own})} distinct own buckets (exact layouts: {steps})")
+    for size in caches:
+        share, chosen = replay_run(rows, size)
+        ratios = [padding(a, b) for a, b in zip(plain, chosen)]
+        waste = ", ".join(f"{k} x{np.mean([r[k] for r in ratios]):.3f} (max {max(r[k] for r in ratios):.3f})"
+                          for k in ratios[0])
+        print(f"    cache {size}: capture share {share:.2f}; padding {waste}")
 
 
 def main(argv=None):

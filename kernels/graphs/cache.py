@@ -38,6 +38,7 @@ class Entry:
     replay: object  # CudaGraphReplay or EagerReplay
     params: list
     generation: int = 0  # forward replays so far (the backward checks it is still the latest)
+    bucket: tuple | None = None  # the padded plan's bucket counts (None: keyed on the exact layout)
 
 
 @dataclass
@@ -80,6 +81,10 @@ class GraphCache:
         while len(self._entries) >= self.max_entries:
             self._entries.popitem(last=False)
             self.stats.evictions += 1
+
+    def held_buckets(self) -> tuple:
+        """The buckets of the held entries, most recently used first."""
+        return tuple(e.bucket for e in reversed(self._entries.values()) if e.bucket is not None)
 
     def clear(self) -> None:
         self.stats.evictions += len(self._entries)

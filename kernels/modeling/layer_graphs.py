@@ -22,6 +22,7 @@ from ..config import SHARED_PREFIX_CUDA_GRAPHS_CACHE, int_field, shared_prefix_c
 from ..errors import CudaGraphsUnavailable
 from ..graphs import CudaGraphReplay, GraphCache, StackReplay, StaticCall, call_signature
 from ..graphs.cache import Entry
+from . import shared_prefix
 from .shared_prefix import KWARG
 
 ATTRIBUTE = "_patchgen_layer_graphs"
@@ -43,6 +44,10 @@ class LayerGraphs:
     def stats(self):
         return self.cache.stats
 
+    def held_buckets(self) -> tuple:
+        """Buckets of the captured stacks held, most recently used first: a plan pads to one when it fits."""
+        return self.cache.held_buckets()
+
     def __call__(self, text_model, layers_fn, hidden, position_embeddings, masks, kwargs: dict) -> torch.Tensor:
         layers = list(text_model.layers[: text_model.config.num_hidden_layers])
         key = call_signature(hidden, position_embeddings, masks, kwargs, layers, KWARG)
@@ -51,7 +56,7 @@ class LayerGraphs:
             self.cache.make_room()
             params = list(dict.fromkeys(p for layer in layers for p in layer.parameters() if p.requires_grad))
             static = StaticCall.of(hidden, position_embeddings, masks, kwargs)
-            entry = Entry(static, self.replay(layers_fn, static, params), params)
+            entry = Entry(static, self.replay(layers_fn, static, params), params, bucket=kwargs[KWARG].bucket)
             self.cache.put(key, entry)
         entry.static.load(position_embeddings, masks, kwargs)
         return StackReplay.apply(entry, hidden, *entry.params)
@@ -69,6 +74,9 @@ def graphs_of(model) -> LayerGraphs | None:
 def use_graphs(text_model, graphs: LayerGraphs | None) -> None:
     """Give a text model its layer graphs (tests give `LayerGraphs(replay=EagerReplay)` to run the static path off CUDA)."""
     object.__setattr__(text_model, ATTRIBUTE, graphs)
+    if graphs is not None:  # the top model's plan reads their buckets through its config
+        graphs.config = text_model.config
+        shared_prefix.GRAPHS_BY_CONFIG[id(text_model.config)] = graphs
 
 
 def _graphs(text_model) -> LayerGraphs | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -128,6 +129,7 @@ def plan_for(config, table, *, input_ids, position_ids, cache, use_cache, kwargs
         level_cost=shared_prefix_level_cost(config),
         chunk_aligned=bool(field(config, SHARED_PREFIX_CHUNK_ALIGNED, False)),
         pad_to_bucket=pads_to_bucket(config),
+        held_buckets=held_buckets(config),
     )
     for observer in _observers:
         observer(plan, input_ids.shape[-1])
@@ -138,6 +140,20 @@ def pads_to_bucket(config) -> bool:
     """A plan is padded to its bucket (`shared_prefix/bucket.py`) for the steps the CUDA graphs run: the graphs
     on, their buckets on, gradients wanted (log-prob passes under no_grad run eagerly and are left unpadded)."""
     return torch.is_grad_enabled() and shared_prefix_cuda_graphs(config) and shared_prefix_cuda_graphs_buckets(config)
+
+
+# id(text config) -> the layer graphs of its text model (`layer_graphs.use_graphs` registers them), so that the
+# top model's plan can pad to a bucket whose graph is held
+GRAPHS_BY_CONFIG: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def held_buckets(config) -> tuple:
+    """The buckets of the graphs the text model of `config` holds, most recently used first (none when off)."""
+    cfg = text_config(config)
+    graphs = GRAPHS_BY_CONFIG.get(id(cfg))
+    if graphs is None or getattr(graphs, "config", None) is not cfg:
+        return ()
+    return graphs.held_buckets()
 
 
 @contextlib.contextmanager

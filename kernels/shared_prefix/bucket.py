@@ -20,10 +20,15 @@ table entry is a real chunk of a real (or padding) sequence: the tables stay wha
 built for. A mixer whose rows are free (GDN rounds gather their rows; the conv gathers rows beyond `C*`
 as needed) keeps rows and chunks both fixed with one padding sequence per sequence it pads for: each
 sequence's last chunk holds 1 to 64 rows, so a padding sequence can absorb up to 63 rows of that
-slack (`_free_rows`). Attention reads the compact row's queries in place and needs no chunk table.
+slack. Attention reads the compact row's queries in place and needs no chunk table.
+
+A layout may also pad to a larger bucket than its own, one a captured graph already holds, when it
+fits and costs little more (`choose_bucket`): a replay instead of a capture.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -56,25 +61,37 @@ def pad_lengths(count: int, rows: int, chunks: int) -> np.ndarray:
     return CHUNK * per - short
 
 
-def _free_rows(lengths: np.ndarray, extra_rows: int, slots: int) -> tuple[int, int, int]:
-    """Bucket counts (sequences, chunks, rows) of a varlen call whose row count is free, padding at least
-    `extra_rows` rows: the real sequences' slack (rows short of their last chunk, 0 to 63 each) varies with
-    the layout, so `rung(slots)` padding sequences or more absorb it and rows and chunks both stay fixed.
-    `slots` (>= the sequences) counts the sequences the layout's structure may have, so that a sequence
-    that is empty in one layout (a node's tail on a chunk boundary) does not change the bucket."""
-    n = len(lengths)
-    n_b = rung(max(slots, n))
-    sequences = 2 * n_b
-    chunks = rung(chunks_of(lengths) + (sequences - n) + -(-extra_rows // CHUNK))
-    rows = CHUNK * chunks - (CHUNK - 1) * n_b
-    return sequences, chunks, rows
+# A varlen call whose rows are free (the GDN rounds gather theirs; the conv gathers rows past C*) is
+# bucketed as (sequences N*, chunks NT*, rows R* = 64 NT* - 63 b). Its real sequences leave `slack` rows
+# short of whole last chunks (0 to 63 each, varying with the layout); k = N* - n >= b padding sequences,
+# each at least one chunk, absorb the remaining 63 b - slack, so rows and chunks both stay fixed for every
+# layout whose slack is at most 63 b. A layout's own b is the rung of the sequences that may leave slack
+# (every one but the roots of round 0, which end on a chunk boundary), so every layout of the structure
+# fits it whatever its lengths.
 
 
-def _pad_call(lengths: np.ndarray, extra_rows: int, slots: int = 0) -> tuple[tuple[int, int, int], np.ndarray]:
-    """(bucket counts, padding sequence lengths) of a free-rows varlen call (see `_free_rows`)."""
-    sequences, chunks, rows = _free_rows(lengths, extra_rows, slots)
-    pad = pad_lengths(sequences - len(lengths), rows - int(lengths.sum()), chunks - chunks_of(lengths))
-    return (sequences, chunks, rows), pad
+def _slack(lengths: np.ndarray) -> int:
+    return CHUNK * chunks_of(lengths) - int(lengths.sum())
+
+
+def _own_free_call(lengths: np.ndarray, slots: int, slack_slots: int) -> tuple[int, int, int]:
+    b = rung(slack_slots) if slack_slots else 0
+    sequences = rung(max(slots, len(lengths))) + max(1, b)
+    chunks = rung(chunks_of(lengths) + sequences - len(lengths))
+    return sequences, chunks, CHUNK * chunks - (CHUNK - 1) * b
+
+
+def _fits_free(call: tuple[int, int, int], lengths: np.ndarray) -> bool:
+    sequences, chunks, rows = call
+    b = (CHUNK * chunks - rows) // (CHUNK - 1)
+    k = sequences - len(lengths)
+    return k >= max(1, b) and chunks - chunks_of(lengths) >= k and _slack(lengths) <= (CHUNK - 1) * b
+
+
+def _pad_free(call: tuple[int, int, int], lengths: np.ndarray) -> np.ndarray:
+    """The padding sequences' lengths that take a free-rows call of `lengths` to its bucket `call`."""
+    sequences, chunks, rows = call
+    return pad_lengths(sequences - len(lengths), rows - int(lengths.sum()), chunks - chunks_of(lengths))
 
 
 def _cycle(first: int, count: int, n: int) -> np.ndarray:
@@ -88,17 +105,106 @@ def _split(total: int, parts: int) -> np.ndarray:
     return base + (np.arange(parts) < extra).astype(np.int64)
 
 
-def compact_bucket(compact_length: int, attention_segments: int) -> int:
-    """`C*`: room for at least one padding row per padding attention segment."""
-    return rung(compact_length + rung(attention_segments + 1) - attention_segments)
+def round_slots(layout) -> list[tuple[int, int]]:
+    """Per GDN round, the sequences its structure allows and how many of them may end off a chunk boundary:
+    round 0 every root (up to its last chunk boundary) and singleton (anywhere), round l every node of
+    level l - 1 (its tail alone) and every segment of level l (the tail + child)."""
+    shared, level = layout.shared, layout.level
+    slots = [(int((level == 0).sum()), int(((level == 0) & ~shared).sum()))]
+    for lvl in range(1, layout.depth + 1):
+        n = int((shared & (level == lvl - 1)).sum() + (level == lvl).sum())
+        slots.append((n, n))
+    return slots
 
 
-def pad_host(host: dict, layout) -> tuple[dict, tuple]:
-    """The plan's host arrays (`build_plan`'s `host`) padded to their bucket, and the bucket's counts."""
-    c = layout.compact_length
-    att = host["attention"]
-    segments_a = len(att["cu_q"]) - 1
-    c_star = compact_bucket(c, segments_a)
+@dataclass(frozen=True, eq=False)
+class Needs:
+    """What a layout's plan needs of a bucket: its compact length, every call's sequence lengths."""
+
+    compact: int
+    rounds: tuple[np.ndarray, ...]  # per GDN round, its sequences' lengths (empty when it has none)
+    slots: tuple[tuple[int, int], ...]  # per GDN round, its structure's sequences and those with slack (`round_slots`)
+    conv: np.ndarray  # the conv's segment lengths (they tile the compact row)
+    queries: np.ndarray  # attention's segment query and key lengths
+    keys: np.ndarray
+    max_k: int
+
+    @classmethod
+    def of(cls, host: dict, layout) -> Needs:
+        gdn, att = host["gdn"], host["attention"]
+        rounds = tuple(
+            np.diff(gdn[f"cu{r}"]).astype(np.int64) if f"cu{r}" in gdn else np.zeros(0, dtype=np.int64)
+            for r in range(gdn["rounds"])
+        )
+        return cls(
+            compact=layout.compact_length,
+            rounds=rounds,
+            slots=tuple(round_slots(layout)),
+            conv=np.diff(host["conv"]["segment_cu"]).astype(np.int64),
+            queries=np.diff(att["cu_q"]).astype(np.int64),
+            keys=np.diff(att["cu_k"]).astype(np.int64),
+            max_k=int(att["max_k"]),
+        )
+
+
+def own_bucket(needs: Needs) -> tuple:
+    """The layout's own bucket: every count rounded up the ladder (see the module docstring)."""
+    s = len(needs.queries)
+    s_star = rung(s + 1)  # at least one padding attention segment
+    c_star = rung(needs.compact + s_star - s)  # a padding row (at least) per padding segment
+    rounds = tuple(_own_free_call(lengths, *slots) for lengths, slots in zip(needs.rounds, needs.slots))
+    # the conv's rows must cover C*: its chunks follow from C* (at least the compact padding rows' and one
+    # per padding segment beyond the real segments' own)
+    conv_b = rung(len(needs.conv))  # every segment may end anywhere
+    conv_sequences = 2 * conv_b
+    conv_chunks = rung(chunks_of(needs.conv) + -(-(c_star - needs.compact) // CHUNK) + conv_sequences - len(needs.conv))
+    conv = (conv_sequences, conv_chunks, CHUNK * conv_chunks - (CHUNK - 1) * conv_b)
+    p = c_star - needs.compact
+    k_star = rung(int(needs.keys.sum()) + p)
+    count = s_star - s
+    max_k = rung(max(needs.max_k, -(-(k_star - int(needs.keys.sum())) // count)))
+    return (c_star, rounds, conv, (s_star, k_star, max_k, max_k))
+
+
+def fits(bucket: tuple, needs: Needs) -> bool:
+    """Whether a layout pads to `bucket` (another layout's, a held graph's) without changing a real row."""
+    c_star, rounds, conv, (s_star, k_star, max_q, max_k) = bucket
+    p = c_star - needs.compact
+    count = s_star - len(needs.queries)
+    extra_keys = k_star - int(needs.keys.sum())
+    return (
+        len(rounds) == len(needs.rounds)
+        and 1 <= count <= p
+        and extra_keys >= p
+        and max(needs.max_k, -(-extra_keys // count)) <= min(max_q, max_k)
+        and all(_fits_free(call, lengths) for call, lengths in zip(rounds, needs.rounds))
+        and _fits_free(conv, needs.conv)
+        and conv[2] - needs.compact >= p  # the conv's padding covers the compact padding rows
+    )
+
+
+def cost(bucket: tuple) -> int:
+    """Rows a bucket computes (the compact row and every GDN round's), to compare buckets."""
+    return bucket[0] + sum(rows for _, _, rows in bucket[1])
+
+
+REUSE = 1.25  # a layout pads to a held graph's bucket if that costs at most this much more than its own
+
+
+def choose_bucket(needs: Needs, held=()) -> tuple:
+    """The layout's own bucket, or the cheapest of `held` (buckets of captured graphs) that it fits and that
+    costs at most `REUSE` times its own: a replay instead of a capture, for a little more padding."""
+    own = own_bucket(needs)
+    usable = [b for b in held if fits(b, needs) and cost(b) <= REUSE * cost(own)]
+    return min(usable, key=cost) if usable else own
+
+
+def pad_host(host: dict, layout, held=()) -> tuple[dict, tuple]:
+    """The plan's host arrays (`build_plan`'s `host`) padded to a bucket (`choose_bucket`), and the bucket."""
+    needs = Needs.of(host, layout)
+    bucket = choose_bucket(needs, held)
+    c = needs.compact
+    c_star = bucket[0]
     p = c_star - c
     plan = dict(host["plan"])
     plan["compact_src"] = np.concatenate([plan["compact_src"], np.zeros(p, dtype=np.int64)])
@@ -106,37 +212,28 @@ def pad_host(host: dict, layout) -> tuple[dict, tuple]:
     pad_pos = np.broadcast_to(counting(p).astype(positions.dtype), (*positions.shape[:-1], p))
     plan["positions"] = np.ascontiguousarray(np.concatenate([positions, pad_pos], axis=-1))
     plan["cu_seqlens"] = np.append(plan["cu_seqlens"], np.int32(c_star)).astype(np.int32)
-    gdn, gdn_bucket = _pad_gdn(host["gdn"], c, p, round_slots(layout))
-    conv, conv_bucket = _pad_conv(host["conv"], c, p)
-    attention, att_bucket = _pad_attention(att, c, p)
-    out = {**host, "plan": plan, "gdn": gdn, "conv": conv, "attention": attention}
-    return out, (c_star, gdn_bucket, conv_bucket, att_bucket)
+    out = {
+        **host,
+        "plan": plan,
+        "gdn": _pad_gdn(host["gdn"], needs, bucket[1], c, p),
+        "conv": _pad_conv(host["conv"], needs, bucket[2], c, p),
+        "attention": _pad_attention(host["attention"], needs, bucket[3], c, p),
+    }
+    return out, bucket
 
 
-def round_slots(layout) -> list[int]:
-    """Per GDN round, the sequences its structure allows: round 0 every root and singleton, round l every
-    node of level l - 1 (its tail alone) and every segment of level l (the tail + child)."""
-    shared, level = layout.shared, layout.level
-    slots = [int((level == 0).sum())]
-    for lvl in range(1, layout.depth + 1):
-        slots.append(int((shared & (level == lvl - 1)).sum() + (level == lvl).sum()))
-    return slots
-
-
-def _pad_gdn(host: dict, c: int, p: int, slots: list[int]) -> tuple[dict, tuple]:
+def _pad_gdn(host: dict, needs: Needs, calls: tuple, c: int, p: int) -> dict:
     """Every round (round 0 too, when it had no rows) gets padding sequences, which read the compact padding
     rows (repeated as needed); the compact padding rows keep round 0's first padding outputs (repeated when
     round 0 has fewer padding rows: those outputs are never read, their gradient is zero). From round 1 on,
     padding sequences start from the zero state (so every round picks from zeros: `zero` is always set)."""
     out = {"rounds": host["rounds"]}
-    real_rows, pad_rows, parts, buckets = [], [], [], []
-    for r in range(host["rounds"]):
-        present = f"src{r}" in host
-        lengths = np.diff(host[f"cu{r}"]).astype(np.int64) if present else np.zeros(0, dtype=np.int64)
-        (n_star, nt_star, rows_star), pad = _pad_call(lengths, 0, slots[r])
+    real_rows, pad_rows, parts = [], [], []
+    for r, (lengths, call) in enumerate(zip(needs.rounds, calls)):
+        pad = _pad_free(call, lengths)
         real = int(lengths.sum())
         pad_src = _cycle(c, p, int(pad.sum()))
-        src = np.concatenate([host[f"src{r}"], pad_src]) if present else pad_src
+        src = np.concatenate([host[f"src{r}"], pad_src]) if f"src{r}" in host else pad_src
         all_lengths = np.concatenate([lengths, pad])
         out |= {
             f"src{r}": src,
@@ -151,9 +248,8 @@ def _pad_gdn(host: dict, c: int, p: int, slots: list[int]) -> tuple[dict, tuple]
             out[f"zero{r}"] = True
             out[f"state{r}"] = np.concatenate([real_state, np.zeros(len(pad), dtype=np.int64)])
         real_rows.append(real)
-        pad_rows.append(rows_star - real)
+        pad_rows.append(int(pad.sum()))
         parts.append(all_lengths)
-        buckets.append((n_star, nt_star, rows_star))
     # rows of cat(every round's rows): each round's real rows, then its padding rows
     round_start = np.cumsum([0] + [a + b for a, b in zip(real_rows, pad_rows)])[:-1]
     real_start = np.cumsum([0] + real_rows)[:-1]
@@ -172,53 +268,43 @@ def _pad_gdn(host: dict, c: int, p: int, slots: list[int]) -> tuple[dict, tuple]
         "out_identity": False,
         "bucketed": True,
     }
-    return out, tuple(buckets)
+    return out
 
 
-def _pad_conv(host: dict, c: int, p: int) -> tuple[dict, tuple]:
+def _pad_conv(host: dict, needs: Needs, call: tuple, c: int, p: int) -> dict:
     """Padding segments tile the compact padding rows and, past `C*`, `extra_src` rows gathered from them:
     the conv's rows are free, so its segments and chunks are bucketed as the GDN rounds' are."""
-    lengths = np.diff(host["segment_cu"]).astype(np.int64)
-    (s_star, nt_star, rows_star), pad = _pad_call(lengths, p)
-    all_lengths = np.concatenate([lengths, pad])
+    pad = _pad_free(call, needs.conv)
+    all_lengths = np.concatenate([needs.conv, pad])
     width = host["kernel_size"]
-    out = {
+    return {
         "kernel_size": width,
         # the gathered look-back rows: not built for a padded plan (shared_prefix_causal_conv1d refuses it)
         "segment_cu": boundaries(all_lengths).astype(np.int32),
         "segment_chunks": chunk_indices(all_lengths, dtype=np.int32),
         "state_rows": np.concatenate([host["state_rows"], np.full((len(pad), width), -1, dtype=np.int64)]),
-        "extra_src": _cycle(c, p, rows_star - c - p),
+        "extra_src": _cycle(c, p, call[2] - c - p),
     }
-    return out, (s_star, nt_star, rows_star)
 
 
-def _pad_attention(host: dict, c: int, p: int) -> tuple[dict, tuple]:
+def _pad_attention(host: dict, needs: Needs, call: tuple, c: int, p: int) -> dict:
     """Padding segments split the `P` compact padding rows (queries) and read padding rows as keys:
     bottom-right causal, each padding query sees its own segment's keys only."""
-    q_lengths = np.diff(host["cu_q"]).astype(np.int64)
-    k_lengths = np.diff(host["cu_k"]).astype(np.int64)
-    s = len(q_lengths)
-    s_star = rung(s + 1)
-    count = s_star - s  # <= p by compact_bucket
-    keys = int(k_lengths.sum())
-    k_star = rung(keys + p)
+    s_star, k_star, max_q, max_k = call
+    count = s_star - len(needs.queries)
+    keys = int(needs.keys.sum())
     q_pad = _split(p, count)
     k_pad = _split(k_star - keys, count)  # >= q_pad part by part: both split the same way and k_star - keys >= p
-    max_q = rung(max(int(host["max_q"]), int(q_pad.max())))
-    max_k = rung(max(int(host["max_k"]), int(k_pad.max()), max_q))
     # each padding segment's keys: (k - q) padding rows, then its own queries' rows
     q_start = c + np.cumsum(q_pad) - q_pad
-    extra = k_pad - q_pad
     pad_kv = np.concatenate([
-        np.concatenate([_cycle(c, p, int(e)), ranges(np.array([s0]), np.array([q]))])
-        for e, s0, q in zip(extra.tolist(), q_start.tolist(), q_pad.tolist())
+        np.concatenate([_cycle(c, p, int(k - q)), ranges(np.array([s0]), np.array([q]))])
+        for k, s0, q in zip(k_pad.tolist(), q_start.tolist(), q_pad.tolist())
     ])
-    out = {
+    return {
         "max_q": max_q,
         "max_k": max_k,
         "kv_src": np.concatenate([host["kv_src"], pad_kv]),
-        "cu_q": boundaries(np.concatenate([q_lengths, q_pad])).astype(np.int32),
-        "cu_k": boundaries(np.concatenate([k_lengths, k_pad])).astype(np.int32),
+        "cu_q": boundaries(np.concatenate([needs.queries, q_pad])).astype(np.int32),
+        "cu_k": boundaries(np.concatenate([needs.keys, k_pad])).astype(np.int32),
     }
-    return out, (s_star, k_star, max_q, max_k)

@@ -111,6 +111,7 @@ def build_plan(
     level_cost: int | None = None,
     chunk_aligned: bool = False,
     pad_to_bucket: bool = False,
+    held_buckets: tuple = (),
 ) -> Plan | None:
     """Plan shared-prefix execution of one packed row, or `None` when no sequences share a prefix.
 
@@ -124,6 +125,8 @@ def build_plan(
     rounds read it in place (`aligned.py`).
     `pad_to_bucket`: pad the compact row and every mixer's index up to bucket counts (`bucket.py`), so
     that CUDA graphs captured for one layout replay for every layout of its bucket; no real row changes.
+    `held_buckets`: buckets of graphs already captured; the plan pads to one of them when it fits at
+    little more cost than its own (`bucket.choose_bucket`).
     """
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"input_ids must be one packed row [1, T], got {tuple(input_ids.shape)}")
@@ -204,7 +207,7 @@ def build_plan(
     bucket = None
     compact_length = layout.compact_length
     if pad_to_bucket:
-        host, bucket = pad_host(host, layout)
+        host, bucket = pad_host(host, layout, held_buckets)
         compact_length = bucket[0]
     dev = _upload(host, device, arena=arena)
     compact_positions = dev["plan"]["positions"]
