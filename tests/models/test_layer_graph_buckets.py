@@ -147,3 +147,14 @@ def test_log_prob_passes_are_not_padded():
         logits = graphed(input_ids=ids, **packed).logits
     assert logits.shape[1] == ids.shape[1]
     assert layer_graphs.graphs_of(graphed).stats.calls == 0
+
+
+def test_a_smaller_layout_replays_the_held_graph_of_a_larger_one():
+    larger, smaller = [(90, [12, 9, 6])], [(70, [5, 9, 3])]
+    assert _bucket(larger) != _bucket(smaller)  # its own bucket is another: it pads up to the held one
+    eager, graphed = _model("qwen3_5", False), _model("qwen3_5", True)
+    for i, groups in enumerate((larger, smaller)):
+        batch = _batch(groups, seed=i)
+        _close(_loss_step(eager, batch), _loss_step(graphed, batch))
+    stats = layer_graphs.graphs_of(graphed).stats
+    assert (stats.captures, stats.replays) == (1, 1)

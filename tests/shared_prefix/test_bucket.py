@@ -16,7 +16,7 @@ from patchgen.kernels.shared_prefix import (
     shared_prefix_causal_conv1d,
     shared_prefix_gated_delta_rule,
 )
-from patchgen.kernels.shared_prefix.bucket import CHUNK, pad_lengths, rung
+from patchgen.kernels.shared_prefix.bucket import CHUNK, REUSE, cost, pad_lengths, rung
 from patchgen.kernels.shared_prefix.gdn import chunk_indices
 from patchgen.kernels.shared_prefix.gdn_rounds import ReferenceRounds
 
@@ -260,3 +260,44 @@ def test_a_conv_without_state_kernels_is_refused_on_a_padded_plan():
     x = torch.randn(1, padded.compact_length, 6, **F64)
     with pytest.raises(CudaGraphsUnavailable, match="needs a causal_conv1d backend with state kernels"):
         shared_prefix_causal_conv1d(padded, gathered_only, x, torch.randn(6, 4, **F64))
+
+
+def _reuse_case():
+    ids, cu = _row([(70, [5, 9, 3])])
+    plain, own = build_plan(ids, cu), build_plan(ids, cu, pad_to_bucket=True)
+    larger = _plans([(90, [12, 9, 6])])[1].bucket  # a little larger: fits, within REUSE of the own bucket's cost
+    much_larger = _plans([(300, [120, 90, 60])])[1].bucket
+    smaller = _plans([(66, [1, 2, 3])])[1].bucket
+    return ids, cu, plain, own, (larger, much_larger, smaller)
+
+
+def test_a_layout_pads_to_a_held_bucket_it_fits_at_little_more_cost():
+    ids, cu, plain, own, (larger, much_larger, smaller) = _reuse_case()
+    needs_cost = cost(own.bucket)
+    assert own.bucket != larger and needs_cost < cost(larger) <= REUSE * needs_cost
+    assert cost(much_larger) > REUSE * needs_cost
+    reused = build_plan(ids, cu, pad_to_bucket=True, held_buckets=(much_larger, smaller, larger))
+    assert reused.bucket == larger  # the one that fits and costs little more; neither too large nor too small
+    assert build_plan(ids, cu, pad_to_bucket=True, held_buckets=(much_larger, smaller)).bucket == own.bucket
+
+
+def test_mixers_on_a_plan_padded_to_a_held_bucket():
+    ids, cu, plain, _, (larger, _, _) = _reuse_case()
+    reused = build_plan(ids, cu, pad_to_bucket=True, held_buckets=(larger,))
+    pair = (plain, reused)
+    g = torch.Generator().manual_seed(6)
+    c = plain.compact_length
+
+    def gdn(plan, q, k, v, gate, beta):
+        return shared_prefix_gated_delta_rule(plan, ref_gdn, q, k, v, gate, beta, use_qk_l2norm_in_kernel=True)
+
+    def conv(plan, x, w, b):
+        return shared_prefix_causal_conv1d(plan, ref_conv, x, w, b, activation="silu")
+
+    def attention(plan, q, k, v):
+        return shared_prefix_attention(plan, ref_attention.eager, q, k, v, scale=8**-0.5)
+
+    _check_mixer(*pair, gdn, _gdn_inputs(c, 0))
+    _check_mixer(*pair, conv, [torch.randn(1, c, 6, generator=g, **F64)],
+                 [torch.randn(6, 4, generator=g, **F64), torch.randn(6, generator=g, **F64)])
+    _check_mixer(*pair, attention, [torch.randn(1, c, heads, 8, generator=g, **F64) for heads in (4, 2, 2)])
