@@ -101,9 +101,10 @@ class GraphCache:
         self._warned = True
         warnings.warn(
             f"shared_prefix_cuda_graphs: {s.captures} of {s.calls} graphed layer-stack calls captured a new graph "
-            f"({self.describe()}): the batches' layouts (sequence lengths, shared prefixes) rarely repeat, and every "
-            "capture costs a few eager steps. Graphs pay off when layouts repeat (fixed-length packing, padded "
-            "responses); raise shared_prefix_cuda_graphs_cache if a few layouts alternate, or turn the graphs off",
+            f"({self.describe()}): the batches' layouts (sequence lengths, shared prefixes) rarely fall into the "
+            "buckets of the graphs held, and every capture costs a few eager steps. Keep "
+            "shared_prefix_cuda_graphs_buckets on (the default), raise shared_prefix_cuda_graphs_cache so that more "
+            "buckets are held (each holds one step's activations), or turn the graphs off",
             GraphsRecapturing,
             stacklevel=4,
         )

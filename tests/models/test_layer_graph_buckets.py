@@ -7,7 +7,7 @@ which replay the first capture; a layout of another bucket captures anew."""
 import pytest
 import torch
 from patchgen.kernels.graphs import EagerReplay
-from patchgen.kernels.modeling import layer_graphs
+from patchgen.kernels.modeling import layer_graphs, shared_prefix
 from patchgen.kernels.shared_prefix import build_plan
 
 from tests.models import tiny
@@ -158,3 +158,36 @@ def test_a_smaller_layout_replays_the_held_graph_of_a_larger_one():
         _close(_loss_step(eager, batch), _loss_step(graphed, batch))
     stats = layer_graphs.graphs_of(graphed).stats
     assert (stats.captures, stats.replays) == (1, 1)
+
+
+def _tree_batch(system_length, groups, seed):
+    """A system prompt shared by every group, then each group's prompt and responses: a two-level tree."""
+    g = torch.Generator().manual_seed(seed)
+    system = torch.randint(0, tiny.VOCAB, (system_length,), generator=g)
+    seqs, labels = [], []
+    for p, responses in groups:
+        prompt = torch.randint(0, tiny.VOCAB, (p,), generator=g)
+        for r in responses:
+            seqs.append(torch.cat([system, prompt, torch.randint(0, tiny.VOCAB, (r,), generator=g)]))
+            labels.append(seqs[-1].masked_fill(torch.arange(len(seqs[-1])) < system_length + p, -100))
+    cu = torch.tensor([0] + [len(s) for s in seqs]).cumsum(0).to(torch.int32)
+    return torch.cat(seqs)[None], torch.cat(labels)[None], tiny.packed_kwargs(cu)
+
+
+TREES = [(80, [(70, [9, 30]), (65, [4, 11, 2])]), (85, [(72, [7, 33]), (64, [6, 9, 4])]),
+         (82, [(68, [12, 25]), (66, [3, 14, 5])])]
+
+
+def test_tree_plans_bucket_too():
+    tree = {"shared_prefix_max_depth": 2, "shared_prefix_level_cost": 0}
+    eager = tiny.build("qwen3_5", "gpu", shared_prefix_training=True, **tree)
+    graphed = tiny.build("qwen3_5", "gpu", shared_prefix_training=True, shared_prefix_cuda_graphs=True, **tree)
+    layer_graphs.use_graphs(graphed.model, layer_graphs.LayerGraphs(2, replay=EagerReplay))
+    depths = []
+    with shared_prefix.observe_plans(lambda plan, tokens: depths.append(plan.depth)):
+        for i, layout in enumerate(TREES):
+            batch = _tree_batch(*layout, seed=i)
+            _close(_loss_step(eager, batch), _loss_step(graphed, batch))
+    assert set(depths) == {2}  # two levels of sharing: three GDN rounds
+    stats = layer_graphs.graphs_of(graphed).stats
+    assert (stats.captures, stats.replays) == (1, len(TREES) - 1)  # the third pads to the held bucket
