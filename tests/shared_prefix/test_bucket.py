@@ -5,6 +5,8 @@ padding row and the padding rows receive no gradient."""
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from patchgen.kernels.errors import CudaGraphsUnavailable
 from patchgen.kernels.graphs.signature import describe, plan_signature
 from patchgen.kernels.reference import attention as ref_attention
@@ -19,6 +21,9 @@ from patchgen.kernels.shared_prefix import (
 from patchgen.kernels.shared_prefix.bucket import CHUNK, REUSE, cost, pad_lengths, rung
 from patchgen.kernels.shared_prefix.gdn import chunk_indices
 from patchgen.kernels.shared_prefix.gdn_rounds import ReferenceRounds
+
+from tests.shared_prefix.references import pack
+from tests.shared_prefix.test_properties import SETTINGS, packed_batches
 
 F64 = {"dtype": torch.float64}
 CPU = torch.device("cpu")
@@ -301,3 +306,74 @@ def test_mixers_on_a_plan_padded_to_a_held_bucket():
     _check_mixer(*pair, conv, [torch.randn(1, c, 6, generator=g, **F64)],
                  [torch.randn(6, 4, generator=g, **F64), torch.randn(6, generator=g, **F64)])
     _check_mixer(*pair, attention, [torch.randn(1, c, heads, 8, generator=g, **F64) for heads in (4, 2, 2)])
+
+
+def _round_rows(rnd_list, out_index):
+    """(round, row within the round) of each entry of a GDN out_index."""
+    starts = np.cumsum([0] + [r.rows for r in rnd_list])
+    of = np.searchsorted(starts, out_index, side="right") - 1
+    return of, out_index - starts[of]
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(packed_batches(), st.integers(1, 3), st.booleans())
+def test_padding_leaves_every_real_index_as_it_was(batch, depth, aligned):
+    seqs, positions, min_prefix = batch
+    ids, cu = pack(seqs)
+    kwargs = {"min_prefix": min_prefix, "max_depth": depth, "level_cost": 0, "chunk_aligned": aligned}
+    plain = build_plan(ids, cu, positions, **kwargs)
+    if plain is None:
+        return
+    padded = build_plan(ids, cu, positions, pad_to_bucket=True, **kwargs)
+    _check_padded(plain, padded)
+    # the same batch padded to the bucket of a longer one (every sequence a few tokens longer), when it fits
+    longer = [list(x) + [7] * 5 for x in seqs]
+    other = build_plan(*pack(longer), None if positions is None else _longer_positions(longer), pad_to_bucket=True,
+                       **kwargs)
+    if other is not None and other.bucket != padded.bucket:
+        reused = build_plan(ids, cu, positions, pad_to_bucket=True, held_buckets=(other.bucket,), **kwargs)
+        assert reused.bucket in (other.bucket, padded.bucket)
+        _check_padded(plain, reused)
+
+
+def _longer_positions(seqs):
+    per_seq = torch.cat([torch.arange(len(x)) for x in seqs]).reshape(1, -1)
+    return per_seq.expand(3, -1).reshape(3, 1, -1).clone()
+
+
+def _check_padded(plain, padded):
+    c, c_star = plain.compact_length, padded.compact_length
+    assert c_star > c and torch.equal(padded.compact_src[:c], plain.compact_src)
+    assert torch.equal(padded.position_ids[..., :c], plain.position_ids)
+    # GDN: every real sequence of every round as it was (its rows, its state); padding reads padding rows
+    real_rounds = [r for r in plain.gdn.rounds if r is not None]
+    padded_rounds = list(padded.gdn.rounds)
+    for r, rnd in enumerate(plain.gdn.rounds):
+        pad = padded_rounds[r]
+        if rnd is None:
+            assert pad.src.min() >= c
+            continue
+        n = rnd.num_sequences
+        assert torch.equal(pad.cu_seqlens[: n + 1], rnd.cu_seqlens)
+        assert torch.equal(pad.src[: rnd.rows], rnd.src) and pad.src[rnd.rows:].min() >= c
+        if rnd.state_index is not None:
+            assert torch.equal(pad.state_index[:n], rnd.state_index + (0 if rnd.zero_state else 1))
+            assert pad.zero_state and not pad.state_index[n:].any()
+    p_round, p_row = _round_rows(padded_rounds, padded.gdn.out_index[:c].numpy())
+    present = [r for r, rnd in enumerate(plain.gdn.rounds) if rnd is not None]
+    u_round, u_row = _round_rows(real_rounds, plain.gdn.out_index.numpy())
+    assert np.array_equal(p_round, np.array(present)[u_round]) and np.array_equal(p_row, u_row)
+    # conv: real segments and their look-back as they were; padding segments start from zeros
+    s = plain.conv.segment_cu.numel() - 1
+    assert torch.equal(padded.conv.segment_cu[: s + 1], plain.conv.segment_cu)
+    assert torch.equal(padded.conv.state_rows[:s], plain.conv.state_rows)
+    assert (padded.conv.state_rows[s:] == -1).all() and padded.conv.extra_src.min() >= c
+    assert padded.conv.segment_cu[-1] == c_star + padded.conv.extra_src.numel()
+    # attention: real segments as they were; padding segments' keys are padding rows
+    att, patt = plain.attention, padded.attention
+    s, keys = att.cu_seqlens_q.numel() - 1, att.kv_src.numel()
+    assert torch.equal(patt.cu_seqlens_q[: s + 1], att.cu_seqlens_q) and patt.cu_seqlens_q[-1] == c_star
+    assert torch.equal(patt.cu_seqlens_k[: s + 1], att.cu_seqlens_k) and torch.equal(patt.kv_src[:keys], att.kv_src)
+    assert patt.kv_src[keys:].min() >= c
+    q, k = (torch.diff(x).max().item() for x in (patt.cu_seqlens_q, patt.cu_seqlens_k))
+    assert q <= patt.max_seqlen_q and k <= patt.max_seqlen_k
