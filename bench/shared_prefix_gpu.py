@@ -50,8 +50,6 @@ from shared_prefix_arms import (  # noqa: F401 - re-exported for the other bench
 )
 from shared_prefix_graphs import GRAPH_ARMS, graph_arms
 from shared_prefix_graphs import summary as graphs_summary
-from shared_prefix_vary import summary as vary_summary
-from shared_prefix_vary import vary_arms
 from shared_prefix_report import ratios, table, write
 from shared_prefix_shapes import (  # noqa: F401 - re-exported for the other bench scripts
     CONTROLS,
@@ -75,6 +73,8 @@ from shared_prefix_timing import (  # noqa: F401 - re-exported for the other ben
     profiler_cost_us,
     split_step,
 )
+from shared_prefix_vary import summary as vary_summary
+from shared_prefix_vary import vary_arms
 
 OURS = ("packed", "shared")
 

@@ -79,11 +79,12 @@ def vary_arms(model, shape, row, args, device, vocab) -> None:
         eager = [_timed(model, batch, device) for batch in batches]
         eager_ms = [ms for ms, _ in eager]
         model.config.shared_prefix_cuda_graphs = True
+        plans = []
         for batch, (_, eager_loss) in zip(batches, eager):
             graphs = graphs_of(model)
             before = 0 if graphs is None else graphs.stats.captures
-            plans = []
-            with observe_plans(lambda plan, tokens: plans.append(plan)):
+            plans.clear()
+            with observe_plans(lambda plan, _tokens: plans.append(plan)):
                 ms, graphed_loss = _timed(model, batch, device)
             graphs_ms.append(ms)
             kinds.append("capture" if graphs_of(model).stats.captures > before else "replay")

@@ -277,7 +277,7 @@ def _reuse_case():
 
 
 def test_a_layout_pads_to_a_held_bucket_it_fits_at_little_more_cost():
-    ids, cu, plain, own, (larger, much_larger, smaller) = _reuse_case()
+    ids, cu, _, own, (larger, much_larger, smaller) = _reuse_case()
     needs_cost = cost(own.bucket)
     assert own.bucket != larger and needs_cost < cost(larger) <= REUSE * needs_cost
     assert cost(much_larger) > REUSE * needs_cost
