@@ -7,7 +7,8 @@ Per shape (G prompts x n rollouts, prompt lengths uniform in [P_lo, P_hi], respo
 [R_lo, R_hi], every step new lengths, as in RL), over `--steps` micro-batches: the distinct buckets,
 the share of steps that would capture with an LRU cache of each `--cache` size (the exact-layout key:
 every step), and the padding: compact rows C*/C, GDN rows (every round) over the real rounds' rows,
-GDN chunks over real chunks, conv rows over C, attention keys over real keys (means and maxima).
+GDN chunks over real chunks, conv rows over C, attention keys over real keys (means and maxima); and
+the median wall-clock time of building a plan, unpadded and padded (host, this process).
 The key of a graphed step is the plan's bucket plus what the model fixes (dtype, weights), so the
 capture share here is the share a `--graphs --vary` GPU run reports.
 """
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import random
+import statistics
+import time
 from collections import OrderedDict
 
 import numpy as np
@@ -67,6 +70,16 @@ def gdn_counts(plan):
     return rows, chunks
 
 
+def timed_plans(rows, **kwargs):
+    """The plans of `rows` and the median wall-clock ms of building one."""
+    plans, times = [], []
+    for ids, cu in rows:
+        began = time.perf_counter()
+        plans.append(build_plan(ids, cu, conv_kernel_size=4, **kwargs))
+        times.append((time.perf_counter() - began) * 1e3)
+    return plans, statistics.median(times)
+
+
 def padding(plain, padded) -> dict:
     (r0, c0), (r1, c1) = gdn_counts(plain), gdn_counts(padded)
     return {
@@ -82,9 +95,10 @@ def measure(name, steps, caches, seed):
     prompts, n, prompt_len, response_len = SHAPES[name]
     rng = random.Random(seed)
     rows = [batch(prompts, n, prompt_len, response_len, rng) for _ in range(steps)]
-    plain = [build_plan(ids, cu, conv_kernel_size=4) for ids, cu in rows]
-    own = [build_plan(ids, cu, conv_kernel_size=4, pad_to_bucket=True) for ids, cu in rows]
-    print(f"{name}: {steps} steps, {len({p.bucket for p in own})} distinct own buckets (exact layouts: {steps})")
+    plain, plain_ms = timed_plans(rows)
+    own, own_ms = timed_plans(rows, pad_to_bucket=True)
+    print(f"{name}: {steps} steps of ~{rows[0][0].shape[1]} tokens, {len({p.bucket for p in own})} distinct own "
+          f"buckets (exact layouts: {steps}); plan build median {plain_ms:.2f} ms, padded {own_ms:.2f} ms")
     for size in caches:
         share, chosen = replay_run(rows, size)
         ratios = [padding(a, b) for a, b in zip(plain, chosen)]
