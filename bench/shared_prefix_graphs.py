@@ -6,7 +6,9 @@ way a trainer calls it; the graphs capture on the arm's first warm-up call of a 
 timing) and replay in every timed call. Per shape: step ms, host vs GPU ms, peak memory (allocated;
 a graph's private pool is reserved, and given as `shared_graphs_reserved_gib`), efficiency against
 the bound T / C with packed (checkpointed, as the other arms) as the reference, the graphs' counters,
-and whether the graphed step's loss equals the eager one bit for bit.
+and whether the graphed step's loss equals the eager one bit for bit (with buckets, the default, the
+graphed step runs the padded plan: equal up to the bf16 rounding of GEMMs over more rows, given as
+`graphs_loss_rel_diff`).
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ def graph_arms(model, row, inputs, args, device, timer, cost_us, run_arm) -> dic
             torch.cuda.empty_cache()
     a, b = outputs["shared_eager"].get("train"), outputs["shared_graphs"].get("train")
     row["graphs_loss_bitequal"] = "" if a is None or b is None else bool(torch.equal(a, b))
+    if a is not None and b is not None:
+        row["graphs_loss_rel_diff"] = ((a.double() - b.double()).abs() / a.double().abs().clamp_min(1e-30)).max().item()
     get = functools.partial(row.get)
     for arm in GRAPH_ARMS:
         packed, mine = get("packed_train_ms"), get(f"{arm}_train_ms")
@@ -72,6 +76,7 @@ def summary(row) -> str:
         f"graphs {f('shared_graphs_train_ms')} ms (host/GPU {f('shared_graphs_host_ms')}/{f('shared_graphs_gpu_ms')}, "
         f"eff {f('efficiency_shared_graphs_train', '.2f')}, peak {f('shared_graphs_train_peak_gib', '.1f')} GiB, "
         f"reserved {f('shared_graphs_reserved_gib', '.1f')} GiB, {row.get('graphs_captures', '-')} captures / "
-        f"{row.get('graphs_replays', '-')} replays, loss bit-equal to eager {row.get('graphs_loss_bitequal', '-')})"
+        f"{row.get('graphs_replays', '-')} replays, loss bit-equal to eager {row.get('graphs_loss_bitequal', '-')}, "
+        f"rel diff {f('graphs_loss_rel_diff', '.1e')})"
         + "".join(f"; {k}: {v}" for k, v in row.items() if k.startswith("shared_graphs") and k.endswith("_error"))
     )
