@@ -1,14 +1,15 @@
 """The `--graphs` arms of `bench/shared_prefix_gpu.py`: the shared-prefix training step without activation
-checkpointing, eager (`shared_eager`) and with `shared_prefix_cuda_graphs` (`shared_graphs`).
+checkpointing, eager (`shared_eager`) and with `shared_prefix_cuda_graphs` (`shared_graphs`), and the
+log-prob pass of each (under `no_grad`: the scoring graph in `shared_graphs`).
 
 Both run the model's own step (`shared_prefix_arms.train_step`: forward with labels, backward), the
 way a trainer calls it; the graphs capture on the arm's first warm-up call of a shape (outside the
 timing) and replay in every timed call. Per shape: step ms, host vs GPU ms, peak memory (allocated;
 a graph's private pool is reserved, and given as `shared_graphs_reserved_gib`), efficiency against
 the bound T / C with packed (checkpointed, as the other arms) as the reference, the graphs' counters,
-and whether the graphed step's loss equals the eager one bit for bit (with buckets, the default, the
-graphed step runs the padded plan: equal up to the bf16 rounding of GEMMs over more rows, given as
-`graphs_loss_rel_diff`).
+and whether the graphed step's loss and the graphed log-probs equal the eager ones bit for bit (with
+buckets, the default, the graphed forwards run the padded plan: equal up to the bf16 rounding of GEMMs
+over more rows; the loss's relative difference is `graphs_loss_rel_diff`).
 """
 
 from __future__ import annotations
@@ -52,16 +53,19 @@ def graph_arms(model, row, inputs, args, device, timer, cost_us, run_arm) -> dic
         checkpointed(model)
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    for kind, flag in (("train", "graphs_loss_bitequal"), ("logprob", "graphs_logprobs_bitequal")):
+        a, b = outputs["shared_eager"].get(kind), outputs["shared_graphs"].get(kind)
+        row[flag] = "" if a is None or b is None else bool(torch.equal(a, b))
     a, b = outputs["shared_eager"].get("train"), outputs["shared_graphs"].get("train")
-    row["graphs_loss_bitequal"] = "" if a is None or b is None else bool(torch.equal(a, b))
     if a is not None and b is not None:
         row["graphs_loss_rel_diff"] = ((a.double() - b.double()).abs() / a.double().abs().clamp_min(1e-30)).max().item()
     get = functools.partial(row.get)
     for arm in GRAPH_ARMS:
-        packed, mine = get("packed_train_ms"), get(f"{arm}_train_ms")
-        if packed and mine and not math.isnan(mine):
-            row[f"speedup_{arm}_train"] = packed / mine
-            row[f"efficiency_{arm}_train"] = packed / mine / row["bound"]
+        for kind in ("train", "logprob"):
+            packed, mine = get(f"packed_{kind}_ms"), get(f"{arm}_{kind}_ms")
+            if packed and mine and not math.isnan(mine):
+                row[f"speedup_{arm}_{kind}"] = packed / mine
+                row[f"efficiency_{arm}_{kind}"] = packed / mine / row["bound"]
     return outputs
 
 
@@ -77,6 +81,8 @@ def summary(row) -> str:
         f"eff {f('efficiency_shared_graphs_train', '.2f')}, peak {f('shared_graphs_train_peak_gib', '.1f')} GiB, "
         f"reserved {f('shared_graphs_reserved_gib', '.1f')} GiB, {row.get('graphs_captures', '-')} captures / "
         f"{row.get('graphs_replays', '-')} replays, loss bit-equal to eager {row.get('graphs_loss_bitequal', '-')}, "
-        f"rel diff {f('graphs_loss_rel_diff', '.1e')})"
+        f"rel diff {f('graphs_loss_rel_diff', '.1e')}) | "
+        f"log-probs: eager {f('shared_eager_logprob_ms')} ms, graphs {f('shared_graphs_logprob_ms')} ms (eff "
+        f"{f('efficiency_shared_graphs_logprob', '.2f')}, bit-equal to eager {row.get('graphs_logprobs_bitequal', '-')})"
         + "".join(f"; {k}: {v}" for k, v in row.items() if k.startswith("shared_graphs") and k.endswith("_error"))
     )

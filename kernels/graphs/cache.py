@@ -39,6 +39,7 @@ class Entry:
     params: list
     generation: int = 0  # forward replays so far (the backward checks it is still the latest)
     bucket: tuple | None = None  # the padded plan's bucket counts (None: keyed on the exact layout)
+    mode: str = "train"  # "train" (forward and backward graphs) or "score" (a forward-only graph)
 
 
 @dataclass
@@ -82,9 +83,9 @@ class GraphCache:
             self._entries.popitem(last=False)
             self.stats.evictions += 1
 
-    def held_buckets(self) -> tuple:
-        """The buckets of the held entries, most recently used first."""
-        return tuple(e.bucket for e in reversed(self._entries.values()) if e.bucket is not None)
+    def held_buckets(self, mode: str = "train") -> tuple:
+        """The buckets of the held entries of `mode`, most recently used first."""
+        return tuple(e.bucket for e in reversed(self._entries.values()) if e.bucket is not None and e.mode == mode)
 
     def clear(self) -> None:
         self.stats.evictions += len(self._entries)

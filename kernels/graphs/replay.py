@@ -28,6 +28,10 @@ still referenced by the entry, so it is never stolen), and every post-accumulate
 backward would fire too, are refused by `layer_graphs`). A backward whose forward was followed by another replay of
 the same graph raises `GraphReplayOverwritten` instead of returning another batch's gradients.
 `EagerReplay` runs the same static buffers and node eagerly: the CPU tests' stand-in for the graphs.
+
+A scoring forward (a plan, no gradient: the log-probs of an RL step's old policy or reference model)
+has a graph of its own, forward only: `CudaGraphScoring` (`EagerScoring` off CUDA). It keeps no
+activations between calls, so its pool holds one forward's working memory.
 """
 
 from __future__ import annotations
@@ -152,17 +156,32 @@ def allocating_to(pool, device: torch.device):
         release(index, pool.id)
 
 
+def _capture_failed(error: BaseException) -> GraphCaptureFailed:
+    return GraphCaptureFailed(
+        f"shared_prefix_cuda_graphs: capturing the decoder-layer stack failed at {failure_site(error)}: "
+        f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}. Something inside the "
+        "layers synchronises with the host or copies host data per call (an MoE experts backend that reads "
+        "token counts, a kernel library that rebuilt a cached table): that path cannot run under CUDA graphs. "
+        "Set shared_prefix_cuda_graphs=False (or PATCHGEN_SHARED_PREFIX_CUDA_GRAPHS=0), or choose a backend "
+        "for that op slot that does not sync"
+    )
+
+
+def _need_mem_pool() -> None:
+    if not hasattr(torch.cuda, "MemPool"):
+        raise CudaGraphsUnavailable(
+            f"shared_prefix_cuda_graphs needs torch.cuda.MemPool (torch >= 2.8); found torch {torch.__version__}: "
+            "upgrade torch or set shared_prefix_cuda_graphs=False"
+        )
+
+
 class CudaGraphReplay:
     """Forward and backward graphs of the layer stack on `static`'s buffers, in a private pool (see module docstring)."""
 
     kind = "cuda"
 
     def __init__(self, fn, static: StaticCall, params: list[torch.Tensor], warmup: int = 2):
-        if not hasattr(torch.cuda, "MemPool"):
-            raise CudaGraphsUnavailable(
-                f"shared_prefix_cuda_graphs needs torch.cuda.MemPool (torch >= 2.8); found torch {torch.__version__}: "
-                "upgrade torch or set shared_prefix_cuda_graphs=False"
-            )
+        _need_mem_pool()
         # `fn` is not kept: it closes over the text model, which holds this cache (a cycle only gc would free)
         device = static.hidden.device
         stream = capture_stream(device)
@@ -187,14 +206,7 @@ class CudaGraphReplay:
                 with torch.cuda.graph(self.backward_graph, pool=self.pool.id, stream=stream, capture_error_mode="thread_local"):
                     grads = torch.autograd.grad(out, inputs, self.grad_out, allow_unused=True)
         except Exception as error:
-            raise GraphCaptureFailed(
-                f"shared_prefix_cuda_graphs: capturing the decoder-layer stack failed at {failure_site(error)}: "
-                f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}. Something inside the "
-                "layers synchronises with the host or copies host data per call (an MoE experts backend that reads "
-                "token counts, a kernel library that rebuilt a cached table): that path cannot run under CUDA graphs. "
-                "Set shared_prefix_cuda_graphs=False (or PATCHGEN_SHARED_PREFIX_CUDA_GRAPHS=0), or choose a backend "
-                "for that op slot that does not sync"
-            ) from error
+            raise _capture_failed(error) from error
         # the captured autograd graph (and its AccumulateGrad nodes, made on the side stream) goes now
         self.out = out.detach()
         del out
@@ -248,3 +260,64 @@ class StackReplay(torch.autograd.Function):
         found = list(entry.replay.backward(grad.contiguous()))
         hidden_grad = found.pop(0) if ctx.hidden_grad else None
         return (None, hidden_grad, *found)
+
+
+class EagerScoring:
+    """A scoring forward (no gradient) run eagerly on the static buffers: the CPU tests' stand-in for `CudaGraphScoring`."""
+
+    kind = "eager"
+
+    def __init__(self, fn, static: StaticCall):
+        self.fn, self.static = fn, static
+
+    def forward(self) -> torch.Tensor:
+        s = self.static
+        with torch.no_grad():
+            return run_stack(self.fn, s.hidden, s.position_embeddings, s.masks, s.kwargs)
+
+
+class CudaGraphScoring:
+    """One forward graph of the layer stack without autograd (a scoring pass), in a private pool; warm-ups as
+    for the training graphs (`CudaGraphReplay`), under ``torch.no_grad``."""
+
+    kind = "cuda"
+
+    def __init__(self, fn, static: StaticCall, warmup: int = 2):
+        _need_mem_pool()
+        device = static.hidden.device
+        stream = capture_stream(device)
+        with torch.cuda.device(device):
+            self.pool = torch.cuda.MemPool()
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.no_grad(), torch.cuda.stream(stream), allocating_to(self.pool, device), uncached_autocast(device.type):
+                for _ in range(warmup):
+                    run_stack(fn, static.hidden, static.position_embeddings, static.masks, static.kwargs)
+            torch.cuda.current_stream(device).wait_stream(stream)
+            self.graph = torch.cuda.CUDAGraph()
+            try:
+                capture = torch.cuda.graph(self.graph, pool=self.pool.id, stream=stream, capture_error_mode="thread_local")
+                with torch.no_grad(), uncached_autocast(device.type), capture:
+                    self.out = run_stack(fn, static.hidden, static.position_embeddings, static.masks, static.kwargs)
+            except Exception as error:
+                raise _capture_failed(error) from error
+
+    def forward(self) -> torch.Tensor:
+        self.graph.replay()
+        return self.out
+
+    def __del__(self):
+        graph = self.__dict__.pop("graph", None)
+        if graph is not None:
+            with contextlib.suppress(Exception):
+                graph.reset()
+        self.__dict__.pop("out", None)
+        self.__dict__.pop("pool", None)
+
+
+def replay_scoring(entry, hidden: torch.Tensor) -> torch.Tensor:
+    """One scoring replay of a cache entry: the batch's hidden states in, a copy of the stack's output out."""
+    with torch.no_grad():
+        entry.static.hidden.copy_(hidden)
+        out = entry.replay.forward()
+        entry.generation += 1
+        return out.clone()  # the next replay overwrites the static output

@@ -1,15 +1,17 @@
 """The decoder-layer stack of a shared-prefix training step under CUDA graphs (``shared_prefix_cuda_graphs``).
 
 The generated ``TextModel.forward`` hands its layer loop to `run_layers`. With the flag off, or for any
-call that is not a shared-prefix training step (no plan, no gradient: generation, scoring, evaluation),
-the loop runs as it is. Otherwise the stack runs as one forward and one backward graph replay, keyed
-by everything the graphs baked in (`patchgen.kernels.graphs.signature`); a batch whose key was never
-seen captures first (a few eager steps' time), and at most ``shared_prefix_cuda_graphs_cache`` captured
-stacks are kept. Loss and gradients are the eager step's: the same kernels on the same rows.
+call without a shared-prefix plan (generation, unpacked batches), the loop runs as it is. A training
+step (a plan, gradients wanted) runs the stack as one forward and one backward graph replay; a scoring
+forward (a plan, no gradient: an RL step's old-policy or reference log-probs, evaluation) as one
+forward replay. Both are keyed by everything the graphs baked in (`patchgen.kernels.graphs.signature`)
+and by the mode; a batch whose key was never seen captures first (a few eager steps' time), and at
+most ``shared_prefix_cuda_graphs_cache`` captured stacks are kept. Loss, logits and gradients are the
+eager step's: the same kernels on the same rows.
 
-Refused with `CudaGraphsUnavailable` (flag on, shared-prefix training step): a device other than CUDA,
-activation checkpointing (the graphs hold the whole stack's activations, a recompute would save
-nothing), per-layer outputs asked for (hidden states, attentions, router logits: hooks do not run in
+Refused with `CudaGraphsUnavailable` (flag on, a forward with a plan): a device other than CUDA,
+activation checkpointing in a training step (the graphs hold the whole stack's activations, a recompute
+would save nothing), per-layer outputs asked for (hidden states, attentions, router logits: hooks do not run in
 a replay), hooks on the stack's modules (FSDP, ZeRO-3, accelerate offloading, probes), and layer
 arguments a key cannot describe or that want a gradient the stack does not return.
 """
@@ -20,8 +22,9 @@ import torch
 
 from ..config import SHARED_PREFIX_CUDA_GRAPHS_CACHE, int_field, shared_prefix_cuda_graphs
 from ..errors import CudaGraphsUnavailable
-from ..graphs import CudaGraphReplay, GraphCache, StackReplay, StaticCall, call_signature
+from ..graphs import CudaGraphReplay, EagerReplay, GraphCache, StackReplay, StaticCall, call_signature
 from ..graphs.cache import Entry
+from ..graphs.replay import CudaGraphScoring, EagerScoring, replay_scoring
 from . import shared_prefix
 from .shared_prefix import KWARG
 
@@ -31,34 +34,47 @@ DEFAULT_REPLAY = CudaGraphReplay
 # keyword arguments the decoder layers pass along but never read under a plan; left out of a graphed stack's call
 LOSS_ONLY = ("num_items_in_batch",)
 RECORDED_OUTPUTS = ("output_hidden_states", "output_attentions", "output_router_logits")
+# the forward-only replay that goes with each training replay
+SCORING = {CudaGraphReplay: CudaGraphScoring, EagerReplay: EagerScoring}
 
 
 class LayerGraphs:
-    """The graph cache of one text model and the replay it captures with (`CudaGraphReplay`; `EagerReplay` in tests)."""
+    """The graph cache of one text model and the replays it captures with: `CudaGraphReplay` for training steps
+    and `CudaGraphScoring` for scoring forwards (`EagerReplay` / `EagerScoring` in tests)."""
 
-    def __init__(self, max_entries: int = 2, replay=CudaGraphReplay):
+    def __init__(self, max_entries: int = 2, replay=CudaGraphReplay, scoring=None):
         self.cache = GraphCache(max_entries)
         self.replay = replay
+        self.scoring = scoring or SCORING[replay]
 
     @property
     def stats(self):
         return self.cache.stats
 
-    def held_buckets(self) -> tuple:
-        """Buckets of the captured stacks held, most recently used first: a plan pads to one when it fits."""
-        return self.cache.held_buckets()
+    def held_buckets(self, training: bool = True) -> tuple:
+        """Buckets of the held stacks of one mode (training steps or scoring forwards), most recently used first:
+        a plan pads to one when it fits."""
+        return self.cache.held_buckets("train" if training else "score")
 
-    def __call__(self, text_model, layers_fn, hidden, position_embeddings, masks, kwargs: dict) -> torch.Tensor:
+    def __call__(self, text_model, layers_fn, hidden, position_embeddings, masks, kwargs: dict, training: bool = True) -> torch.Tensor:
         layers = list(text_model.layers[: text_model.config.num_hidden_layers])
-        key = call_signature(hidden, position_embeddings, masks, kwargs, layers, KWARG)
+        # a scoring graph captured in inference mode holds inference tensors, which plain no_grad cannot write
+        mode = "train" if training else ("score", torch.is_inference_mode_enabled())
+        key = (mode, call_signature(hidden, position_embeddings, masks, kwargs, layers, KWARG))
         entry = self.cache.get(key)
         if entry is None:
             self.cache.make_room()
-            params = list(dict.fromkeys(p for layer in layers for p in layer.parameters() if p.requires_grad))
             static = StaticCall.of(hidden, position_embeddings, masks, kwargs)
-            entry = Entry(static, self.replay(layers_fn, static, params), params, bucket=kwargs[KWARG].bucket)
+            bucket = kwargs[KWARG].bucket
+            if training:
+                params = list(dict.fromkeys(p for layer in layers for p in layer.parameters() if p.requires_grad))
+                entry = Entry(static, self.replay(layers_fn, static, params), params, bucket=bucket, mode="train")
+            else:
+                entry = Entry(static, self.scoring(layers_fn, static), [], bucket=bucket, mode="score")
             self.cache.put(key, entry)
         entry.static.load(position_embeddings, masks, kwargs)
+        if not training:
+            return replay_scoring(entry, hidden)
         return StackReplay.apply(entry, hidden, *entry.params)
 
 
@@ -101,7 +117,11 @@ def _training_step(text_model, hidden, kwargs) -> bool:
     return hidden.requires_grad or any(p.requires_grad for p in text_model.layers.parameters())
 
 
-def _refuse(text_model, graphs: LayerGraphs, hidden, kwargs) -> None:
+def _asked_outputs(text_model, kwargs) -> list[str]:
+    return [name for name in RECORDED_OUTPUTS if kwargs.get(name, getattr(text_model.config, name, False))]
+
+
+def _refuse(text_model, graphs: LayerGraphs, hidden, kwargs, training: bool) -> None:
     fix = "set shared_prefix_cuda_graphs=False (or PATCHGEN_SHARED_PREFIX_CUDA_GRAPHS=0)"
     if graphs.replay is CudaGraphReplay and hidden.device.type != "cuda":
         raise CudaGraphsUnavailable(
@@ -109,14 +129,14 @@ def _refuse(text_model, graphs: LayerGraphs, hidden, kwargs) -> None:
             f"graphs need a CUDA device; {fix} on this device"
         )
     checkpointed = [i for i, layer in enumerate(text_model.layers) if getattr(layer, "gradient_checkpointing", False)]
-    if text_model.training and (checkpointed or getattr(text_model, "gradient_checkpointing", False)):
+    if training and text_model.training and (checkpointed or getattr(text_model, "gradient_checkpointing", False)):
         raise CudaGraphsUnavailable(
             "shared_prefix_cuda_graphs is on together with activation checkpointing (layers "
             f"{checkpointed[:4]}{'...' if len(checkpointed) > 4 else ''}): the graphs keep the whole stack's "
             "activations in their memory pool, so a recompute would save no memory and cost time. Turn one off: "
             f"model.gradient_checkpointing_disable() (or TrainingArguments(gradient_checkpointing=False)), or {fix}"
         )
-    asked = [name for name in RECORDED_OUTPUTS if kwargs.get(name, getattr(text_model.config, name, False))]
+    asked = _asked_outputs(text_model, kwargs)
     if asked:
         raise CudaGraphsUnavailable(
             f"shared_prefix_cuda_graphs is on and this forward asks for {', '.join(asked)}: per-layer outputs are "
@@ -167,11 +187,15 @@ def hooked_modules(layers) -> list[str]:
 def run_layers(text_model, layers_fn, hidden_states, position_embeddings, masks, **kwargs) -> torch.Tensor:
     """``layers_fn(hidden_states, position_embeddings, masks, **kwargs)``: the decoder layers, graphed when asked for and possible."""
     graphs = _graphs(text_model)
-    if graphs is None or not _training_step(text_model, hidden_states, kwargs):
+    if graphs is None or kwargs.get(KWARG) is None:
         return layers_fn(hidden_states, position_embeddings, masks, **kwargs)
-    _refuse(text_model, graphs, hidden_states, kwargs)
+    training = _training_step(text_model, hidden_states, kwargs)
+    if not training and _asked_outputs(text_model, kwargs):
+        # a scoring pass that wants per-layer outputs gets them eagerly: nothing to lose but the replay's speed
+        return layers_fn(hidden_states, position_embeddings, masks, **kwargs)
+    _refuse(text_model, graphs, hidden_states, kwargs, training)
     # read by the loss only (HF Trainer's token count, new every step): in the key, every step would capture
     kwargs = {k: v for k, v in kwargs.items() if k not in LOSS_ONLY}
     # the layers read the plan's mixer indices only; the rest follows the packed row (its length, the LM rows)
     kwargs[KWARG] = kwargs[KWARG].for_layers()
-    return graphs(text_model, layers_fn, hidden_states, position_embeddings, masks, kwargs)
+    return graphs(text_model, layers_fn, hidden_states, position_embeddings, masks, kwargs, training)

@@ -137,9 +137,9 @@ def plan_for(config, table, *, input_ids, position_ids, cache, use_cache, kwargs
 
 
 def pads_to_bucket(config) -> bool:
-    """A plan is padded to its bucket (`shared_prefix/bucket.py`) for the steps the CUDA graphs run: the graphs
-    on, their buckets on, gradients wanted (log-prob passes under no_grad run eagerly and are left unpadded)."""
-    return torch.is_grad_enabled() and shared_prefix_cuda_graphs(config) and shared_prefix_cuda_graphs_buckets(config)
+    """A plan is padded to its bucket (`shared_prefix/bucket.py`) for the forwards the CUDA graphs run (training
+    steps and scoring forwards): the graphs on and their buckets on."""
+    return shared_prefix_cuda_graphs(config) and shared_prefix_cuda_graphs_buckets(config)
 
 
 # id(text config) -> the layer graphs of its text model (`layer_graphs.use_graphs` registers them), so that the
@@ -148,12 +148,13 @@ GRAPHS_BY_CONFIG: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def held_buckets(config) -> tuple:
-    """The buckets of the graphs the text model of `config` holds, most recently used first (none when off)."""
+    """The buckets of the graphs the text model of `config` holds for this kind of forward (a training step
+    when gradients are on, else a scoring forward), most recently used first (none when off)."""
     cfg = text_config(config)
     graphs = GRAPHS_BY_CONFIG.get(id(cfg))
     if graphs is None or getattr(graphs, "config", None) is not cfg:
         return ()
-    return graphs.held_buckets()
+    return graphs.held_buckets(training=torch.is_grad_enabled())
 
 
 @contextlib.contextmanager

@@ -1,6 +1,6 @@
 """`bench/shared_prefix_gpu.py --graphs` on the CPU: the two arms (shared step without checkpointing,
-eager and graphed) land in the shape's row with their times, the graphs' counters and whether the
-graphed loss equals the eager one; the model goes back to checkpointing and drops its graphs after.
+eager and graphed, and their log-prob passes) land in the shape's row with their times, the graphs'
+counters and whether the graphed loss and log-probs equal the eager ones; the model goes back to checkpointing and drops its graphs after.
 The graphs run as `EagerReplay` here (CUDA graphs need CUDA; the bench refuses --graphs --tiny)."""
 
 import pathlib
@@ -25,14 +25,18 @@ def test_graph_arms_fill_the_row(monkeypatch):
     model = shared_prefix_gpu.our_model(shared_prefix_gpu.TINY, 4, device, torch.float32)
     shape = shared_prefix_gpu.tiny_shapes("n4")[0]
     row, inputs = shared_prefix_gpu.shape_row(shape, 4, shared_prefix_gpu.TINY["vocab_size"], device)
-    row["packed_train_ms"] = 100.0  # the packed arm's time, as `speed` measures it first
+    row["packed_train_ms"], row["packed_logprob_ms"] = 100.0, 50.0  # the packed arm's times, as `speed` measures them first
     graph_arms(model, row, inputs, args, device, shared_prefix_gpu.Timer(device), float("nan"),
                shared_prefix_gpu.run_arm)
     assert row["shared_eager_train_ms"] > 0 and row["shared_graphs_train_ms"] > 0
-    assert row["graphs_loss_bitequal"] is True
-    assert row["graphs_captures"] == 1 and row["graphs_replays"] >= 1  # one capture (the warm-up call), the timed calls replay
+    assert row["graphs_loss_bitequal"] is True and row["graphs_logprobs_bitequal"] is True
+    # one training and one scoring capture (each arm's warm-up call), the timed calls replay
+    assert row["graphs_captures"] == 2 and row["graphs_replays"] >= 2
     assert row["efficiency_shared_graphs_train"] == pytest.approx(100.0 / row["shared_graphs_train_ms"] / row["bound"])
-    assert "1 captures / 1 replays, loss bit-equal to eager True" in shared_prefix_graphs_summary(row)
+    assert row["efficiency_shared_graphs_logprob"] == pytest.approx(50.0 / row["shared_graphs_logprob_ms"] / row["bound"])
+    summary = shared_prefix_graphs_summary(row)
+    assert f"2 captures / {row['graphs_replays']} replays, loss bit-equal to eager True" in summary
+    assert "bit-equal to eager True)" in summary.split("log-probs:")[1]
     assert layer_graphs.graphs_of(model) is None and not model.config.shared_prefix_cuda_graphs
     assert all(layer.gradient_checkpointing for layer in model.model.layers)
 

@@ -140,13 +140,17 @@ def test_buckets_off_key_the_exact_layout():
     assert layer_graphs.graphs_of(graphed).stats.captures == len(ONE_BUCKET)
 
 
-def test_log_prob_passes_are_not_padded():
-    graphed = _model("qwen3_5", True)
-    ids, _, packed = _batch(ONE_BUCKET[0], seed=0)
-    with torch.no_grad():
-        logits = graphed(input_ids=ids, **packed).logits
-    assert logits.shape[1] == ids.shape[1]
-    assert layer_graphs.graphs_of(graphed).stats.calls == 0
+def test_scoring_forwards_of_one_bucket_replay_one_scoring_graph():
+    """Log-prob passes (a plan, no gradient) are padded too and replay a forward-only graph per bucket."""
+    eager, graphed = _model("qwen3_5", False), _model("qwen3_5", True)
+    for i, groups in enumerate(ONE_BUCKET[:2]):
+        ids, _, packed = _batch(groups, seed=i)
+        with torch.no_grad():
+            expected, found = (net(input_ids=ids, **packed).logits for net in (eager, graphed))
+        assert found.shape == expected.shape == (1, ids.shape[1], tiny.VOCAB)
+        torch.testing.assert_close(found, expected, atol=1e-10, rtol=0)
+    stats = layer_graphs.graphs_of(graphed).stats
+    assert (stats.captures, stats.replays) == (1, 1)
 
 
 def test_a_smaller_layout_replays_the_held_graph_of_a_larger_one():

@@ -88,14 +88,89 @@ def test_a_backward_after_a_later_forward_of_the_same_graph_raises():
     second.backward()
 
 
-def test_forwards_without_gradient_or_plan_run_the_layers_as_they_are():
+def test_forwards_without_a_plan_run_the_layers_as_they_are():
     graphed = _model()
-    ids, labels, packed = _batch(A, 1)
-    with torch.no_grad():
-        graphed(input_ids=ids, labels=labels, **packed)  # a log-prob pass
     unshared, cu_unshared = tiny.packed_batch([30, 40], seed=2)  # nothing shared: no plan
     graphed(input_ids=unshared, labels=unshared, **tiny.packed_kwargs(cu_unshared)).loss.backward()
+    with torch.no_grad():
+        graphed(input_ids=unshared, **tiny.packed_kwargs(cu_unshared))
+    assert layer_graphs.graphs_of(graphed) is None or layer_graphs.graphs_of(graphed).stats.calls == 0
+
+
+def _score(net, batch, **kwargs):
+    ids, _, packed = batch
+    with torch.no_grad():
+        return net(input_ids=ids, **packed, **kwargs).logits
+
+
+def test_a_scoring_forward_replays_a_graph_of_its_own_and_equals_the_eager_forward():
+    eager, graphed = _model(graphs=False), _model()
+    stats = layer_graphs.graphs_of(graphed).stats
+    first = _score(graphed, _batch(A, 1))
+    assert torch.equal(first, _score(eager, _batch(A, 1)))
+    kept = first.clone()
+    # A's layout with other tokens: the capture replays, and the first call's logits are not overwritten
+    assert torch.equal(_score(graphed, _batch(A, 2)), _score(eager, _batch(A, 2)))
+    assert (stats.captures, stats.replays) == (1, 1)
+    assert torch.equal(first, kept)
+
+
+def test_training_steps_and_scoring_forwards_of_one_layout_keep_separate_graphs():
+    eager, graphed = _model(graphs=False), _model()
+    stats = layer_graphs.graphs_of(graphed).stats
+    assert torch.equal(_score(graphed, _batch(A, 1)), _score(eager, _batch(A, 1)))  # the old policy's log-probs
+    _same(_step(eager, [_batch(A, 1)]), _step(graphed, [_batch(A, 1)]))  # then the step on them
+    assert (stats.captures, stats.replays) == (2, 0)
+    assert torch.equal(_score(graphed, _batch(A, 3)), _score(eager, _batch(A, 3)))
+    _same(_step(eager, [_batch(A, 4)]), _step(graphed, [_batch(A, 4)]))
+    assert (stats.captures, stats.replays) == (2, 2)
+
+
+def test_scoring_in_inference_mode_keeps_a_graph_apart_from_no_grad_scoring():
+    eager, graphed = _model(graphs=False), _model()
+    with torch.inference_mode():
+        ids, _, packed = _batch(A, 1)
+        assert torch.equal(graphed(input_ids=ids, **packed).logits, eager(input_ids=ids, **packed).logits)
+    # buffers made in inference mode cannot be written outside it: no_grad scoring must capture its own
+    assert torch.equal(_score(graphed, _batch(A, 2)), _score(eager, _batch(A, 2)))
+    assert layer_graphs.graphs_of(graphed).stats.captures == 2
+
+
+def test_a_frozen_reference_model_scores_through_the_scoring_graph_with_gradients_enabled():
+    eager, graphed = _model(graphs=False), _model()
+    for net in (eager, graphed):
+        net.requires_grad_(False)
+    ids, _, packed = _batch(A, 1)
+    assert torch.equal(graphed(input_ids=ids, **packed).logits, eager(input_ids=ids, **packed).logits)
+    assert layer_graphs.graphs_of(graphed).stats.captures == 1
+
+
+def test_a_scoring_forward_that_asks_for_hidden_states_runs_eagerly():
+    eager, graphed = _model(graphs=False), _model()
+    got = _score_hidden(graphed)
+    want = _score_hidden(eager)
+    assert len(got) == len(want) and all(torch.equal(g, w) for g, w in zip(got, want))
     assert layer_graphs.graphs_of(graphed).stats.calls == 0
+
+
+def _score_hidden(net):
+    ids, _, packed = _batch(A, 1)
+    with torch.no_grad():
+        return net(input_ids=ids, **packed, output_hidden_states=True).hidden_states
+
+
+def test_moe_scoring_forward_equals_the_eager_forward():
+    eager, graphed = _model("qwen3_5_moe", graphs=False), _model("qwen3_5_moe")
+    for seed in (1, 2):
+        no_router = {"output_router_logits": False}  # the tiny MoE config asks for them (training's aux loss)
+        assert torch.equal(_score(graphed, _batch(A, seed), **no_router), _score(eager, _batch(A, seed), **no_router))
+    assert layer_graphs.graphs_of(graphed).stats.replays == 1
+    # with router logits asked for (the config's default here), the scoring forward runs eagerly and gives them
+    ids, _, packed = _batch(A, 3)
+    with torch.no_grad():
+        got, want = graphed(input_ids=ids, **packed), eager(input_ids=ids, **packed)
+    assert torch.equal(got.logits, want.logits) and torch.equal(got.router_logits[0], want.router_logits[0])
+    assert layer_graphs.graphs_of(graphed).stats.calls == 2
 
 
 def test_the_flag_turned_off_drops_the_graphs():

@@ -211,6 +211,38 @@ def test_replays_read_the_weights_of_the_latest_update(dtype, autocast):
     assert (graphs_of(graphed).stats.captures, graphs_of(graphed).stats.replays) == (1, 2)
 
 
+@pytest.mark.parametrize("dtype,autocast", [(torch.bfloat16, False), (torch.float32, True)])
+def test_scoring_forwards_replay_their_own_graph_and_equal_the_eager_logits(dtype, autocast):
+    """An RL step's log-prob passes (no gradient, a plan): the scoring graph's logits are the eager forward's
+    bit for bit, at capture, at a replay with other tokens, after an in-place weight update, and beside a
+    training step of the same layout (which keeps its own graph)."""
+    from patchgen.kernels.modeling.layer_graphs import graphs_of
+
+    eager, graphed = _model(graphs=False, dtype=dtype), _model(graphs=True, dtype=dtype)
+    graphed.load_state_dict(eager.state_dict())
+
+    def score(model, seed):
+        ids, _, kwargs = _batch(A, seed=seed)
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            return model(input_ids=ids, **kwargs).logits
+
+    for seed in (20, 21):
+        assert torch.equal(score(eager, seed), score(graphed, seed)), seed
+    with torch.no_grad():
+        for model in (eager, graphed):
+            for n, p in model.named_parameters():
+                if ".layers." in n:
+                    p.add_(torch.full_like(p, 1e-2))
+    assert torch.equal(score(eager, 22), score(graphed, 22))
+    for model in (eager, graphed):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            _step(model, _batch(A, seed=23))
+    assert torch.equal(score(eager, 24), score(graphed, 24))
+    stats = graphs_of(graphed).stats
+    assert (stats.captures, stats.replays) == (2, 3)  # one scoring graph, one training graph
+
+
 # GRPO groups of one bucket (prompt and response lengths all differ), and one of another bucket
 BUCKET = [(1000, [200, 130, 257, 64]), (1028, [161, 101, 268, 104])]
 OTHER_BUCKET = (1500, [400, 300, 257, 64])
