@@ -4,6 +4,8 @@
     python bench/shared_prefix_gpu.py --tiny --out DIR   # CPU run of the script itself, tiny widths
     python bench/shared_prefix_gpu.py --graphs ...        # + the shared step without checkpointing, eager and
                                                           #   under CUDA graphs (shared_prefix_graphs.py)
+    python bench/shared_prefix_gpu.py --graphs --vary 24  # + both over 24 micro-batches of drawn prompt and
+                                                          #   response lengths (shared_prefix_vary.py)
 
 Builds `Qwen3_5ForCausalLM` from the generated GPU module (hidden 2560, intermediate 9216, 16
 attention heads of 256 with 4 KV heads, GDN 16/32 heads of 128, conv 4, vocab 151936), bf16,
@@ -71,6 +73,8 @@ from shared_prefix_timing import (  # noqa: F401 - re-exported for the other ben
     profiler_cost_us,
     split_step,
 )
+from shared_prefix_vary import summary as vary_summary
+from shared_prefix_vary import vary_arms
 
 OURS = ("packed", "shared")
 
@@ -175,6 +179,8 @@ def speed(model, shapes, rows, args, device, timer, vocab, cost_us, save):
         bit_equal(row, outputs)
         if args.graphs:
             graph_arms(model, row, inputs, args, device, timer, cost_us, run_arm)
+            if args.vary:
+                vary_arms(model, shape, row, args, device, vocab)
         # The device cannot be busy longer than the step took: else the split misread the trace.
         for arm in OURS:
             if row.get(f"{arm}_gpu_ms", 0) > 1.05 * row.get(f"{arm}_train_ms", float("inf")):
@@ -197,6 +203,8 @@ def speed(model, shapes, rows, args, device, timer, vocab, cost_us, save):
         )
         if args.graphs:
             print(graphs_summary(row), flush=True)
+            if args.vary:
+                print(vary_summary(row), flush=True)
 
 
 def baseline_speed(twin, arm, shapes, rows, args, device, timer, vocab, cost_us, save):
@@ -382,7 +390,18 @@ def parse_args(argv):
         help="also the shared step without checkpointing, eager and with shared_prefix_cuda_graphs "
         "(bench/shared_prefix_graphs.py; CUDA only)",
     )
+    parser.add_argument(
+        "--vary",
+        type=int,
+        default=0,
+        help="with --graphs: also N micro-batches per shape with drawn prompt and response lengths, eager and "
+        "graphed (captures vs replays and step ms under RL-like variation; bench/shared_prefix_vary.py)",
+    )
+    parser.add_argument("--vary-prompt", type=float, default=0.1, help="--vary: prompt lengths in P (1 +- this)")
+    parser.add_argument("--vary-response", type=float, default=0.5, help="--vary: response lengths in R (1 +- this)")
     args = parser.parse_args(argv)
+    if args.vary and not args.graphs:
+        raise SystemExit("--vary varies the --graphs arms: give --graphs too")
     if args.graphs and args.tiny:
         raise SystemExit("--graphs needs a CUDA device: CUDA graphs do not run in the --tiny CPU run")
     if args.baselines is None:

@@ -88,8 +88,15 @@ SHARED_PREFIX_VERIFY = "shared_prefix_verify"
 SHARED_PREFIX_CHUNK_ALIGNED = "shared_prefix_chunk_aligned"
 SHARED_PREFIX_CUDA_GRAPHS = "shared_prefix_cuda_graphs"
 SHARED_PREFIX_CUDA_GRAPHS_CACHE = "shared_prefix_cuda_graphs_cache"
+SHARED_PREFIX_CUDA_GRAPHS_BUCKETS = "shared_prefix_cuda_graphs_buckets"
 ENV_SHARED_PREFIX_CUDA_GRAPHS = "PATCHGEN_SHARED_PREFIX_CUDA_GRAPHS"
-BOOL_FIELDS = (SHARED_PREFIX_TRAINING, SHARED_PREFIX_VERIFY, SHARED_PREFIX_CHUNK_ALIGNED, SHARED_PREFIX_CUDA_GRAPHS)
+BOOL_FIELDS = (
+    SHARED_PREFIX_TRAINING,
+    SHARED_PREFIX_VERIFY,
+    SHARED_PREFIX_CHUNK_ALIGNED,
+    SHARED_PREFIX_CUDA_GRAPHS,
+    SHARED_PREFIX_CUDA_GRAPHS_BUCKETS,
+)
 SHARED_PREFIX_MAX_DEPTH = "shared_prefix_max_depth"
 SHARED_PREFIX_LEVEL_COST = "shared_prefix_level_cost"
 # Whole-number fields: name -> (default, smallest value allowed, what it counts).
@@ -145,6 +152,15 @@ def shared_prefix_level_cost(config: Any) -> int | None:
 def shared_prefix_min_length(config: Any) -> int:
     """``shared_prefix_min_length`` (default 64): the shortest prefix worth sharing, in tokens."""
     return int_field(config, SHARED_PREFIX_MIN_LENGTH)
+
+
+def shared_prefix_cuda_graphs_buckets(config: Any) -> bool:
+    """``shared_prefix_cuda_graphs_buckets`` (default True): with the graphs on, pad training plans to bucket
+    counts so that one graph serves every layout of a bucket (False: graphs key on the exact layout)."""
+    flag = field(config, SHARED_PREFIX_CUDA_GRAPHS_BUCKETS, True)
+    if not isinstance(flag, bool):
+        raise SettingError(f"config field {SHARED_PREFIX_CUDA_GRAPHS_BUCKETS} must be True or False, got {flag!r}")
+    return flag
 
 
 def shared_prefix_cuda_graphs(config: Any, environ: Mapping[str, str] | None = None) -> bool:

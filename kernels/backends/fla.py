@@ -121,7 +121,11 @@ def rms_norm_gated(x, gate, weight, eps):
 
 class _Rounds:
     """fla's forward and backward stages for `shared_prefix.gdn_rounds` (the functions its autograd
-    Function calls, with the plan's chunk indices and no per-call validation)."""
+    Function calls, with the plan's chunk indices and no per-call validation). fla's composed forward and
+    backward derive `chunk_offsets` from `cu_seqlens` and cache it by tensor identity, so a padded plan
+    (CUDA graphs with buckets) refuses these stages: `_JointRounds` passes the plan's."""
+
+    plan_tables = False
 
     def l2norm_fwd(self, x):
         return _fla_l2norm_fwd(x)
@@ -155,6 +159,8 @@ class _Rounds:
 
 class _JointRounds(FlaJointRounds, _Rounds):
     """`_Rounds` with every round's state-free stages in one launch each (`fla_rounds.py`)."""
+
+    plan_tables = True
 
     stages = FlaStages(
         chunk_local_cumsum=_fla_chunk_local_cumsum, fwd_intra=_fla_fwd_intra, fwd_h=_fla_fwd_h, fwd_o=_fla_fwd_o,

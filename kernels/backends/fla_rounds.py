@@ -45,9 +45,14 @@ def _cat(parts):
 
 
 class FlaJointRounds:
-    """`gdn_rounds.JointRounds` on `stages`; mixed into the backend's per-round `_Rounds`."""
+    """`gdn_rounds.JointRounds` on `stages`; mixed into the backend's per-round `_Rounds`.
+
+    Every stage gets its chunk tables from the plan (`chunk_indices`, and `chunk_offsets` for the state
+    stages), never from fla's own `prepare_chunk_*`, which caches them by the identity of `cu_seqlens`:
+    under CUDA graphs with a padded plan a cached table would be the capture step's (`plan_tables`)."""
 
     stages: FlaStages
+    plan_tables = True
 
     def forward_rounds(self, q, k, v, g, beta, scale, idx, h0_of):
         with torch.cuda.device(q.device) if q.is_cuda else nullcontext():  # fla launches on the current device
@@ -68,7 +73,8 @@ class FlaJointRounds:
             own = {"cu_seqlens": rnd.cu_seqlens, "chunk_indices": rnd.chunk_indices}
             kr, gr = k[:, rows], g_cum[:, rows]
             h, v_new, states = st.fwd_h(k=kr, w=w[:, rows], u=u[:, rows], g=gr, initial_state=h0,
-                                        output_final_state=rnd.export_state, chunk_size=CHUNK, **own)
+                                        output_final_state=rnd.export_state, chunk_size=CHUNK,
+                                        chunk_offsets=rnd.chunk_offsets, **own)
             outputs.append(st.fwd_o(q=q[:, rows], k=kr, v=v_new, h=h, g=gr, scale=scale, chunk_size=CHUNK, **own))
             initial.append(h0)
         return _cat(outputs).to(v.dtype), initial, (g_cum, A), None
@@ -87,9 +93,9 @@ class FlaJointRounds:
             own = {"cu_seqlens": rnd.cu_seqlens, "chunk_indices": rnd.chunk_indices}
             qr, kr, wr, gr, dor = q[:, rows], k[:, rows], w[:, rows], g_cum[:, rows], do[:, rows]
             h, v_new, _ = st.fwd_h(k=kr, w=wr, u=u[:, rows], g=gr, initial_state=h0, output_final_state=False,
-                                   chunk_size=CHUNK, **own)
+                                   chunk_size=CHUNK, chunk_offsets=rnd.chunk_offsets, **own)
             dh, dh0, dv = st.bwd_dhu(q=qr, k=kr, w=wr, g=gr, h0=h0, dht=dht, do=dor, dv=dv_local[:, rows],
-                                     scale=scale, chunk_size=CHUNK, **own)
+                                     scale=scale, chunk_size=CHUNK, chunk_offsets=rnd.chunk_offsets, **own)
             dq, dk, dw, dg = st.bwd_dqkwg(q=qr, k=kr, v=v_new, w=wr, g=gr, h=h, dv=dv, do=dor, dh=dh, scale=scale,
                                           chunk_size=CHUNK, **own)
             parts[i] = (dq, dk, dw, dg, dv)

@@ -38,6 +38,8 @@ class Entry:
     replay: object  # CudaGraphReplay or EagerReplay
     params: list
     generation: int = 0  # forward replays so far (the backward checks it is still the latest)
+    bucket: tuple | None = None  # the padded plan's bucket counts (None: keyed on the exact layout)
+    mode: str = "train"  # "train" (forward and backward graphs) or "score" (a forward-only graph)
 
 
 @dataclass
@@ -81,6 +83,10 @@ class GraphCache:
             self._entries.popitem(last=False)
             self.stats.evictions += 1
 
+    def held_buckets(self, mode: str = "train") -> tuple:
+        """The buckets of the held entries of `mode`, most recently used first."""
+        return tuple(e.bucket for e in reversed(self._entries.values()) if e.bucket is not None and e.mode == mode)
+
     def clear(self) -> None:
         self.stats.evictions += len(self._entries)
         self._entries.clear()
@@ -96,9 +102,10 @@ class GraphCache:
         self._warned = True
         warnings.warn(
             f"shared_prefix_cuda_graphs: {s.captures} of {s.calls} graphed layer-stack calls captured a new graph "
-            f"({self.describe()}): the batches' layouts (sequence lengths, shared prefixes) rarely repeat, and every "
-            "capture costs a few eager steps. Graphs pay off when layouts repeat (fixed-length packing, padded "
-            "responses); raise shared_prefix_cuda_graphs_cache if a few layouts alternate, or turn the graphs off",
+            f"({self.describe()}): the batches' layouts (sequence lengths, shared prefixes) rarely fall into the "
+            "buckets of the graphs held, and every capture costs a few eager steps. Keep "
+            "shared_prefix_cuda_graphs_buckets on (the default), raise shared_prefix_cuda_graphs_cache so that more "
+            "buckets are held (each holds one step's activations), or turn the graphs off",
             GraphsRecapturing,
             stacklevel=4,
         )

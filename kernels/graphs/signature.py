@@ -9,6 +9,8 @@ counts, round flags) and device addresses. Two calls may share a graph only when
 - the plan's segment layout (host arrays, by value): the GDN rounds, conv and attention indices are
   functions of it, so equal layouts give equal index contents, and so do whatever a kernel library
   derived from those indices and cached (fla keeps chunk tables it computed per `cu_seqlens` tensor);
+  for a plan padded to a bucket, its bucket counts instead: every index content is then copied per step,
+  and the backends must read every chunk table from the plan (the mixers refuse those that would not);
 - the storage and requires-grad flag of every parameter and buffer of the layers (a graph reads the
   weights where they were at capture: a moved or resharded model must capture again);
 - every layer module's training flag (dropout runs or not) and op table (`ops.bind` again: other backends);
@@ -92,7 +94,18 @@ def _by_key(item):
 
 
 def plan_signature(plan, device: torch.device) -> tuple:
-    """The plan's part of the key: its lengths, its segment layout (by value) and its mixers' indices."""
+    """The plan's part of the key: its lengths, its segment layout (by value) and its mixers' indices; for a
+    plan padded to a bucket (`shared_prefix/bucket.py`) its bucket counts instead of the layout and lengths,
+    so every layout of the bucket replays one graph (the index tensors' contents are copied in per step)."""
+    if getattr(plan, "bucket", None) is not None:
+        return (
+            "bucket",
+            plan.bucket,
+            describe(plan.gdn, "plan.gdn", device),
+            describe(plan.conv, "plan.conv", device),
+            describe(plan.attention, "plan.attention", device),
+            describe(plan.position_ids, "plan.position_ids", device),
+        )
     layout = plan.layout
     return (
         "plan",

@@ -25,6 +25,7 @@ from ..errors import CudaGraphsUnavailable
 from ..graphs import CudaGraphReplay, EagerReplay, GraphCache, StackReplay, StaticCall, call_signature
 from ..graphs.cache import Entry
 from ..graphs.replay import CudaGraphScoring, EagerScoring, replay_scoring
+from . import shared_prefix
 from .shared_prefix import KWARG
 
 ATTRIBUTE = "_patchgen_layer_graphs"
@@ -50,6 +51,11 @@ class LayerGraphs:
     def stats(self):
         return self.cache.stats
 
+    def held_buckets(self, training: bool = True) -> tuple:
+        """Buckets of the held stacks of one mode (training steps or scoring forwards), most recently used first:
+        a plan pads to one when it fits."""
+        return self.cache.held_buckets("train" if training else "score")
+
     def __call__(self, text_model, layers_fn, hidden, position_embeddings, masks, kwargs: dict, training: bool = True) -> torch.Tensor:
         layers = list(text_model.layers[: text_model.config.num_hidden_layers])
         # a scoring graph captured in inference mode holds inference tensors, which plain no_grad cannot write
@@ -59,11 +65,12 @@ class LayerGraphs:
         if entry is None:
             self.cache.make_room()
             static = StaticCall.of(hidden, position_embeddings, masks, kwargs)
+            bucket = kwargs[KWARG].bucket
             if training:
                 params = list(dict.fromkeys(p for layer in layers for p in layer.parameters() if p.requires_grad))
-                entry = Entry(static, self.replay(layers_fn, static, params), params)
+                entry = Entry(static, self.replay(layers_fn, static, params), params, bucket=bucket, mode="train")
             else:
-                entry = Entry(static, self.scoring(layers_fn, static), [])
+                entry = Entry(static, self.scoring(layers_fn, static), [], bucket=bucket, mode="score")
             self.cache.put(key, entry)
         entry.static.load(position_embeddings, masks, kwargs)
         if not training:
@@ -83,6 +90,9 @@ def graphs_of(model) -> LayerGraphs | None:
 def use_graphs(text_model, graphs: LayerGraphs | None) -> None:
     """Give a text model its layer graphs (tests give `LayerGraphs(replay=EagerReplay)` to run the static path off CUDA)."""
     object.__setattr__(text_model, ATTRIBUTE, graphs)
+    if graphs is not None:  # the top model's plan reads their buckets through its config
+        graphs.config = text_model.config
+        shared_prefix.GRAPHS_BY_CONFIG[id(text_model.config)] = graphs
 
 
 def _graphs(text_model) -> LayerGraphs | None:
@@ -186,4 +196,6 @@ def run_layers(text_model, layers_fn, hidden_states, position_embeddings, masks,
     _refuse(text_model, graphs, hidden_states, kwargs, training)
     # read by the loss only (HF Trainer's token count, new every step): in the key, every step would capture
     kwargs = {k: v for k, v in kwargs.items() if k not in LOSS_ONLY}
+    # the layers read the plan's mixer indices only; the rest follows the packed row (its length, the LM rows)
+    kwargs[KWARG] = kwargs[KWARG].for_layers()
     return graphs(text_model, layers_fn, hidden_states, position_embeddings, masks, kwargs, training)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -18,6 +19,8 @@ from ..config import (
     SHARED_PREFIX_MAX_DEPTH,
     field,
     int_field,
+    shared_prefix_cuda_graphs,
+    shared_prefix_cuda_graphs_buckets,
     shared_prefix_level_cost,
     shared_prefix_min_length,
 )
@@ -125,10 +128,33 @@ def plan_for(config, table, *, input_ids, position_ids, cache, use_cache, kwargs
         max_depth=int_field(config, SHARED_PREFIX_MAX_DEPTH),
         level_cost=shared_prefix_level_cost(config),
         chunk_aligned=bool(field(config, SHARED_PREFIX_CHUNK_ALIGNED, False)),
+        pad_to_bucket=pads_to_bucket(config),
+        held_buckets=held_buckets(config),
     )
     for observer in _observers:
         observer(plan, input_ids.shape[-1])
     return plan
+
+
+def pads_to_bucket(config) -> bool:
+    """A plan is padded to its bucket (`shared_prefix/bucket.py`) for the forwards the CUDA graphs run (training
+    steps and scoring forwards): the graphs on and their buckets on."""
+    return shared_prefix_cuda_graphs(config) and shared_prefix_cuda_graphs_buckets(config)
+
+
+# id(text config) -> the layer graphs of its text model (`layer_graphs.use_graphs` registers them), so that the
+# top model's plan can pad to a bucket whose graph is held
+GRAPHS_BY_CONFIG: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def held_buckets(config) -> tuple:
+    """The buckets of the graphs the text model of `config` holds for this kind of forward (a training step
+    when gradients are on, else a scoring forward), most recently used first (none when off)."""
+    cfg = text_config(config)
+    graphs = GRAPHS_BY_CONFIG.get(id(cfg))
+    if graphs is None or getattr(graphs, "config", None) is not cfg:
+        return ()
+    return graphs.held_buckets(training=torch.is_grad_enabled())
 
 
 @contextlib.contextmanager

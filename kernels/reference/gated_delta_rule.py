@@ -115,3 +115,7 @@ def _one_sequence(q, k, v, g, beta, state):
         outputs.append(q_read[:, c] @ state + within[:, c] @ v_new)
         state = state * chunk_decay[:, c, None, None] + k_write[:, c].transpose(-1, -2) @ v_new
     return torch.cat(outputs, dim=1)[:, :length], state
+
+
+# reads cu_seqlens as it is every call and keeps nothing derived from it: a padded plan may use it (shared_prefix/bucket.py)
+gated_delta_rule.table_free = True

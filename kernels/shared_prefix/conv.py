@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..errors import CudaGraphsUnavailable
 from .gdn import chunk_indices
 from .layout import Layout
 from .rows import Arena, interleave
@@ -24,15 +25,18 @@ from .rows import Arena, interleave
 
 @dataclass(frozen=True, eq=False)
 class ConvIndex:
-    src: torch.Tensor  # [rows] compact row of each conv input row (gathered path)
-    cu_seqlens: torch.Tensor  # [n + 1] int32 (gathered path)
-    out_index: torch.Tensor  # [C] conv output row kept for each compact row (gathered path)
+    src: torch.Tensor | None  # [rows] compact row of each conv input row (gathered path; None when padded)
+    cu_seqlens: torch.Tensor | None  # [n + 1] int32 (gathered path)
+    out_index: torch.Tensor | None  # [C] conv output row kept for each compact row (gathered path)
     kernel_size: int  # the largest conv kernel the look-back serves
     segment_cu: torch.Tensor  # [S + 1] int32: the non-empty segments, which tile the compact row (state path)
     segment_chunks: torch.Tensor  # [chunks, 2] int32: fla's chunk table of those segments (chunks of 64)
     state_rows: torch.Tensor  # [S, W] int64: compact row in state slot w (slot w is row w - W before the
     # segment's first row; slot 0 is never read), -1 where the segment has no such row (it reads zero)
     state_index: dict = field(default_factory=dict, repr=False)  # (W, D, layout) -> index tensors
+    # padded plan (`bucket.py`): rows past the compact row that the padding segments read (copies of padding
+    # rows), so that the state path's rows and chunks are bucket counts; None otherwise
+    extra_src: torch.Tensor | None = None
 
     def state_gather(self, width: int, channels: int, layout: str):
         """Index tensors of a state of `width` taps in `layout`, built once per plan (then cached).
@@ -96,8 +100,8 @@ def conv_host_index(layout: Layout, kernel_size: int, arena: Arena | None = None
 
 def conv_index(host: dict, dev: dict) -> ConvIndex:
     return ConvIndex(
-        dev["src"], dev["cu"], dev["out_index"], host["kernel_size"], dev["segment_cu"], dev["segment_chunks"],
-        dev["state_rows"],
+        dev.get("src"), dev.get("cu"), dev.get("out_index"), host["kernel_size"], dev["segment_cu"],
+        dev["segment_chunks"], dev["state_rows"], extra_src=dev.get("extra_src"),
     )
 
 
@@ -159,6 +163,19 @@ def shared_prefix_causal_conv1d(
             f"build the plan with conv_kernel_size={weight.shape[-1]}"
         )
     kernels = look_back_kernels(conv_fn, x.dtype)
+    if idx.extra_src is not None:
+        # padded plan: the state path over the compact row and the extra padding rows, which only padding
+        # segments read (their outputs are dropped, their gradient is zero)
+        if kernels is None or weight.shape[-1] < 2:
+            raise CudaGraphsUnavailable(
+                "shared_prefix_cuda_graphs pads the plan to bucket counts, which needs a causal_conv1d backend with "
+                f"state kernels (fla, triton, torch) and a conv of width >= 2; got width {weight.shape[-1]} on "
+                f"{getattr(conv_fn, '__module__', conv_fn)}. Choose one of those backends, or set "
+                "shared_prefix_cuda_graphs_buckets=False (graphs then key on the exact layout)"
+            )
+        rows = x.shape[1]
+        x_all = torch.cat([x, x.index_select(1, idx.extra_src)], dim=1)
+        return LookBackConv.apply(kernels, idx, activation, x_all, weight, bias)[:, :rows]
     if kernels is not None and weight.shape[-1] > 1:
         return LookBackConv.apply(kernels, idx, activation, x.contiguous(), weight, bias)
     y = conv_fn(x.index_select(1, idx.src), weight, bias, activation=activation, cu_seqlens=idx.cu_seqlens)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..errors import CudaGraphsUnavailable
 from .gdn_rounds import gated_delta_rule_rounds, round_kernels
 from .layout import Layout, ranges
 from .rows import Arena, counting, interleave
@@ -38,7 +39,8 @@ class GDNRound:
 
     src: torch.Tensor  # [rows] compact row of each input row
     cu_seqlens: torch.Tensor  # [n + 1] int32, on the device
-    cu_seqlens_cpu: torch.Tensor  # the same on the host, so a backend never copies it back
+    cu_seqlens_cpu: torch.Tensor | None  # the same on the host, so a backend never copies it back (None in a
+    # padded plan: a host copy is keyed by value, and a backend must read the device tables there)
     chunk_indices: torch.Tensor  # [chunks, 2] int32: (sequence, chunk within it), fla's layout
     chunk_offsets: torch.Tensor  # [n + 1] int32: first chunk of each sequence
     num_sequences: int
@@ -62,6 +64,8 @@ class GDNIndex:
     # do not read the state, which a backend may run once for all rounds (`gdn_rounds.py`); the
     # chunks are each round's own, since chunks restart at every sequence start
     joint: GDNRound | None = None
+    # padded to bucket counts (`bucket.py`): the backend must read every chunk table from the plan
+    bucketed: bool = False
 
     @property
     def present(self) -> tuple[tuple[GDNRound, slice], ...]:
@@ -210,6 +214,11 @@ def _is_identity(index: np.ndarray, length: int) -> bool:
 
 def gdn_index(host: dict, dev: dict) -> GDNIndex:
     """Assemble the index from host arrays and their uploaded device copies."""
+    bucketed = host.get("bucketed", False)
+
+    def on_host(cu):
+        return None if bucketed else torch.from_numpy(cu)
+
     rounds = []
     for r in range(host["rounds"]):
         if f"src{r}" not in dev:
@@ -219,7 +228,7 @@ def gdn_index(host: dict, dev: dict) -> GDNIndex:
             GDNRound(
                 src=dev[f"src{r}"],
                 cu_seqlens=dev[f"cu{r}"],
-                cu_seqlens_cpu=torch.from_numpy(host[f"cu{r}"]),
+                cu_seqlens_cpu=on_host(host[f"cu{r}"]),
                 chunk_indices=dev[f"chunks{r}"],
                 chunk_offsets=dev[f"offsets{r}"],
                 num_sequences=len(host[f"cu{r}"]) - 1,
@@ -238,12 +247,33 @@ def gdn_index(host: dict, dev: dict) -> GDNIndex:
         joint=GDNRound(
             src=dev["src"],
             cu_seqlens=dev["cu_joint"],
-            cu_seqlens_cpu=torch.from_numpy(host["cu_joint"]),
+            cu_seqlens_cpu=on_host(host["cu_joint"]),
             chunk_indices=dev["chunks_joint"],
             chunk_offsets=dev["offsets_joint"],
             num_sequences=len(host["cu_joint"]) - 1,
             rows=int(host["cu_joint"][-1]),
         ),
+        bucketed=bucketed,
+    )
+
+
+def check_plan_tables(gdn_fn, kernels, dtype: torch.dtype) -> None:
+    """Refuse a padded plan on a backend that would read chunk tables of its own making: fla derives them
+    from `cu_seqlens` and caches them by tensor identity, so a graph replayed for another layout of the
+    bucket would read the capture step's tables. Stages that take the plan's tables say `plan_tables`; a
+    backend that derives nothing it keeps (the float64 reference) says `table_free`."""
+    function_for = getattr(gdn_fn, "function_for", None)
+    fn = gdn_fn if function_for is None else function_for(dtype)
+    if kernels is not None and getattr(kernels, "plan_tables", False):
+        return
+    if kernels is None and getattr(fn, "table_free", False):
+        return
+    raise CudaGraphsUnavailable(
+        f"shared_prefix_cuda_graphs pads the plan to bucket counts, and the gated_delta_rule backend "
+        f"({getattr(fn, '__module__', fn)}) derives chunk tables from cu_seqlens itself (fla caches them by tensor "
+        "identity: a replay for another layout would read the capture step's tables). Use the fla backend with "
+        "its joint rounds (unset PATCHGEN_FLA_JOINT_ROUNDS=0) or the triton backend, or set "
+        "shared_prefix_cuda_graphs_buckets=False (graphs then key on the exact layout)"
     )
 
 
@@ -256,6 +286,8 @@ def shared_prefix_gated_delta_rule(
     """
     idx: GDNIndex = plan.gdn
     kernels = round_kernels(gdn_fn, q.dtype)
+    if idx.bucketed:
+        check_plan_tables(gdn_fn, kernels, q.dtype)
     if kernels is not None:
         scale = float(k.shape[-1] ** -0.5 if scale is None else scale)
         return gated_delta_rule_rounds(kernels, idx, q, k, v, g, beta, scale, use_qk_l2norm_in_kernel)

@@ -214,6 +214,12 @@ class ReferenceRounds:
     def __init__(self, gdn_fn, eps: float = 1e-6):
         self.fn, self.eps = gdn_fn, eps
 
+    @property
+    def plan_tables(self) -> bool:
+        """The public function gets the plan's `cu_seqlens` and `chunk_indices` only: fine for a padded plan
+        when it keeps nothing derived from them (`table_free`)."""
+        return getattr(self.fn, "table_free", False)
+
     def l2norm_fwd(self, x):
         rstd = torch.rsqrt((x * x).sum(-1, keepdim=True) + self.eps)
         return x * rstd, rstd

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .rows import Arena, counting
+from .rows import Arena
 
 BUCKET_TOKENS = 64  # sequences are bucketed by their first 64 token ids
 

@@ -8,6 +8,7 @@ shape that depends on device data.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ import torch
 
 from .aligned import align_to_chunks
 from .attention import AttentionIndex, attention_host_index, attention_index
+from .bucket import pad_host
 from .conv import ConvIndex, conv_host_index, conv_index
 from .gdn import CHUNK, GDNIndex, gdn_host_index, gdn_index
 from .grouping import Group
@@ -47,6 +49,14 @@ class Plan:
     lm: LMIndex
     layout: Layout  # host description of the blocks (for debugging and benchmarks)
     level_cost: LevelCost  # rows each level beyond the first had to save, and where the figure came from
+    # padded to bucket counts (`bucket.py`): (C*, per GDN round (sequences, chunks, rows), conv (segments,
+    # chunks, rows), attention (segments, keys, max_seqlen_q, max_seqlen_k)); None when not padded
+    bucket: tuple | None = None
+
+    def for_layers(self) -> Plan:
+        """The plan without what only the embedding, the LM head and the expansion read (their shapes
+        follow the packed row, not the bucket): what a graphed layer stack is keyed on and copies."""
+        return dataclasses.replace(self, compact_src=None, expand_index=None, cu_seqlens=None, lm=None)
 
     def compact(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
         """Packed `[.., T, ..]` to compact `[.., C, ..]` along `dim`."""
@@ -101,6 +111,8 @@ def build_plan(
     max_depth: int = 1,
     level_cost: int | None = None,
     chunk_aligned: bool = False,
+    pad_to_bucket: bool = False,
+    held_buckets: tuple = (),
 ) -> Plan | None:
     """Plan shared-prefix execution of one packed row, or `None` when no sequences share a prefix.
 
@@ -112,6 +124,10 @@ def build_plan(
     device of `input_ids`, see `level_cost.py`; it is read from a table, never timed here).
     `chunk_aligned`: share only whole GDN chunks and lay the row out level by level, so the GDN
     rounds read it in place (`aligned.py`).
+    `pad_to_bucket`: pad the compact row and every mixer's index up to bucket counts (`bucket.py`), so
+    that CUDA graphs captured for one layout replay for every layout of its bucket; no real row changes.
+    `held_buckets`: buckets of graphs already captured; the plan pads to one of them when it fits at
+    little more cost than its own (`bucket.choose_bucket`).
     """
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"input_ids must be one packed row [1, T], got {tuple(input_ids.shape)}")
@@ -199,6 +215,11 @@ def build_plan(
         "attention": attention_host_index(layout, arena),
         "lm": lm_host_index(layout, arena),
     }
+    bucket = None
+    compact_length = layout.compact_length
+    if pad_to_bucket:
+        host, bucket = pad_host(host, layout, held_buckets)
+        compact_length = bucket[0]
     dev = _upload(host, device, arena=arena)
     compact_positions = dev["plan"]["positions"]
     if compact_positions.dtype != wanted:
@@ -206,7 +227,7 @@ def build_plan(
     return Plan(
         nodes=tuple(nodes),
         packed_length=length,
-        compact_length=layout.compact_length,
+        compact_length=compact_length,
         compact_src=dev["plan"]["compact_src"],
         expand_index=dev["plan"]["expand_index"],
         position_ids=compact_positions,
@@ -217,6 +238,7 @@ def build_plan(
         lm=lm_index(host["lm"], dev["lm"]),
         layout=layout,
         level_cost=cost,
+        bucket=bucket,
     )
 
 

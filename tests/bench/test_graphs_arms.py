@@ -44,3 +44,31 @@ def test_graph_arms_fill_the_row(monkeypatch):
 def test_graphs_are_refused_in_the_tiny_cpu_run():
     with pytest.raises(SystemExit, match="--graphs needs a CUDA device"):
         shared_prefix_gpu.parse_args(["--tiny", "--graphs"])
+
+
+def test_varied_micro_batches_fill_the_row(monkeypatch):
+    """`--graphs --vary N`: N micro-batches of drawn lengths, eager then graphed; the graphs pad to buckets,
+    so fewer than N capture, and the graphed losses match the eager ones up to float32 rounding."""
+    from shared_prefix_vary import summary as vary_summary
+    from shared_prefix_vary import vary_arms
+
+    monkeypatch.setattr(layer_graphs, "DEFAULT_REPLAY", EagerReplay)
+    args = shared_prefix_gpu.parse_args(["--tiny", "--layers", "4", "--shapes", "n4", "--host-split", ""])
+    args.graphs, args.vary, args.vary_prompt, args.vary_response = True, 6, 0.1, 0.5
+    device = torch.device("cpu")
+    model = shared_prefix_gpu.our_model(shared_prefix_gpu.TINY, 4, device, torch.float32)
+    shape = shared_prefix_gpu.tiny_shapes("n4")[0]
+    row = {"layers": 4, "shape": shape[0]}
+    vary_arms(model, shape, row, args, device, shared_prefix_gpu.TINY["vocab_size"])
+    assert row["vary_steps"] == 6 and row["vary_captures"] + row["vary_replays"] == 6
+    assert 1 <= row["vary_captures"] < 6
+    assert row["vary_eager_ms"] > 0 and row["vary_graphs_ms"] > 0 and row["vary_padding"] > 1.0
+    assert row["vary_loss_rel_diff"] < 1e-5
+    assert f"{row['vary_captures']} captures" in vary_summary(row)
+    assert layer_graphs.graphs_of(model) is None and not model.config.shared_prefix_cuda_graphs
+    assert all(layer.gradient_checkpointing for layer in model.model.layers)
+
+
+def test_vary_needs_the_graphs():
+    with pytest.raises(SystemExit, match="--vary varies the --graphs arms"):
+        shared_prefix_gpu.parse_args(["--vary", "4"])

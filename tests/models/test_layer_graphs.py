@@ -2,7 +2,8 @@
 autograd node) run with `EagerReplay`, which replays the static buffers eagerly where a CUDA graph
 would replay its kernels. Float64: the graphed step must equal the ordinary shared-prefix step bit
 for bit (same ops on the same rows), over captures, replays and accumulated micro-batches; and every
-refusal names its reason."""
+refusal names its reason. These tests key the graphs on the exact layout (buckets off: the plan is not
+padded, so the rows are the eager step's); padded plans are `test_layer_graph_buckets.py`'s."""
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ def _batch(groups, seed):
 
 
 def _model(model="qwen3_5", graphs=True, cache=2, **extra):
+    extra.setdefault("shared_prefix_cuda_graphs_buckets", False)
     net = tiny.build(model, "gpu", shared_prefix_training=True, shared_prefix_cuda_graphs=graphs,
                      shared_prefix_cuda_graphs_cache=cache, **extra)
     if graphs:

@@ -27,6 +27,11 @@ class Recorder:
         first = x.storage_offset() // x.stride(1)  # every input is a row slice of a gathered tensor
         self.calls.append((stage, tables, first, x.shape[1]))
 
+    def _offsets(self, cu_seqlens, chunk_offsets):
+        # the state stages read the round's own chunk offsets from the plan (fla would derive and cache them)
+        rnd = next(rnd for rnd, _ in self.idx.present if rnd.cu_seqlens is cu_seqlens)
+        assert chunk_offsets is rnd.chunk_offsets
+
     def stages(self):
         def cumsum(g, chunk_size, scale=None, reverse=False, cu_seqlens=None, chunk_indices=None):
             self._log("cumsum_reverse" if reverse else "cumsum", g, cu_seqlens)
@@ -37,8 +42,9 @@ class Recorder:
             T = k.shape[1]
             return k.new_ones(1, T, HV, K), v.clone(), k.new_zeros(1, T, HV, 64, dtype=torch.float32)
 
-        def fwd_h(k, w, u, g, initial_state, output_final_state, chunk_size, cu_seqlens, chunk_indices):
+        def fwd_h(k, w, u, g, initial_state, output_final_state, chunk_size, cu_seqlens, chunk_indices, chunk_offsets):
             self._log("fwd_h", k, cu_seqlens)
+            self._offsets(cu_seqlens, chunk_offsets)
             n = len(cu_seqlens) - 1
             self.calls.append(("h0", initial_state))
             final = torch.randn(n, HV, K, V) if output_final_state else None
@@ -58,8 +64,9 @@ class Recorder:
             self._log("dv_local", q, cu_seqlens)
             return do.clone()
 
-        def bwd_dhu(q, k, w, g, h0, dht, do, dv, scale, chunk_size, cu_seqlens, chunk_indices):
+        def bwd_dhu(q, k, w, g, h0, dht, do, dv, scale, chunk_size, cu_seqlens, chunk_indices, chunk_offsets):
             self._log("bwd_dhu", q, cu_seqlens)
+            self._offsets(cu_seqlens, chunk_offsets)
             self.calls.append(("dht", dht))
             dh0 = None if h0 is None else torch.randn(h0.shape)
             if dh0 is not None:

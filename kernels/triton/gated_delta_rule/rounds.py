@@ -32,6 +32,8 @@ def _rows(x):
 
 
 class Rounds:
+    plan_tables = True  # every stage reads the round's chunk tables from the plan (`_chunking`)
+
     def l2norm_fwd(self, x):
         return l2norm_fwd(x)
 

@@ -1,0 +1,311 @@
+"""Padding a plan up to bucket counts, so that CUDA graphs replay across batches whose layouts differ.
+
+A captured graph fixes every shape and host int its kernels read. In a shared-prefix step those come
+from a few counts per mixer, not from the lengths one by one: the compact row's length `C`; per GDN
+round its sequences, chunks of 64 and rows; the conv's segments, chunks and rows; attention's segments,
+gathered keys and `max_seqlen`s. `pad_host` rounds each count up to its bucket and adds padding that no
+real row reads, so two layouts of one bucket have equal shapes and host ints, and differ only in the
+contents of the index tensors (copied into a graph's static buffers per step):
+
+- the compact row gets `P = C* - C >= 1` padding rows at its end: token id of packed row 0 (any valid
+  id), positions counting from 0, no LM row and no packed position (nothing scores them, nothing
+  expands them: their gradient is exactly zero, and so is every contribution they make to a weight's
+  gradient);
+- every GDN round gets padding sequences of its own (zero initial state, final states never read),
+  the conv padding segments of their own (zero look-back state), attention padding segments whose keys
+  are padding rows: a sequence boundary in every mixer, so no real row reads a padding row.
+
+Counts go up a geometric ladder (`rung`, ratio 9/8: at most 12.5% more than needed). Every chunk
+table entry is a real chunk of a real (or padding) sequence: the tables stay what the kernels are
+built for. A mixer whose rows are free (GDN rounds gather their rows; the conv gathers rows beyond `C*`
+as needed) keeps rows and chunks both fixed with one padding sequence per sequence it pads for: each
+sequence's last chunk holds 1 to 64 rows, so a padding sequence can absorb up to 63 rows of that
+slack. Attention reads the compact row's queries in place and needs no chunk table.
+
+A layout may also pad to a larger bucket than its own, one a captured graph already holds, when it
+fits and costs little more (`choose_bucket`): a replay instead of a capture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .gdn import CHUNK, chunk_indices
+from .rows import boundaries, counting, ranges
+
+RATIO = (9, 8)  # the ladder's ratio: a bucket holds at most 12.5% more than the batch needs
+
+
+def rung(x: int) -> int:
+    """The smallest ladder value >= x (1, 2, ..., 8, 9, 11, 13, 15, 17, 20, ...: each about 9/8 of the last)."""
+    value = 1
+    while value < x:
+        value = max(value + 1, -(-value * RATIO[0] // RATIO[1]))
+    return value
+
+
+def chunks_of(lengths: np.ndarray) -> int:
+    return int((-(-np.asarray(lengths, dtype=np.int64) // CHUNK)).sum())
+
+
+def pad_lengths(count: int, rows: int, chunks: int) -> np.ndarray:
+    """`count` sequence lengths, each >= 1, that sum to `rows` and make `chunks` chunks of 64 in all."""
+    if not (1 <= count <= chunks and CHUNK * (chunks - count) + count <= rows <= CHUNK * chunks):
+        raise AssertionError(f"no {count} padding sequences of {rows} rows make {chunks} chunks")
+    per = np.ones(count, dtype=np.int64)
+    per[0] += chunks - count
+    slack = CHUNK * chunks - rows  # rows short of whole chunks, at most CHUNK - 1 per sequence
+    short = np.minimum(CHUNK - 1, np.maximum(0, slack - (CHUNK - 1) * np.arange(count)))
+    return CHUNK * per - short
+
+
+# A varlen call whose rows are free (the GDN rounds gather theirs; the conv gathers rows past C*) is
+# bucketed as (sequences N*, chunks NT*, rows R* = 64 NT* - 63 b). Its real sequences leave `slack` rows
+# short of whole last chunks (0 to 63 each, varying with the layout); k = N* - n >= b padding sequences,
+# each at least one chunk, absorb the remaining 63 b - slack, so rows and chunks both stay fixed for every
+# layout whose slack is at most 63 b. A layout's own b is the rung of the sequences that may leave slack
+# (every one but the roots of round 0, which end on a chunk boundary), so every layout of the structure
+# fits it whatever its lengths.
+
+
+def _slack(lengths: np.ndarray) -> int:
+    return CHUNK * chunks_of(lengths) - int(lengths.sum())
+
+
+def _own_free_call(lengths: np.ndarray, slots: int, slack_slots: int) -> tuple[int, int, int]:
+    b = rung(slack_slots) if slack_slots else 0
+    sequences = rung(max(slots, len(lengths))) + max(1, b)
+    chunks = rung(chunks_of(lengths) + sequences - len(lengths))
+    return sequences, chunks, CHUNK * chunks - (CHUNK - 1) * b
+
+
+def _fits_free(call: tuple[int, int, int], lengths: np.ndarray) -> bool:
+    sequences, chunks, rows = call
+    b = (CHUNK * chunks - rows) // (CHUNK - 1)
+    k = sequences - len(lengths)
+    return k >= max(1, b) and chunks - chunks_of(lengths) >= k and _slack(lengths) <= (CHUNK - 1) * b
+
+
+def _pad_free(call: tuple[int, int, int], lengths: np.ndarray) -> np.ndarray:
+    """The padding sequences' lengths that take a free-rows call of `lengths` to its bucket `call`."""
+    sequences, chunks, rows = call
+    return pad_lengths(sequences - len(lengths), rows - int(lengths.sum()), chunks - chunks_of(lengths))
+
+
+def _cycle(first: int, count: int, n: int) -> np.ndarray:
+    """`n` rows of the padding region `[first, first + count)`, repeated as needed."""
+    return first + np.arange(n, dtype=np.int64) % count
+
+
+def _split(total: int, parts: int) -> np.ndarray:
+    """`total` in `parts` near-equal parts, the larger ones first."""
+    base, extra = divmod(total, parts)
+    return base + (np.arange(parts) < extra).astype(np.int64)
+
+
+def round_slots(layout) -> list[tuple[int, int]]:
+    """Per GDN round, the sequences its structure allows and how many of them may end off a chunk boundary:
+    round 0 every root (up to its last chunk boundary) and singleton (anywhere), round l every node of
+    level l - 1 (its tail alone) and every segment of level l (the tail + child)."""
+    shared, level = layout.shared, layout.level
+    slots = [(int((level == 0).sum()), int(((level == 0) & ~shared).sum()))]
+    for lvl in range(1, layout.depth + 1):
+        n = int((shared & (level == lvl - 1)).sum() + (level == lvl).sum())
+        slots.append((n, n))
+    return slots
+
+
+@dataclass(frozen=True, eq=False)
+class Needs:
+    """What a layout's plan needs of a bucket: its compact length, every call's sequence lengths."""
+
+    compact: int
+    rounds: tuple[np.ndarray, ...]  # per GDN round, its sequences' lengths (empty when it has none)
+    slots: tuple[tuple[int, int], ...]  # per GDN round, its structure's sequences and those with slack (`round_slots`)
+    conv: np.ndarray  # the conv's segment lengths (they tile the compact row)
+    queries: np.ndarray  # attention's segment query and key lengths
+    keys: np.ndarray
+    max_k: int
+
+    @classmethod
+    def of(cls, host: dict, layout) -> Needs:
+        gdn, att = host["gdn"], host["attention"]
+        rounds = tuple(
+            np.diff(gdn[f"cu{r}"]).astype(np.int64) if f"cu{r}" in gdn else np.zeros(0, dtype=np.int64)
+            for r in range(gdn["rounds"])
+        )
+        return cls(
+            compact=layout.compact_length,
+            rounds=rounds,
+            slots=tuple(round_slots(layout)),
+            conv=np.diff(host["conv"]["segment_cu"]).astype(np.int64),
+            queries=np.diff(att["cu_q"]).astype(np.int64),
+            keys=np.diff(att["cu_k"]).astype(np.int64),
+            max_k=int(att["max_k"]),
+        )
+
+
+def own_bucket(needs: Needs) -> tuple:
+    """The layout's own bucket: every count rounded up the ladder (see the module docstring)."""
+    s = len(needs.queries)
+    s_star = rung(s + 1)  # at least one padding attention segment
+    c_star = rung(needs.compact + s_star - s)  # a padding row (at least) per padding segment
+    rounds = tuple(_own_free_call(lengths, *slots) for lengths, slots in zip(needs.rounds, needs.slots))
+    # the conv's rows must cover C*: its chunks follow from C* (at least the compact padding rows' and one
+    # per padding segment beyond the real segments' own)
+    conv_b = rung(len(needs.conv))  # every segment may end anywhere
+    conv_sequences = 2 * conv_b
+    conv_chunks = rung(chunks_of(needs.conv) + -(-(c_star - needs.compact) // CHUNK) + conv_sequences - len(needs.conv))
+    conv = (conv_sequences, conv_chunks, CHUNK * conv_chunks - (CHUNK - 1) * conv_b)
+    p = c_star - needs.compact
+    k_star = rung(int(needs.keys.sum()) + p)
+    count = s_star - s
+    max_k = rung(max(needs.max_k, -(-(k_star - int(needs.keys.sum())) // count)))
+    return (c_star, rounds, conv, (s_star, k_star, max_k, max_k))
+
+
+def fits(bucket: tuple, needs: Needs) -> bool:
+    """Whether a layout pads to `bucket` (another layout's, a held graph's) without changing a real row."""
+    c_star, rounds, conv, (s_star, k_star, max_q, max_k) = bucket
+    p = c_star - needs.compact
+    count = s_star - len(needs.queries)
+    extra_keys = k_star - int(needs.keys.sum())
+    return (
+        len(rounds) == len(needs.rounds)
+        and 1 <= count <= p
+        and extra_keys >= p
+        and max(needs.max_k, -(-extra_keys // count)) <= min(max_q, max_k)
+        and all(_fits_free(call, lengths) for call, lengths in zip(rounds, needs.rounds))
+        and _fits_free(conv, needs.conv)
+        and conv[2] - needs.compact >= p  # the conv's padding covers the compact padding rows
+    )
+
+
+def cost(bucket: tuple) -> int:
+    """Rows a bucket computes (the compact row and every GDN round's), to compare buckets."""
+    return bucket[0] + sum(rows for _, _, rows in bucket[1])
+
+
+REUSE = 1.25  # a layout pads to a held graph's bucket if that costs at most this much more than its own
+
+
+def choose_bucket(needs: Needs, held=()) -> tuple:
+    """The layout's own bucket, or the cheapest of `held` (buckets of captured graphs) that it fits and that
+    costs at most `REUSE` times its own: a replay instead of a capture, for a little more padding."""
+    own = own_bucket(needs)
+    usable = [b for b in held if fits(b, needs) and cost(b) <= REUSE * cost(own)]
+    return min(usable, key=cost) if usable else own
+
+
+def pad_host(host: dict, layout, held=()) -> tuple[dict, tuple]:
+    """The plan's host arrays (`build_plan`'s `host`) padded to a bucket (`choose_bucket`), and the bucket."""
+    needs = Needs.of(host, layout)
+    bucket = choose_bucket(needs, held)
+    c = needs.compact
+    c_star = bucket[0]
+    p = c_star - c
+    plan = dict(host["plan"])
+    plan["compact_src"] = np.concatenate([plan["compact_src"], np.zeros(p, dtype=np.int64)])
+    positions = plan["positions"]
+    pad_pos = np.broadcast_to(counting(p).astype(positions.dtype), (*positions.shape[:-1], p))
+    plan["positions"] = np.ascontiguousarray(np.concatenate([positions, pad_pos], axis=-1))
+    plan["cu_seqlens"] = np.append(plan["cu_seqlens"], np.int32(c_star)).astype(np.int32)
+    out = {
+        **host,
+        "plan": plan,
+        "gdn": _pad_gdn(host["gdn"], needs, bucket[1], c, p),
+        "conv": _pad_conv(host["conv"], needs, bucket[2], c, p),
+        "attention": _pad_attention(host["attention"], needs, bucket[3], c, p),
+    }
+    return out, bucket
+
+
+def _pad_gdn(host: dict, needs: Needs, calls: tuple, c: int, p: int) -> dict:
+    """Every round (round 0 too, when it had no rows) gets padding sequences, which read the compact padding
+    rows (repeated as needed); the compact padding rows keep round 0's first padding outputs (repeated when
+    round 0 has fewer padding rows: those outputs are never read and their gradient is zero, so the
+    backward's `index_copy_` of repeated indices writes zeros either way). From round 1 on,
+    padding sequences start from the zero state (so every round picks from zeros: `zero` is always set)."""
+    out = {"rounds": host["rounds"]}
+    real_rows, pad_rows, parts = [], [], []
+    for r, (lengths, call) in enumerate(zip(needs.rounds, calls)):
+        pad = _pad_free(call, lengths)
+        real = int(lengths.sum())
+        pad_src = _cycle(c, p, int(pad.sum()))
+        src = np.concatenate([host[f"src{r}"], pad_src]) if f"src{r}" in host else pad_src
+        all_lengths = np.concatenate([lengths, pad])
+        out |= {
+            f"src{r}": src,
+            f"cu{r}": boundaries(all_lengths).astype(np.int32),
+            f"chunks{r}": chunk_indices(all_lengths, dtype=np.int32),
+            f"offsets{r}": boundaries(-(-all_lengths // CHUNK)).astype(np.int32),
+            f"export{r}": r + 1 < host["rounds"],
+        }
+        if r:
+            state = host.get(f"state{r}")
+            real_state = np.zeros(0, np.int64) if state is None else state + (0 if host.get(f"zero{r}") else 1)
+            out[f"zero{r}"] = True
+            out[f"state{r}"] = np.concatenate([real_state, np.zeros(len(pad), dtype=np.int64)])
+        real_rows.append(real)
+        pad_rows.append(int(pad.sum()))
+        parts.append(all_lengths)
+    # rows of cat(every round's rows): each round's real rows, then its padding rows
+    round_start = np.cumsum([0] + [a + b for a, b in zip(real_rows, pad_rows)])[:-1]
+    real_start = np.cumsum([0] + real_rows)[:-1]
+    index = host["out_index"]
+    of = np.searchsorted(real_start, index, side="right") - 1
+    shifted = index - real_start[of] + round_start[of]
+    out["out_index"] = np.concatenate([shifted, _cycle(round_start[0] + real_rows[0], pad_rows[0], p)])
+    out["src"] = np.concatenate([out[f"src{r}"] for r in range(host["rounds"])])
+    joint = np.concatenate(parts)
+    out |= {
+        "cu_joint": boundaries(joint).astype(np.int32),
+        "chunks_joint": chunk_indices(joint, dtype=np.int32),
+        "offsets_joint": boundaries(-(-joint // CHUNK)).astype(np.int32),
+        # a padded plan always gathers: whether the rounds read the row in place depends on the layout
+        "src_identity": False,
+        "out_identity": False,
+        "bucketed": True,
+    }
+    return out
+
+
+def _pad_conv(host: dict, needs: Needs, call: tuple, c: int, p: int) -> dict:
+    """Padding segments tile the compact padding rows and, past `C*`, `extra_src` rows gathered from them:
+    the conv's rows are free, so its segments and chunks are bucketed as the GDN rounds' are."""
+    pad = _pad_free(call, needs.conv)
+    all_lengths = np.concatenate([needs.conv, pad])
+    width = host["kernel_size"]
+    return {
+        "kernel_size": width,
+        # the gathered look-back rows: not built for a padded plan (shared_prefix_causal_conv1d refuses it)
+        "segment_cu": boundaries(all_lengths).astype(np.int32),
+        "segment_chunks": chunk_indices(all_lengths, dtype=np.int32),
+        "state_rows": np.concatenate([host["state_rows"], np.full((len(pad), width), -1, dtype=np.int64)]),
+        "extra_src": _cycle(c, p, call[2] - c - p),
+    }
+
+
+def _pad_attention(host: dict, needs: Needs, call: tuple, c: int, p: int) -> dict:
+    """Padding segments split the `P` compact padding rows (queries) and read padding rows as keys:
+    bottom-right causal, each padding query sees its own segment's keys only."""
+    s_star, k_star, max_q, max_k = call
+    count = s_star - len(needs.queries)
+    keys = int(needs.keys.sum())
+    q_pad = _split(p, count)
+    k_pad = _split(k_star - keys, count)  # >= q_pad part by part: both split the same way and k_star - keys >= p
+    # each padding segment's keys: (k - q) padding rows, then its own queries' rows
+    q_start = c + np.cumsum(q_pad) - q_pad
+    pad_kv = np.concatenate([
+        np.concatenate([_cycle(c, p, int(k - q)), ranges(np.array([s0]), np.array([q]))])
+        for k, s0, q in zip(k_pad.tolist(), q_start.tolist(), q_pad.tolist())
+    ])
+    return {
+        "max_q": max_q,
+        "max_k": max_k,
+        "kv_src": np.concatenate([host["kv_src"], pad_kv]),
+        "cu_q": boundaries(np.concatenate([needs.queries, q_pad])).astype(np.int32),
+        "cu_k": boundaries(np.concatenate([needs.keys, k_pad])).astype(np.int32),
+    }
