@@ -49,3 +49,8 @@ class GraphCaptureFailed(RuntimeError):
 class GraphReplayOverwritten(RuntimeError):
     """The backward of a graphed forward ran after a later forward replayed the same graph, which overwrote
     the activations that backward reads: its gradients would be another batch's."""
+
+
+class WrappedModuleUnsupported(RuntimeError):
+    """A module a fused kernel reads the weight of (and never calls) is wrapped, subclassed or hooked:
+    the wrapper's computation would be skipped. The message names the module and the fix."""

@@ -115,6 +115,7 @@ from patchgen.kernels.modeling.boundaries import resolve_packed
 from patchgen.kernels.modeling.generation import prefill_rows, routed_tokens_mask, starts_from_zero_state, use_cache_for
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
 from patchgen.kernels.modeling.packing import PACKED_ROW, packed_max_lengths, packed_row, varlen_attention, without_packed
+from patchgen.kernels.modeling.plain_modules import conv_weight, plain_linears
 from patchgen.kernels.shared_prefix import shared_prefix_attention, shared_prefix_causal_conv1d, shared_prefix_gated_delta_rule
 
 PATCHGEN_DEVICE = "gpu"
@@ -639,7 +640,7 @@ class Qwen3_5MoeGatedDeltaNet(nn.Module):
             if prefill:
                 # Decoding continues from the last conv inputs, stored as upstream's prefill stores them.
                 cache.update_conv_state(mixed_qkv.transpose(1, 2), self.layer_idx, conv_kernel_size=self.conv_kernel_size)
-            weight = self.conv1d.weight.squeeze(1)
+            weight = conv_weight(self.conv1d)
             mixed_qkv = mixed_qkv.reshape(1, batch_size * seq_len, -1)
             g = g.reshape(1, batch_size * seq_len, -1)
             beta = beta.reshape(1, batch_size * seq_len, -1)
@@ -689,12 +690,12 @@ class Qwen3_5MoeGatedDeltaNet(nn.Module):
         mixed_qkv = mixed_qkv.transpose(1, 2)
         if conv_state is not None and seq_len == 1 and not cache.is_recording_past(self.layer_idx):
             mixed_qkv = causal_conv1d_update(
-                mixed_qkv, conv_state, self.conv1d.weight.squeeze(1), self.conv1d.bias, self.activation
+                mixed_qkv, conv_state, conv_weight(self.conv1d), self.conv1d.bias, self.activation
             )
         else:
             mixed_qkv = cache.update_conv_state(mixed_qkv, self.layer_idx, conv_kernel_size=self.conv_kernel_size)
             mixed_qkv = causal_conv1d_fn(
-                mixed_qkv, self.conv1d.weight.squeeze(1), self.conv1d.bias, activation=self.activation
+                mixed_qkv, conv_weight(self.conv1d), self.conv1d.bias, activation=self.activation
             )
             mixed_qkv = mixed_qkv[:, :, -seq_len:]
         mixed_qkv = mixed_qkv.transpose(1, 2)
@@ -921,7 +922,8 @@ class Qwen3_5MoeMLP(nn.Module):
 
     # patchgen[override_method]: SwiGLU MLP through ops.swiglu_mlp
     def forward(self, x):
-        if self.config.hidden_act != "silu":
+        # a LoRA-wrapped or quantised projection is called: the fused op reads weights and would skip it
+        if self.config.hidden_act != "silu" or not plain_linears(self.gate_proj, self.up_proj, self.down_proj):
             return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
         return ops.of(self).swiglu_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)
 

@@ -13,7 +13,8 @@ counts, round flags) and device addresses. Two calls may share a graph only when
   and the backends must read every chunk table from the plan (the mixers refuse those that would not);
 - the storage and requires-grad flag of every parameter and buffer of the layers (a graph reads the
   weights where they were at capture: a moved or resharded model must capture again);
-- every layer module's training flag (dropout runs or not) and op table (`ops.bind` again: other backends);
+- every layer module's training flag (dropout runs or not), op table (`ops.bind` again: other backends)
+  and host flags (bool and str attributes; a PEFT tuner layer's adapter switches);
 - the autocast state.
 
 A tensor argument other than the hidden states that requires grad is refused (the stack returns no
@@ -119,10 +120,45 @@ def plan_signature(plan, device: torch.device) -> tuple:
     )
 
 
+# PEFT's tuner layers keep their adapter state in these (`disable_adapter()`, `set_adapter`, `merge_adapter()`)
+ADAPTER_STATE = ("_active_adapter", "merged_adapters", "scaling")
+
+
+def host_flags(module) -> tuple:
+    """The host values a module's forward may branch on: its bool and str attributes (PEFT's
+    `_disable_adapters` among them) and a PEFT tuner layer's active adapters, merged adapters and scales.
+    A graph replays the branch it captured, so a switch must capture anew (TRL's reference log-probs run
+    the policy under `disable_adapter()`: a replay of the adapter graph would score with the adapters on).
+
+    Which attributes to read is found once per module (the walk of every `__dict__` would cost a few ms
+    per call at 32 layers); their values are read every call."""
+    values = module.__dict__
+    names = values.get(FLAG_NAMES)
+    if names is None:
+        names = tuple(k for k, v in values.items() if isinstance(v, (bool, str)) and k != "training")
+        if "_disable_adapters" in values:
+            names += tuple(k for k in ADAPTER_STATE if k not in names)
+        object.__setattr__(module, FLAG_NAMES, names)
+    return tuple([_frozen(values.get(k)) for k in names]) if names else ()
+
+
+FLAG_NAMES = "_patchgen_host_flags"  # the attribute names `host_flags` reads, found on its first call
+
+
+def _frozen(value):
+    if value is None or isinstance(value, (bool, str, int, float)):
+        return value
+    if isinstance(value, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple, set)):
+        return tuple(_frozen(v) for v in value)
+    return repr(value)
+
+
 def module_state(modules) -> tuple:
     """Storage, shape, dtype and requires-grad of every parameter and buffer the graph reads, and every
-    module's training flag (a dropout, LoRA's among them, runs in a graph captured in training mode only)
-    and bound op table (a graph replays the backends it captured).
+    module's training flag (a dropout, LoRA's among them, runs in a graph captured in training mode only),
+    bound op table (a graph replays the backends it captured) and host flags (`host_flags`).
 
     Walked every call (a submodule swapped in, an adapter added, a weight moved all change the key),
     through the modules' own tables rather than `Module.parameters()`, whose generators cost about
@@ -135,6 +171,7 @@ def module_state(modules) -> tuple:
             continue
         out.append(module.training)
         out.append(module.__dict__.get(OP_TABLE))  # the backends its forward calls (held: identity stays unique)
+        out.append(host_flags(module))
         for tensor in (*module._parameters.values(), *module._buffers.values()):
             if tensor is not None:
                 out.append((tensor.data_ptr(), tensor.shape, tensor.dtype, tensor.requires_grad))

@@ -15,7 +15,9 @@ import torch
 from transformers.modeling_utils import slice_logits_to_keep
 
 from ..capabilities import ENTROPY
+from ..reference.cross_entropy import through_module
 from .packing import next_token_labels
+from .plain_modules import plain_linears
 
 IGNORE_INDEX = -100
 
@@ -162,6 +164,10 @@ def causal_lm_head(
     # Entropy is asked per call (RL trainers want it on some passes only): a backend without it
     # (liger's fused head) hands those calls to the first backend of the device's order that has it.
     cross_entropy = table.serving("cross_entropy", ENTROPY) if request.entropy else table.cross_entropy
+    weight = lm_head.weight
+    if not plain_linears(lm_head):
+        # a wrapped head (LoRA on lm_head, quantised): scored through its own forward, never its bare weight
+        cross_entropy, weight = through_module(lm_head), None
 
     if plan is None:
         hidden_states = slice_logits_to_keep(hidden_states, logits_to_keep)
@@ -170,7 +176,7 @@ def causal_lm_head(
             return HeadOutputs(logits, None, None, None)
         scored_rows = hidden_states.reshape(-1, hidden_states.shape[-1])
         nll, entropy = _score_rows(
-            cross_entropy, scored_rows, lm_head.weight, targets.reshape(-1).to(hidden_states.device), scale, request
+            cross_entropy, scored_rows, weight, targets.reshape(-1).to(hidden_states.device), scale, request
         )
         nll = nll.view(targets.shape)
         entropy = entropy.view(targets.shape) if entropy is not None else None
@@ -182,7 +188,7 @@ def causal_lm_head(
         # reshape, not [0]: a view whose backward is a view (select's backward writes a zero-filled copy)
         scored_rows = rows.select(hidden_states).reshape(-1, hidden_states.shape[-1])
         nll_rows, entropy_rows = _score_rows(
-            cross_entropy, scored_rows, lm_head.weight, rows.labels, scale, request
+            cross_entropy, scored_rows, weight, rows.labels, scale, request
         )
         # A position whose own label is ignored scores nothing, even if its shared entry was scored
         # for another member of the group.

@@ -18,7 +18,11 @@ CHUNK_ELEMENTS = 1 << 25
 
 
 def _rows(hidden, weight, labels, ignore_index: int, return_entropy: bool):
-    logits = (hidden @ weight.T).to(compute_dtype(hidden.dtype))
+    return _from_logits(hidden @ weight.T, labels, ignore_index, return_entropy)
+
+
+def _from_logits(logits, labels, ignore_index: int, return_entropy: bool):
+    logits = logits.to(compute_dtype(logits.dtype))
     log_probs = F.log_softmax(logits, dim=-1)
     keep = labels != ignore_index
     picked = log_probs.gather(-1, torch.where(keep, labels, 0).unsqueeze(-1)).squeeze(-1)
@@ -55,3 +59,14 @@ def chunked(hidden, weight, labels, *, ignore_index=-100, return_entropy=False):
         empty = hidden.new_zeros(0, dtype=compute_dtype(hidden.dtype))
         return empty, (empty if return_entropy else None)
     return torch.cat(nll), (torch.cat(entropy) if return_entropy else None)
+
+
+def through_module(head: torch.nn.Module):
+    """The slot's signature with the logits from calling `head` (its `.weight` is not read): for an LM head a
+    fused op cannot read, a LoRA-wrapped or quantised one. The full logits are materialised, as in `eager`."""
+
+    def scored(hidden, weight, labels, *, ignore_index=-100, return_entropy=False):
+        out = _from_logits(head(hidden), labels, ignore_index, return_entropy)
+        return out if return_entropy else (out, None)
+
+    return scored

@@ -11,7 +11,7 @@ from patchgen.kernels.errors import CudaGraphsUnavailable, GraphReplayOverwritte
 from patchgen.kernels.graphs import EagerReplay
 from patchgen.kernels.modeling import layer_graphs
 
-from tests.models import tiny
+from tests.models import lora_like, tiny
 
 A = [(70, [5, 9, 3])]  # one GRPO group of three
 C = [(70, [5, 9, 4])]  # one response one token longer: another layout
@@ -313,3 +313,27 @@ def test_a_pending_backward_of_an_evicted_graph_returns_its_own_gradients():
         results.append(([first.detach(), second.detach()], tiny.grads(net)))
     _same(*results)
     assert layer_graphs.graphs_of(graphed).stats.evictions == 1
+
+
+def _with_adapter(net):
+    lora_like.wrap(net.model.layers[0].mlp, "down_proj")
+    return net
+
+
+def test_an_adapter_switched_off_between_scoring_passes_captures_anew():
+    """TRL scores the reference model as the policy under PEFT's `disable_adapter()`: the switch is a host
+    flag the forward branches on, so the reference pass must not replay the policy's graph."""
+    eager, graphed = _with_adapter(_model(graphs=False)), _with_adapter(_model())
+    with_adapter = _score(graphed, _batch(A, 1))
+    assert torch.equal(with_adapter, _score(eager, _batch(A, 1)))
+    for net in (eager, graphed):
+        net.model.layers[0].mlp.down_proj._disable_adapters = True
+    without = _score(graphed, _batch(A, 1))
+    assert torch.equal(without, _score(eager, _batch(A, 1)))
+    assert not torch.equal(with_adapter, without)
+    assert layer_graphs.graphs_of(graphed).stats.captures == 2
+    for net in (eager, graphed):
+        net.model.layers[0].mlp.down_proj.scaling = {"default": 2.0}  # PEFT's set_scale
+        net.model.layers[0].mlp.down_proj._disable_adapters = False
+    assert torch.equal(_score(graphed, _batch(A, 2)), _score(eager, _batch(A, 2)))
+    assert layer_graphs.graphs_of(graphed).stats.captures == 3
