@@ -40,7 +40,7 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (
 from patchgen.kernels import ops
 from patchgen.kernels.modeling import fields, layer_graphs, shared_prefix, verify
 from patchgen.kernels.modeling.boundaries import resolve_packed
-from patchgen.kernels.modeling.generation import prefill_rows, starts_from_zero_state, use_cache_for
+from patchgen.kernels.modeling.generation import slot_rows, starts_from_zero_state, use_cache_for
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
 from patchgen.kernels.modeling.packing import (
     PACKED_ROW,
@@ -240,11 +240,16 @@ class Qwen3_5Attention(upstream.Qwen3_5Attention):
 
         plan = kwargs.get("shared_prefix")
         varlen = varlen_attention(kwargs) if plan is None else None
-        # Generation's prefill without padding: every batch row is one sequence for the attention slot.
-        prefill = prefill_rows(cache, self.layer_idx, attention_mask, *input_shape, hidden_states.device)
-        if cache is not None and prefill is not None:
-            cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)
-            cache, varlen = None, prefill
+        # No padding mask (generation's prefill, a plain training forward): every batch row is one sequence
+        # for the attention slot.
+        rows = None if plan is not None or varlen is not None else slot_rows(
+            cache, self.layer_idx, attention_mask, *input_shape, hidden_states.device,
+            dropout=self.attention_dropout if self.training else 0.0,
+        )
+        if rows is not None:
+            if cache is not None:
+                cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)
+            cache, varlen = None, rows
         if cache is None and (plan is not None or varlen is not None):
             # One packed row: [1, H, T, D] -> [1, T, H, D]; causal per segment, aligned bottom-right.
             query_states, key_states, value_states = (x.transpose(1, 2) for x in (query_states, key_states, value_states))
