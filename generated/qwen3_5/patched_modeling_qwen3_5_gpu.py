@@ -1968,7 +1968,8 @@ class Qwen3_5ForConditionalGeneration(Qwen3_5PreTrainedModel, GenerationMixin):
                 mm_encoder_outputs=mm_encoder_outputs, **kwargs,
             ))
         request = HeadRequest.pop(kwargs)
-        kwargs["use_cache"] = use_cache_for(kwargs.get("use_cache"), cache, self.config, self)
+        asked_for_cache = kwargs.get("use_cache")  # the config's use_cache is no request to keep a packed row's cache
+        kwargs["use_cache"] = use_cache_for(asked_for_cache, cache, self.config, self)
         if pixel_values is None and pixel_values_videos is None:
             kwargs = resolve_packed(
                 kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache, attention_mask=attention_mask
@@ -1980,7 +1981,7 @@ class Qwen3_5ForConditionalGeneration(Qwen3_5PreTrainedModel, GenerationMixin):
             input_ids=input_ids,
             position_ids=position_ids,
             cache=cache,
-            use_cache=kwargs.get("use_cache"),
+            use_cache=asked_for_cache,
             kwargs=kwargs,
             pixel_values=pixel_values,
             pixel_values_videos=pixel_values_videos,
