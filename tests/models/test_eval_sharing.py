@@ -25,7 +25,7 @@ def test_a_packed_row_scored_outside_a_training_step_shares_and_keeps_no_cache(c
     outs, plans = {}, []
     for flag in (False, True):
         net = _build(cls, flag).train(mode != "eval")
-        with torch.no_grad(), observe_plans(lambda plan, tokens: plans.append((flag, plan))):
+        with torch.no_grad(), observe_plans(lambda plan, tokens, flag=flag: plans.append((flag, plan))):
             outs[flag] = net(**kwargs)
     shared = [plan for flag, plan in plans if flag]
     assert len(shared) == 1 and shared[0] is not None and shared[0].compact_length < shared[0].packed_length
