@@ -28,6 +28,12 @@ def pytest_report_header(config):
     return f"patchgen: CUDA {'available' if _HAS_CUDA else 'not available'}; Triton kernels {mode}"
 
 
+def marked_gpu(item) -> bool:
+    """Whether a test carries the ``gpu`` marker (not merely a keyword ``gpu``: a parameter id "gpu",
+    such as the gpu target of a model test, is a keyword too and must not skip it)."""
+    return item.get_closest_marker("gpu") is not None
+
+
 def pytest_collection_modifyitems(config, items):
     if _HAS_CUDA and not INTERPRETING:
         return
@@ -35,7 +41,7 @@ def pytest_collection_modifyitems(config, items):
               "TRITON_INTERPRET=1 was asked for: the gpu tests check compiled kernels; unset it to run them")
     skip = pytest.mark.skip(reason=reason)
     for item in items:
-        if "gpu" in item.keywords:
+        if marked_gpu(item):
             item.add_marker(skip)
 
 

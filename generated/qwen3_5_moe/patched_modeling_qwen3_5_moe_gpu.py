@@ -112,7 +112,7 @@ from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5Moe
 from patchgen.kernels import ops
 from patchgen.kernels.modeling import fields, layer_graphs, shared_prefix, verify
 from patchgen.kernels.modeling.boundaries import resolve_packed
-from patchgen.kernels.modeling.generation import prefill_rows, routed_tokens_mask, starts_from_zero_state, use_cache_for
+from patchgen.kernels.modeling.generation import routed_tokens_mask, slot_rows, starts_from_zero_state, use_cache_for
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
 from patchgen.kernels.modeling.packing import PACKED_ROW, packed_max_lengths, packed_row, varlen_attention, without_packed
 from patchgen.kernels.modeling.plain_modules import conv_weight, plain_linears
@@ -858,11 +858,16 @@ class Qwen3_5MoeAttention(nn.Module):
 
         plan = kwargs.get("shared_prefix")
         varlen = varlen_attention(kwargs) if plan is None else None
-        # Generation's prefill without padding: every batch row is one sequence for the attention slot.
-        prefill = prefill_rows(cache, self.layer_idx, attention_mask, *input_shape, hidden_states.device)
-        if cache is not None and prefill is not None:
-            cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)
-            cache, varlen = None, prefill
+        # No padding mask (generation's prefill, a plain training forward): every batch row is one sequence
+        # for the attention slot.
+        rows = None if plan is not None or varlen is not None else slot_rows(
+            cache, self.layer_idx, attention_mask, *input_shape, hidden_states.device,
+            dropout=self.attention_dropout if self.training else 0.0,
+        )
+        if rows is not None:
+            if cache is not None:
+                cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)
+            cache, varlen = None, rows
         if cache is None and (plan is not None or varlen is not None):
             # One packed row: [1, H, T, D] -> [1, T, H, D]; causal per segment, aligned bottom-right.
             query_states, key_states, value_states = (x.transpose(1, 2) for x in (query_states, key_states, value_states))
@@ -2084,7 +2089,7 @@ class Qwen3_5MoeForCausalLM(Qwen3_5MoePreTrainedModel, GenerationMixin):
                 self.num_experts_per_tok,
                 routed_tokens_mask(attention_mask, router_logits),
             )
-            if labels is not None:
+            if loss is not None:  # a loss from labels or from pre-shifted shift_labels
                 loss += self.router_aux_loss_coef * aux_loss.to(loss.device)  # make sure to reside in the same device
 
         output = MoeCausalLMOutputWithPast(
@@ -2248,7 +2253,7 @@ class Qwen3_5MoeForConditionalGeneration(Qwen3_5MoePreTrainedModel, GenerationMi
                 self.config.text_config.num_experts_per_tok,
                 routed_tokens_mask(attention_mask, router_logits),
             )
-            if labels is not None:
+            if loss is not None:  # a loss from labels or from pre-shifted shift_labels
                 loss += self.config.text_config.router_aux_loss_coef * aux_loss.to(loss.device)
 
         output = Qwen3_5MoeCausalLMOutputWithPast(

@@ -61,6 +61,22 @@ def prefill_rows(cache, layer_idx: int, attention_mask, batch: int, length: int,
     return Varlen(cu, cu, length, length)
 
 
+def slot_rows(cache, layer_idx: int, attention_mask, batch: int, length: int, device, dropout: float = 0.0) -> Varlen | None:
+    """Varlen metadata for attention through the op slot, each batch row one sequence, or None.
+
+    Generation's prefill (``prefill_rows``), and every forward without a cache and without a mask (no
+    padding: the causal mask was skipped), a plain training forward among them: the slot's backend runs
+    there as it does on packed rows. ``dropout`` (the training forward's attention dropout) keeps
+    transformers' attention, which applies it; the slot has none.
+    """
+    if cache is not None:
+        return prefill_rows(cache, layer_idx, attention_mask, batch, length, device)
+    if attention_mask is not None or length < 1 or dropout:
+        return None
+    cu = torch.arange(0, batch * length + 1, length, dtype=torch.int32, device=device)
+    return Varlen(cu, cu, length, length)
+
+
 def routed_tokens_mask(attention_mask, router_logits):
     """The columns of a 2-D ``attention_mask`` that this forward's router logits cover: its last ones.
 

@@ -27,6 +27,14 @@ def _allowed(q_len, k_len, device):
     return cols <= rows + (k_len - q_len)
 
 
+def _equal_rows(segments) -> bool:
+    """Whether every segment has the same positive length, its keys being its queries (per-row metadata)."""
+    if len(segments) < 1:
+        return False
+    length = segments[0][1] - segments[0][0]
+    return length > 0 and all(qe - qs == length and (ks, ke) == (qs, qe) for qs, qe, ks, ke in segments)
+
+
 def eager(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal=True):
     """Softmax attention written out (scores and softmax in fp32), one segment at a time."""
     group = q.shape[1] // k.shape[1]
@@ -48,8 +56,16 @@ def eager(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sc
 def sdpa(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal=True):
     """``F.scaled_dot_product_attention`` per segment, with a bottom-right boolean mask when causal."""
     gqa = q.shape[1] != k.shape[1]
+    segments = _segments(q, k, cu_seqlens_q, cu_seqlens_k)
+    if causal and _equal_rows(segments):
+        # Rows of one length, keys = queries (a batch of unpacked rows): one batched call, whose top-left
+        # causal mask is the bottom-right one when q_len == k_len.
+        rows, length = len(segments), segments[0][1] - segments[0][0]
+        qb, kb, vb = (x.view(rows, length, *x.shape[1:]).transpose(1, 2) for x in (q, k, v))
+        out = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale, enable_gqa=gqa)
+        return out.transpose(1, 2).reshape(q.shape[0], q.shape[1], v.shape[-1])
     pieces = []
-    for qs, qe, ks, ke in _segments(q, k, cu_seqlens_q, cu_seqlens_k):
+    for qs, qe, ks, ke in segments:
         qi, ki, vi = (x.transpose(0, 1).unsqueeze(0) for x in (q[qs:qe], k[ks:ke], v[ks:ke]))
         mask = _allowed(qe - qs, ke - ks, q.device) if causal else None
         out = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale, enable_gqa=gqa)

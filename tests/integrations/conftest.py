@@ -14,3 +14,7 @@ def _float64_cpu_ops(monkeypatch):
     torch.set_num_threads(2)
     yield
     ops.reset_default()
+
+
+# MoE flag on vs off at float64 rounding needs the float64 router of the model tests.
+from tests.models.conftest import float64_router  # noqa: F401

@@ -29,6 +29,8 @@ def naive(q, k, v, q_bounds, k_bounds, scale, causal):
 CASES = {
     "same_lengths": ([0, 3, 10, 16], [0, 3, 10, 16]),
     "q_shorter_than_k": ([0, 2, 5, 6], [0, 4, 12, 20]),
+    # rows of one length (a batch of unpacked rows): sdpa takes one batched call
+    "equal_rows": ([0, 5, 10, 15], [0, 5, 10, 15]),
 }
 
 
@@ -70,3 +72,17 @@ def test_single_query_reads_every_key_of_its_segment():
         q, k, v, cu_seqlens_q=one, cu_seqlens_k=three, max_seqlen_q=1, max_seqlen_k=3, scale=1.0, causal=True
     )
     assert out.flatten().tolist() == [2.0, 2.0]
+
+
+def test_sdpa_runs_rows_of_one_length_in_one_call(monkeypatch):
+    calls = []
+    real = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(k) or real(*a, **k))
+    q, k, v = (torch.randn(12, 2, 4, dtype=F64) for _ in range(3))
+    cu = torch.tensor([0, 4, 8, 12], dtype=torch.int32)
+    attention.sdpa(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=4, max_seqlen_k=4, scale=0.5)
+    assert len(calls) == 1 and calls[0]["is_causal"]
+    calls.clear()
+    uneven = torch.tensor([0, 4, 12], dtype=torch.int32)
+    attention.sdpa(q, k, v, cu_seqlens_q=uneven, cu_seqlens_k=uneven, max_seqlen_q=8, max_seqlen_k=8, scale=0.5)
+    assert len(calls) == 2  # per segment, with the bottom-right mask

@@ -1,6 +1,8 @@
 """The suite compiles Triton kernels where there is a GPU and interprets them only where there is none
 (issue 14 item 12: the interpreter on the H200 failed fla and bent our bf16 bounds)."""
 
+import pytest
+
 from tests.conftest import triton_interpret_setting
 
 
@@ -19,3 +21,18 @@ def test_an_explicit_triton_interpret_wins_either_way():
 
 def test_patchgen_triton_interpret_forces_the_interpreter():
     assert triton_interpret_setting({"PATCHGEN_TRITON_INTERPRET": "1", "TRITON_INTERPRET": "0"}, has_cuda=True) == "1"
+
+
+@pytest.mark.parametrize("target", ["gpu"])
+def test_a_parameter_id_gpu_is_not_the_gpu_marker(request, target):
+    """A CPU test parametrized over the gpu target runs; before, the id matched the keyword and skipped it."""
+    from tests.conftest import marked_gpu
+
+    assert not marked_gpu(request.node)
+
+
+@pytest.mark.gpu
+def test_the_gpu_marker_is_seen(request):
+    from tests.conftest import marked_gpu
+
+    assert marked_gpu(request.node)  # runs where CUDA is; skipped here by that very marker

@@ -40,7 +40,7 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (
 from patchgen.kernels import ops
 from patchgen.kernels.modeling import fields, layer_graphs, shared_prefix, verify
 from patchgen.kernels.modeling.boundaries import resolve_packed
-from patchgen.kernels.modeling.generation import prefill_rows, starts_from_zero_state, use_cache_for
+from patchgen.kernels.modeling.generation import slot_rows, starts_from_zero_state, use_cache_for
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
 from patchgen.kernels.modeling.packing import (
     PACKED_ROW,
@@ -242,11 +242,16 @@ class Qwen3_5Attention(upstream.Qwen3_5Attention):
 
         plan = kwargs.get("shared_prefix")
         varlen = varlen_attention(kwargs) if plan is None else None
-        # Generation's prefill without padding: every batch row is one sequence for the attention slot.
-        prefill = prefill_rows(cache, self.layer_idx, attention_mask, *input_shape, hidden_states.device)
-        if cache is not None and prefill is not None:
-            cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)
-            cache, varlen = None, prefill
+        # No padding mask (generation's prefill, a plain training forward): every batch row is one sequence
+        # for the attention slot.
+        rows = None if plan is not None or varlen is not None else slot_rows(
+            cache, self.layer_idx, attention_mask, *input_shape, hidden_states.device,
+            dropout=self.attention_dropout if self.training else 0.0,
+        )
+        if rows is not None:
+            if cache is not None:
+                cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)
+            cache, varlen = None, rows
         if cache is None and (plan is not None or varlen is not None):
             # One packed row: [1, H, T, D] -> [1, T, H, D]; causal per segment, aligned bottom-right.
             query_states, key_states, value_states = (x.transpose(1, 2) for x in (query_states, key_states, value_states))
@@ -562,7 +567,8 @@ class Qwen3_5ForConditionalGeneration(upstream.Qwen3_5ForConditionalGeneration):
                 mm_encoder_outputs=mm_encoder_outputs, **kwargs,
             ))
         request = HeadRequest.pop(kwargs)
-        kwargs["use_cache"] = use_cache_for(kwargs.get("use_cache"), cache, self.config, self)
+        asked_for_cache = kwargs.get("use_cache")  # the config's use_cache is no request to keep a packed row's cache
+        kwargs["use_cache"] = use_cache_for(asked_for_cache, cache, self.config, self)
         if pixel_values is None and pixel_values_videos is None:
             kwargs = resolve_packed(
                 kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache, attention_mask=attention_mask
@@ -574,7 +580,7 @@ class Qwen3_5ForConditionalGeneration(upstream.Qwen3_5ForConditionalGeneration):
             input_ids=input_ids,
             position_ids=position_ids,
             cache=cache,
-            use_cache=kwargs.get("use_cache"),
+            use_cache=asked_for_cache,
             kwargs=kwargs,
             pixel_values=pixel_values,
             pixel_values_videos=pixel_values_videos,

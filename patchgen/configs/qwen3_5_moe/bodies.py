@@ -146,7 +146,7 @@ class Qwen3_5MoeForCausalLM(upstream.Qwen3_5MoeForCausalLM):
                 self.num_experts_per_tok,
                 routed_tokens_mask(attention_mask, router_logits),
             )
-            if labels is not None:
+            if loss is not None:  # a loss from labels or from pre-shifted shift_labels
                 loss += self.router_aux_loss_coef * aux_loss.to(loss.device)  # make sure to reside in the same device
 
         output = MoeCausalLMOutputWithPast(
@@ -253,7 +253,7 @@ class Qwen3_5MoeForConditionalGeneration(upstream.Qwen3_5MoeForConditionalGenera
                 self.config.text_config.num_experts_per_tok,
                 routed_tokens_mask(attention_mask, router_logits),
             )
-            if labels is not None:
+            if loss is not None:  # a loss from labels or from pre-shifted shift_labels
                 loss += self.config.text_config.router_aux_loss_coef * aux_loss.to(loss.device)
 
         output = Qwen3_5MoeCausalLMOutputWithPast(
