@@ -24,12 +24,16 @@ def plain_linears(*modules) -> bool:
 
 
 def conv_weight(conv) -> torch.Tensor:
-    """The depthwise conv's `[channels, width]` weight for the causal-conv kernels, which never call the module."""
-    if not reads_as_weight(conv, torch.nn.Conv1d):
+    """The depthwise conv's `[channels, width]` weight for the causal-conv kernels, which never call the module.
+
+    A wrapper or subclass (an adapter, quantisation) is refused: its computation would be skipped. A
+    forward hook on a plain conv is not: it never runs here, as in upstream's kernel path, and a hook on
+    every module (a NaN hunt) must not stop the model."""
+    if type(conv) is not torch.nn.Conv1d:
         raise WrappedModuleUnsupported(
-            f"the gated delta net's conv1d is a {type(conv).__module__}.{type(conv).__qualname__}"
-            f"{' with forward hooks' if type(conv) is torch.nn.Conv1d else ''}, not a plain torch.nn.Conv1d: the causal "
-            "conv kernels read its weight and never call it, so an adapter, quantisation or hook on it would be "
-            "skipped. Leave 'conv1d' out of the adapter's target_modules (PEFT) and of quantisation"
+            f"the gated delta net's conv1d is a {type(conv).__module__}.{type(conv).__qualname__}, not a plain "
+            "torch.nn.Conv1d: the causal conv kernels read its weight and never call it, so an adapter or "
+            "quantisation on it would be skipped. Leave 'conv1d' out of the adapter's target_modules (PEFT) "
+            "and of quantisation"
         )
     return conv.weight.squeeze(1)

@@ -103,7 +103,25 @@ def test_a_forward_hook_on_a_projection_runs():
 def test_a_wrapped_gdn_conv_is_refused_with_the_fix():
     net = tiny.build("qwen3_5", "gpu")
     gdn = net.model.layers[0].linear_attn
-    gdn.conv1d.register_forward_hook(lambda m, i, o: None)
+
+    class QuantisedConv(torch.nn.Conv1d):
+        pass
+
+    conv = QuantisedConv(gdn.conv1d.in_channels, gdn.conv1d.out_channels, gdn.conv1d.kernel_size, groups=gdn.conv1d.groups,
+                         padding=gdn.conv1d.padding, bias=gdn.conv1d.bias is not None, dtype=gdn.conv1d.weight.dtype)
+    gdn.conv1d = conv
     ids, cu, _ = tiny.grpo_batch([(30, [5, 6])], seed=6)
     with pytest.raises(WrappedModuleUnsupported, match="conv1d.*target_modules"):
         net(input_ids=ids, **tiny.packed_kwargs(cu))
+
+
+def test_a_hook_on_every_module_does_not_stop_the_model():
+    """A NaN hunt hooks every module; the GDN conv is never called (as in upstream's kernel path) and its
+    hook stays silent, the MLP's projections are called and theirs fire."""
+    net = tiny.build("qwen3_5", "gpu")
+    fired = set()
+    for name, module in net.named_modules():
+        module.register_forward_hook(lambda m, i, o, name=name: fired.add(name))
+    ids, cu, _ = tiny.grpo_batch([(30, [5, 6])], seed=6)
+    net(input_ids=ids, **tiny.packed_kwargs(cu))
+    assert "model.layers.0.mlp.down_proj" in fired and "model.layers.0.linear_attn.conv1d" not in fired
