@@ -51,17 +51,8 @@ def _train(net, tmp_path):
         trainer.train()
 
 
-def _prompts():
-    gen = torch.Generator().manual_seed(3)
-    rows = [torch.randint(2, tiny.VOCAB, (n,), generator=gen) for n in (5, 24, 9)]
-    width = max(len(r) for r in rows)
-    ids = torch.stack([torch.cat([torch.full((width - len(r),), PAD), r]) for r in rows])
-    mask = torch.stack([torch.arange(width) >= width - len(r) for r in rows]).long()
-    return ids, mask
-
-
 def _generate(net, use_cache):
-    ids, mask = _prompts()
+    ids, mask = tiny.left_padded_batch((5, 24, 9), pad=PAD)
     out = net.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, use_cache=use_cache,
                        eos_token_id=None, pad_token_id=PAD, output_logits=True, return_dict_in_generate=True)
     return out.sequences, torch.stack(out.logits)

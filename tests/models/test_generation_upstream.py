@@ -20,17 +20,8 @@ def published(tmp_path_factory):
     return path
 
 
-def _left_padded_batch():
-    gen = torch.Generator().manual_seed(3)
-    rows = [torch.randint(2, tiny.VOCAB, (n,), generator=gen) for n in (5, 24, 9)]
-    width = max(len(r) for r in rows)
-    ids = torch.stack([torch.cat([torch.full((width - len(r),), PAD), r]) for r in rows])
-    mask = torch.stack([torch.arange(width) >= width - len(r) for r in rows]).long()
-    return ids, mask
-
-
 def _generate(net, use_cache):
-    ids, mask = _left_padded_batch()
+    ids, mask = tiny.left_padded_batch((5, 24, 9), pad=PAD)
     net.generation_config.pad_token_id = PAD
     return net.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, do_sample=False, use_cache=use_cache,
                         eos_token_id=None, pad_token_id=PAD)

@@ -216,3 +216,13 @@ def assert_grads_close(a: dict, b: dict, atol: float = 1e-10):
         else:
             ok = torch.allclose(a[name], b[name], atol=atol, rtol=0)
         assert ok, f"{name}: max diff {(a[name] - b[name]).abs().max().item():.3e}"
+
+
+def left_padded_batch(lengths=(5, 24, 9), pad: int = 0, seed: int = 3, vocab: int = VOCAB):
+    """Prompts of `lengths` left-padded with `pad` to one width, as generation takes them: (ids, attention mask)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = [torch.randint(2, vocab, (n,), generator=gen) for n in lengths]
+    width = max(len(r) for r in rows)
+    ids = torch.stack([torch.cat([torch.full((width - len(r),), pad), r]) for r in rows])
+    mask = torch.stack([torch.arange(width) >= width - len(r) for r in rows]).long()
+    return ids, mask

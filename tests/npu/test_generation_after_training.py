@@ -31,15 +31,6 @@ def _train_steps(net, device, steps=2):
         opt.zero_grad()
 
 
-def _prompts():
-    gen = torch.Generator().manual_seed(3)
-    rows = [torch.randint(2, tiny.VOCAB, (n,), generator=gen) for n in (5, 14, 9)]
-    width = max(len(r) for r in rows)
-    ids = torch.stack([torch.cat([torch.full((width - len(r),), PAD), r]) for r in rows])
-    mask = torch.stack([torch.arange(width) >= width - len(r) for r in rows]).long()
-    return ids, mask
-
-
 def _generate(net, ids, mask, use_cache):
     out = net.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=False, use_cache=use_cache,
                        eos_token_id=None, pad_token_id=PAD, output_logits=True, return_dict_in_generate=True)
@@ -56,7 +47,7 @@ def test_generation_after_training_equals_upstream_from_the_trained_weights(npu,
     extra = {"experts_implementation": "eager"} if model == "qwen3_5_moe" else {}
     upstream = ckpt.upstream_class(model, "ForCausalLM").from_pretrained(tmp_path / "trained", **extra).eval()
     upstream.config.output_router_logits = False  # upstream's MoE generate fails on a padding mask with it on
-    ids, mask = _prompts()
+    ids, mask = tiny.left_padded_batch((5, 14, 9), pad=PAD)
     for rows, rows_mask in ((ids, mask), (ids[1:2], mask[1:2])):  # left-padded batch; one row, no padding
         expected, expected_logits = _generate(upstream, rows, rows_mask, True)
         for use_cache in (True, False):  # the model is still in training mode, as a trainer leaves it
