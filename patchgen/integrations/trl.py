@@ -134,7 +134,8 @@ class SharedPrefixGRPOTrainer(GRPOTrainer):
         return logps, entropies, aux_loss
 
     def _count_plan(self, plan, tokens: int) -> None:
-        compact = tokens if plan is None else plan.compact_length
+        # the layout's C: a plan padded to a CUDA-graph bucket computes padding rows, which share nothing
+        compact = tokens if plan is None else plan.layout.compact_length
         self.shared_prefix_tokens["packed"] += tokens
         self.shared_prefix_tokens["compact"] += compact
         mode = "train" if self.model.training else "eval"

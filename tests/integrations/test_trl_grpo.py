@@ -288,3 +288,22 @@ def test_optimizer_steps_over_part_of_a_generation_batch_are_warned(tmp_path):
 
     with pytest.warns(GroupedMicroBatches, match="gradient_accumulation_steps=1 is not a multiple of steps_per_generation=2"):
         _trainer(tmp_path, gradient_accumulation_steps=1, steps_per_generation=2)
+
+
+def test_tokens_counted_as_computed_leave_out_a_graph_buckets_padding_rows(tmp_path):
+    """With `shared_prefix_cuda_graphs` a plan is padded to its bucket: the padding rows share nothing, so the
+    trainer's compact count (and `shared_prefix/packed_over_compact`) is the layout's C, not the padded one."""
+    from patchgen.kernels.shared_prefix import build_plan
+
+    trainer = _trainer(tmp_path, min_prefix=8)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(1000, 2000, (70,), generator=g)
+    seqs = [torch.cat([prompt, torch.randint(1000, 2000, (n,), generator=g)]) for n in (5, 9, 3)]
+    ids = torch.cat(seqs).reshape(1, -1)
+    cu = torch.tensor([0] + [len(s) for s in seqs]).cumsum(0).to(torch.int32)
+    padded = build_plan(ids, cu, pad_to_bucket=True)
+    assert padded.compact_length > padded.layout.compact_length == 70 + 5 + 9 + 3
+    before = dict(trainer.shared_prefix_tokens)
+    trainer._count_plan(padded, ids.shape[1])
+    assert trainer.shared_prefix_tokens["compact"] - before.get("compact", 0) == 87
+    assert trainer.shared_prefix_tokens["packed"] - before.get("packed", 0) == ids.shape[1]
