@@ -4,6 +4,8 @@ and weights to float64 rounding, and ``shared_prefix_max_depth=1`` (the one-leve
 
 import contextlib
 import io
+import os
+import tempfile
 import warnings
 
 import pytest
@@ -36,7 +38,9 @@ def _run(flag, family="qwen3_5", max_depth=4, steps=2, **extra):
     net.config.shared_prefix_max_depth = max_depth
     net.config.shared_prefix_level_cost = 0  # a level pays whatever it saves: the tree is used on this tiny batch
     settings = dict(
-        output_dir="unused", per_device_train_batch_size=8, num_generations=4, gradient_accumulation_steps=1,
+        # nothing is saved; a relative path would leave a folder in the checkout
+        output_dir=os.path.join(tempfile.gettempdir(), "patchgen-grpo-tree"),
+        per_device_train_batch_size=8, num_generations=4, gradient_accumulation_steps=1,
         max_completion_length=6, max_steps=steps, learning_rate=0.1, optim="sgd", logging_steps=1, report_to="none",
         use_cpu=True, seed=0, save_strategy="no", disable_tqdm=True, bf16=False, dataloader_num_workers=0,
     )
