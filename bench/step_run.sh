@@ -14,7 +14,8 @@
 #          per call; the step is host-bound)
 #   cgraph  shared_prefix_cuda_graphs: its GPU test (graphed step == eager step), then the bench's --graphs
 #           arms (shared step without checkpointing, eager and graphed) at 8 and 32 layers, n=4 P=2048 R=256,
-#           and the same over CGRAPH_VARY (default 16) micro-batches of drawn lengths (--vary: captures vs replays)
+#           and the same over CGRAPH_VARY (default 16) micro-batches of drawn lengths (--vary: captures vs replays);
+#           CGRAPH_TEST_K / CGRAPH_TEST_CAP / CGRAPH_WORKERS pick the tests, CGRAPH_LAYERS / CGRAPH_SHAPES the grid
 #   tests  the whole gpu-marked test suite (bench/gpu_tests.sh: compiles and autotunes fla, liger and
 #          ours into the Triton cache, which the parts after it then find warm)
 #   grpo   GRPO through TRL, every arm, two warm-up steps (bench/grpo_trl.py)
@@ -75,10 +76,11 @@ if wanted sp32t; then
   tail -30 "$R/sp32t.txt"; pack
 fi
 if wanted cgraph; then
-  WORKERS=1 part cgraph-test 120 bash bench/gpu_tests.sh -q -s -k layer_graphs > "$R/cgraph_test.txt" 2>&1
+  WORKERS=${CGRAPH_WORKERS:-1} part cgraph-test "${CGRAPH_TEST_CAP:-120}" bash bench/gpu_tests.sh -q -rA -s \
+    -k "${CGRAPH_TEST_K:-layer_graphs}" > "$R/cgraph_test.txt" 2>&1
   tail -15 "$R/cgraph_test.txt"; pack
-  part cgraph-bench 360 python bench/shared_prefix_gpu.py --graphs --vary "${CGRAPH_VARY:-16}" --layers 8,32 \
-    --shapes 4x2048x256 --correctness '' --no-upstream --out "$R/cgraph" --tag graphs > "$R/cgraph.txt" 2>&1
+  part cgraph-bench 360 python bench/shared_prefix_gpu.py --graphs --vary "${CGRAPH_VARY:-16}" --layers "${CGRAPH_LAYERS:-8,32}" \
+    --shapes "${CGRAPH_SHAPES:-4x2048x256}" --correctness '' --no-upstream --out "$R/cgraph" --tag graphs > "$R/cgraph.txt" 2>&1
   tail -20 "$R/cgraph.txt"; pack
 fi
 if wanted tests; then
