@@ -123,12 +123,18 @@ def token_rows(name: str, fn, args: tuple, plan) -> Check:
     Every tensor argument with the packed row's tokens is compacted; the `M = C` result, expanded
     back, is compared with the `M = T` one.
     """
-    whole = fn(*args)
-    compacted = tuple(_compact_or_keep(plan, a) for a in args)
+    # each call gets its own copies: an op that writes its inputs (liger's rotary rotates q and k in
+    # place) would otherwise hand the second call rows it had already rotated
+    whole = fn(*(_copy(a) for a in args))
+    compacted = tuple(_compact_or_keep(plan, _copy(a)) for a in args)
     part = fn(*compacted)
     return compare(
         f"{name} M=C vs M=T rows", expand_like(plan, _first(part), _first(whole).shape), _first(whole)
     )
+
+
+def _copy(a):
+    return a.clone() if isinstance(a, torch.Tensor) else a
 
 
 def _compact_or_keep(plan, a):

@@ -12,8 +12,13 @@ from .flce import chunk_mem_const, positional_arguments
 
 
 def rms_norm(x, weight, eps):
-    """Zero-centred RMSNorm: offset 1.0 and gemma casting (everything in fp32), as Qwen3.5's."""
-    return LigerRMSNormFunction.apply(x, weight, eps, 1.0, "gemma", False)
+    """Zero-centred RMSNorm: offset 1.0 and gemma casting (everything in fp32), as Qwen3.5's.
+
+    `row_mode=True`: one row per program whatever the row count. Left to itself liger switches to a
+    16-row block kernel at 32768 rows when the width is at most 256 (q_norm and k_norm over the head
+    dim), whose reduction rounds differently in bf16, so a token's k_norm would depend on how many
+    tokens share its call: a shared-prefix step (C rows) would then depart from packed (T rows)."""
+    return LigerRMSNormFunction.apply(x, weight, eps, 1.0, "gemma", False, True)
 
 
 def rotary(q, k, cos, sin):

@@ -46,6 +46,15 @@ def test_token_rows_tells_a_row_invariant_op_from_one_that_depends_on_the_row_co
     assert not check.equal and check.max_abs > 0
 
 
+def test_token_rows_gives_an_op_that_writes_its_inputs_fresh_copies_for_each_call():
+    """Liger's rotary rotates q and k in place: the M=C call must not see rows the M=T call rotated."""
+    plan = tiny_plan()
+    x = plan.expand(torch.randn(1, plan.compact_length, 4), 1)
+    kept = x.clone()
+    assert row_invariance.token_rows("double in place", lambda t: t.mul_(2), (x,), plan).equal
+    assert torch.equal(x, kept)
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_probe_checks_every_gemm_width_and_each_mixer_op(dtype, capsys):
     (summary,) = bf16_departure.main(["--tiny", "--probe", "--dtype", dtype, "--shapes", "system-tree"])

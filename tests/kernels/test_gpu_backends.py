@@ -118,6 +118,30 @@ def test_liger_rms_norm():
     )
 
 
+@pytest.mark.parametrize(
+    "slot, name, width",
+    [
+        ("rms_norm", "liger", 256),
+        ("rms_norm", "liger", 2560),
+        ("rms_norm_gated", "fla", 128),
+        ("rms_norm_gated", "triton", 128),
+    ],
+)
+def test_a_row_of_a_token_wise_norm_has_the_same_bits_whatever_the_row_count(slot, name, width):
+    """Shared-prefix training is bit-identical to packed in bf16 only if a token's output does not
+    depend on how many rows its call holds (C compact rows against T packed ones); 40960 rows cross
+    liger's 32768-row switch to its block kernel, 1000 do not."""
+    fn = backend(slot, name)
+    many = cuda(40960, width)
+    weight = cuda(width, scale=0.1)
+    if slot == "rms_norm":
+        whole, part = fn(many, weight, 1e-6), fn(many[:1000].clone(), weight, 1e-6)
+    else:
+        gate = cuda(40960, width)
+        whole, part = fn(many, gate, weight, 1e-6), fn(many[:1000].clone(), gate[:1000].clone(), weight, 1e-6)
+    assert torch.equal(whole[:1000], part)
+
+
 def test_liger_partial_rotary():
     fn = backend("rotary", "liger")
     angles = torch.rand(2, 33, 32, device="cuda") * 6
@@ -176,7 +200,9 @@ def test_entropy_calls_reach_a_backend_with_entropy_when_liger_is_bound():
     assert table.backend("cross_entropy") == "liger"
     head = torch.nn.Linear(512, 4096, bias=False, device="cuda", dtype=torch.bfloat16)
     hidden, labels = cuda(1, 256, 512), torch.randint(0, 4096, (1, 256), device="cuda")
-    out = causal_lm_head(head, table, hidden, labels=labels, request=HeadRequest(log_probs=True, entropy=True))
+    out = causal_lm_head(
+        head, table, hidden, labels=labels, request=HeadRequest(log_probs=True, entropy=True)
+    )
     logits = head(hidden)[0, :-1].float()
     expected = torch.special.entr(logits.softmax(-1)).sum(-1)
     assert relative_error(out.entropy[0, :-1], expected) < FORWARD_BOUND
