@@ -2,6 +2,7 @@
 
     python bench/level_cost.py [--layers 32] [--trees 2,4,8] [--repeats 5] [--write]
     python bench/level_cost.py --tiny          # CPU run of the script itself (tiny widths; never written)
+    python bench/level_cost.py --from-log RUN.txt --env-log ENV.txt [--write]  # fit a run's printed points
 
 Times the training step (forward + backward, activation checkpointing, as `shared_prefix_gpu.py`) of
 the generated `Qwen3_5ForCausalLM` at Qwen3.5-4B widths, bf16, on 3-turn agentic batches (`--trees`
@@ -15,6 +16,8 @@ give more rows at each depth. A least-squares fit `step ms = a + b * C + c * lev
 The fit, its standard errors and residuals are printed; `--write` records the figure with how it
 was measured under this device's name in `kernels/shared_prefix/level_costs.json`, the table
 `build_plan` reads (it never times anything itself, so every rank builds the same plan).
+`--from-log` fits the points a device run printed (its table, header line first), for a run cut by
+its time cap before the fit: the device, layers and versions come from that run's own logs.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import argparse
 import datetime
 import json
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -49,11 +53,21 @@ def parse_args(argv):
     parser.add_argument("--write", action="store_true", help="record the figure in the per-device table")
     parser.add_argument("--table", type=Path, default=table.TABLE, help="the table --write updates")
     parser.add_argument("--tiny", action="store_true", help="tiny widths and shapes, float32, on the CPU")
+    parser.add_argument("--from-log", type=Path, help="fit the points of this printed run instead of timing")
+    parser.add_argument(
+        "--env-log",
+        type=Path,
+        help="with --from-log: that run's bench/gpu_env.sh output (the versions it ran)",
+    )
     args = parser.parse_args(argv)
+    if args.from_log and args.tiny:
+        raise SystemExit("--from-log fits a device run's points; --tiny times the script on the CPU")
     args.trees = _ints(args.trees, "--trees")
     args.depths = _ints(args.depths, "--depths")
     if len(args.trees) < 2 or len(args.depths) < 2:
-        raise SystemExit("--trees and --depths need two values or more each: the fit separates rows from levels")
+        raise SystemExit(
+            "--trees and --depths need two values or more each: the fit separates rows from levels"
+        )
     if args.write and args.tiny:
         raise SystemExit("--write records the real widths' figure; a --tiny run is a test of the script")
     return args
@@ -155,17 +169,99 @@ def write(path: Path, name: str, entry: dict) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 
+HEADER = re.compile(
+    r"^(?P<device>.+): (?P<layers>\d+) layers, torch\.(?P<dtype>\w+), training step; median of (?P<repeats>\d+)$"
+)
+POINT = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s*$")
+
+
+def read_log(text: str) -> tuple[dict, list[dict]]:
+    """The header and the (trees, depth) points a run printed, in the order it printed them."""
+    header = next((m.groupdict() for m in map(HEADER.match, text.splitlines()) if m), None)
+    if header is None:
+        raise SystemExit(
+            "--from-log: no header line ('<device>: N layers, torch.<dtype>, training step; ...')"
+        )
+    points = []
+    for m in filter(None, map(POINT.match, text.splitlines())):
+        trees, depth, levels, t, c = (int(v) for v in m.groups()[:5])
+        points.append(
+            {
+                "trees": trees,
+                "depth": depth,
+                "levels": levels,
+                "T": t,
+                "C": c,
+                "ms": float(m.group(6)),
+                "spread_ms": float(m.group(7)),
+            }
+        )
+    if len({p["levels"] for p in points}) < 2 or len(points) < 4:
+        raise SystemExit(f"--from-log: {len(points)} points over too few depths to fit a level's cost")
+    return header, points
+
+
+def versions_from(env_text: str) -> dict:
+    """torch / triton / transformers as bench/gpu_env.sh printed them; triton 3.7.1 when it was staged."""
+    found = dict(
+        re.findall(r"\b(torch|triton|transformers) (\S+)", env_text.splitlines()[0] if env_text else "")
+    )
+    staged = re.search(r"on request: triton (\S+)", env_text or "")
+    if staged:  # bench/step_run.sh puts the staged Triton first on the path
+        found["triton"] = staged.group(1)
+    return found
+
+
+def from_log(args) -> None:
+    header, points = read_log(args.from_log.read_text())
+    result = fit(points)
+    say(result)
+    if args.write:
+        env = versions_from(args.env_log.read_text() if args.env_log else "")
+        entry = {
+            "level_cost_rows": result["level_cost_rows"],
+            "command": " ".join(["python bench/level_cost.py", *sys.argv[1:]]),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+            "device": header["device"],
+            "model": f"Qwen3_5ForCausalLM, Qwen3.5-4B widths, {header['layers']} layers, {header['dtype']}, "
+            "activation checkpointing, training step (forward + backward)",
+            "batches": f"3-turn agentic, {sorted({p['trees'] for p in points})} prompts x 8 rollouts, "
+            f"max_depth {sorted({p['depth'] for p in points})}; {len(points)} points, median of {header['repeats']}",
+            "fitted_from": f"the points printed by a device run ({args.from_log.name})",
+            **env,
+            "fit": result,
+            "points": points,
+        }
+        write(args.table, entry["device"], entry)
+        print(f"written to {args.table} under {entry['device']!r}")
+
+
+def say(result: dict) -> None:
+    print(
+        f"fit: ms = {result['intercept_ms']:.2f} + {result['us_per_row']:.3f} us * C (se {result['us_per_row_se']:.3f})"
+        f" + {result['ms_per_level']:.2f} ms * levels (se {result['ms_per_level_se']:.2f})"
+    )
+    print(f"residuals ms: {result['residuals_ms']}")
+    print(f"per-level cost: {result['level_cost_rows']} rows of compact-row work (shared_prefix_level_cost)")
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.from_log:
+        return from_log(args)
     device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
     if device.type == "cpu" and not args.tiny:
-        raise SystemExit("no CUDA device: the figure is measured on the accelerator (--tiny runs the script on the CPU)")
+        raise SystemExit(
+            "no CUDA device: the figure is measured on the accelerator (--tiny runs the script on the CPU)"
+        )
     dtype = torch.float32 if args.tiny else torch.bfloat16
     widths = TINY if args.tiny else WIDTHS
     model = our_model(widths, args.layers, device, dtype)
     model.config.shared_prefix_training = True
     timer = Timer(device)
-    print(f"{table.device_name(device)}: {args.layers} layers, {dtype}, training step; median of {args.repeats}")
+    print(
+        f"{table.device_name(device)}: {args.layers} layers, {dtype}, training step; median of {args.repeats}"
+    )
     print(f"{'trees':>5} {'max_depth':>9} {'levels':>6} {'T':>7} {'C':>7} {'ms':>9} {'spread':>7}")
     points = []
     for trees in args.trees:
@@ -181,14 +277,13 @@ def main(argv=None) -> None:
     if len({p["levels"] for p in points}) < 2:
         raise SystemExit("every plan has the same depth: nothing to fit a level's cost to")
     result = fit(points)
-    print(
-        f"fit: ms = {result['intercept_ms']:.2f} + {result['us_per_row']:.3f} us * C (se {result['us_per_row_se']:.3f})"
-        f" + {result['ms_per_level']:.2f} ms * levels (se {result['ms_per_level_se']:.2f})"
-    )
-    print(f"residuals ms: {result['residuals_ms']}")
-    print(f"per-level cost: {result['level_cost_rows']} rows of compact-row work (shared_prefix_level_cost)")
+    say(result)
     if args.write:
-        entry = {"level_cost_rows": result["level_cost_rows"], **provenance(args, device, dtype), "fit": result}
+        entry = {
+            "level_cost_rows": result["level_cost_rows"],
+            **provenance(args, device, dtype),
+            "fit": result,
+        }
         entry["points"] = points
         write(args.table, entry["device"], entry)
         print(f"written to {args.table} under {entry['device']!r}")
