@@ -1,6 +1,7 @@
 """Where the shared log-prob (scoring) pass does GPU work beyond `C / T` of the packed one: FLOPs and bytes per op group.
 
-    python bench/scoring_work.py [--shapes 8x4096x256,4x2048x256,4x1024x256] [--layers 4] [--out FILE]
+    python bench/scoring_work.py [--shapes 8x4096x256,4x2048x256,4x1024x256] [--layers 4] [--padded] [--out FILE]
+    python bench/scoring_work.py --tiny        # tiny widths and shapes (the script's own test)
 
 Runs the log-prob pass of `bench/shared_prefix_gpu.py` (`shared_prefix_arms.logprob_pass`: per-token
 log-probs under `no_grad`, no labels, logits skipped) at the real Qwen3.5-4B widths with the flag off
@@ -38,8 +39,8 @@ from dataclasses import dataclass, field
 
 import torch
 from patchgen.kernels.shared_prefix.gdn_rounds import ReferenceRounds
-from shared_prefix_arms import MODULE, WIDTHS, checkpointed, config_for, logprob_pass
-from shared_prefix_shapes import parse_shapes, shape_batch, tree_settings
+from shared_prefix_arms import MODULE, TINY, WIDTHS, checkpointed, config_for, logprob_pass
+from shared_prefix_shapes import parse_shapes, shape_batch, tiny_shapes, tree_settings
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import flop_registry
@@ -332,12 +333,12 @@ class LookBackCounted:
         return getattr(self._inner, name)
 
 
-def build_model(layers: int):
+def build_model(layers: int, widths: dict = WIDTHS):
     import importlib
 
     module = importlib.import_module(MODULE)
     with torch.device("meta"):
-        model = module.Qwen3_5ForCausalLM(config_for(WIDTHS, layers)).to(torch.bfloat16)
+        model = module.Qwen3_5ForCausalLM(config_for(widths, layers)).to(torch.bfloat16)
     model = model.to_empty(device="cpu")  # uninitialised: no floating op is computed
     checkpointed(model)
     return model.train()
@@ -348,7 +349,7 @@ def account(model, shape, flag: bool, padded: bool = False) -> tuple[Tally, dict
     from patchgen.kernels.modeling import shared_prefix
     from patchgen.kernels.modeling.shared_prefix import observe_plans
 
-    ids, cu, max_len, _ = shape_batch(shape, WIDTHS["vocab_size"], torch.device("cpu"))
+    ids, cu, max_len, _ = shape_batch(shape, model.config.vocab_size, torch.device("cpu"))
     model.config.shared_prefix_training = flag
     settings = tree_settings(shape)
     model.config.shared_prefix_max_depth = settings["max_depth"]
@@ -453,19 +454,23 @@ def projected(t: Tally, layers: int, depth: int) -> tuple[float, float]:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default="8x4096x256,4x2048x256,4x1024x256")
+    parser.add_argument("--shapes", default=None, help="default 8x4096x256,4x2048x256,4x1024x256 (--tiny: n4)")
+    parser.add_argument("--tiny", action="store_true", help="tiny widths and shapes: a seconds-long check of the script")
     parser.add_argument("--layers", type=int, default=4, help="a multiple of 4 (3 GDN + 1 attention layers each)")
     parser.add_argument("--padded", action="store_true",
                         help="also the plan padded to its bucket (what the graphed scoring forward runs)")
     parser.add_argument("--top", type=int, default=10)
     parser.add_argument("--out", default=None, help="also write the report to this file")
     args = parser.parse_args(argv)
-    model = build_model(args.layers)
+    model = build_model(args.layers, TINY if args.tiny else WIDTHS)
+    shapes = (tiny_shapes(args.shapes or "n4") if args.tiny
+              else parse_shapes(args.shapes or "8x4096x256,4x2048x256,4x1024x256"))
+    results = []
     files = [sys.stdout] + ([open(args.out, "w")] if args.out else [])  # noqa: SIM115
     for f in files:
-        print(f"scoring-pass work (bench/scoring_work.py), Qwen3.5-4B widths, bf16, {args.layers} layers counted; "
+        print(f"scoring-pass work (bench/scoring_work.py), {'tiny' if args.tiny else 'Qwen3.5-4B'} widths, bf16, {args.layers} layers counted; "
               f"roofline {PEAK_FLOPS / 1e12:.0f} TFLOP/s, {BANDWIDTH / 1e12:.1f} TB/s (H200 spec)", file=f)
-    for shape in parse_shapes(args.shapes):
+    for shape in shapes:
         packed, info = account(model, shape, False)
         arms = [("shared", False)] + ([("shared, bucket-padded", True)] if args.padded else [])
         for arm, padded in arms:
@@ -473,6 +478,7 @@ def main(argv=None):
             if not padded:  # the bound is T over the real compact row; a padded plan's layers run more rows
                 info["C"] = info_shared["C"]
             info["rows"] = info_shared.get("rows", info["C"])
+            results.append((shape.name, arm, packed, shared, dict(info)))
             for f in files:
                 report(f"{shape.name} {arm}", args.layers, packed, shared, info, args.top, f)
                 bound = info["T"] / info["C"]
@@ -483,6 +489,7 @@ def main(argv=None):
                           f"(efficiency {(pm / sm) / bound:.3f})", file=f)
     for f in files[1:]:
         f.close()
+    return results
 
 
 if __name__ == "__main__":
