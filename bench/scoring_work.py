@@ -162,7 +162,10 @@ def gdn_work(q, k, v, g, beta, cu_seqlens=None, use_qk_l2norm_in_kernel=False, *
     states = chunks * hv * kd * vd * el * 2  # h per chunk: written, read
     wy = rows * hv * (kd + vd + vd) * el * 2  # w, u, v_new: written, read
     l2norm = 2 * (_size(q) + _size(k)) if use_qk_l2norm_in_kernel else 0  # fla's l2norm kernels: read, write
-    return flops, float(io + states + wy + l2norm), max(chunks_per or [0])
+    # fla's public function makes every input contiguous first (`input_guard`): q, k, v split from the
+    # conv output are copied there (the round stages get them contiguous from `gdn_rounds`, counted outside)
+    copies = sum(2 * _size(t) for t in (q, k, v, g, beta) if not t.is_contiguous())
+    return flops, float(io + states + wy + l2norm + copies), max(chunks_per or [0])
 
 
 def attention_work(q, k, v, *, cu_seqlens_q, cu_seqlens_k, causal=True, **_):
