@@ -83,7 +83,10 @@ def main(argv=None):
             print(events.table(sort_by="self_cpu_time_total", row_limit=args.rows // 2, max_name_column_width=60))
         if args.groups:
             print(f"\n=== {name} {args.which}: kernel time per op group")
-            print(group_table(per_kernel["packed"], per_kernel["shared"], compact["C"] / compact["T"]))
+            if "C" in compact:
+                print(group_table(per_kernel["packed"], per_kernel["shared"], compact["C"] / compact["T"]))
+            else:
+                print("  the shared arm built no plan (nothing shared): no bound to compare against")
     model.config.shared_prefix_training = False
 
 
