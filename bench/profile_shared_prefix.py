@@ -1,10 +1,14 @@
-"""Where a training step's time goes, packed vs shared prefix: a torch.profiler table per arm (GPU).
+"""Where a training step's (or log-prob pass's) time goes, packed vs shared prefix: a torch.profiler table per arm (GPU).
 
     python bench/profile_shared_prefix.py [--shapes 4x1024x256,8x4096x256] [--layers 8]
+    python bench/profile_shared_prefix.py --pass logprob --groups --shapes 8x4096x256,4x2048x256
 
 Same model and batches as `bench/shared_prefix_gpu.py`. Per shape and arm: the step's wall time,
 the GPU's busy time (sum of kernel times; wall minus busy is launch-bound idling), host syncs,
-the first call's time (compilation and autotuning) and the top kernels and host ops.
+the first call's time (compilation and autotuning) and the top kernels and host ops. `--pass logprob`
+profiles the log-prob pass (`shared_prefix_arms.logprob_pass`) instead of the training step; `--groups`
+adds, per shape, the kernel time of each op group packed vs shared and what the shared pass spends beyond
+`C / T` of the packed one (`kernel_groups.py`: the groups of the CPU accounting in `scoring_work.py`).
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ import importlib
 import time
 
 import torch
-from shared_prefix_arms import MODULE, WIDTHS, checkpointed, config_for, train_step
+from kernel_groups import table as group_table
+from patchgen.kernels.modeling.shared_prefix import observe_plans
+from shared_prefix_arms import MODULE, WIDTHS, checkpointed, config_for, logprob_pass, train_step
 from shared_prefix_shapes import parse_shapes, shape_batch, tree_settings
 from shared_prefix_timing import count_syncs
 from torch.profiler import ProfilerActivity, profile
@@ -34,7 +40,11 @@ def main(argv=None):
     parser.add_argument("--shapes", default="4x1024x256,8x4096x256")
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--rows", type=int, default=14, help="table rows per arm")
+    parser.add_argument("--pass", dest="which", choices=("train", "logprob"), default="train",
+                        help="the training step (default) or the log-prob pass (forward under no_grad)")
+    parser.add_argument("--groups", action="store_true", help="kernel time per op group, packed vs shared")
     args = parser.parse_args(argv)
+    run = train_step if args.which == "train" else logprob_pass
 
     torch.manual_seed(0)
     with torch.device("cuda"):
@@ -47,13 +57,18 @@ def main(argv=None):
         tree = tree_settings(shape)
         model.config.shared_prefix_max_depth = tree["max_depth"]
         model.config.shared_prefix_level_cost = tree["level_cost"]
+        per_kernel, compact = {}, {}
+
+        def note(plan, packed_tokens, into=compact):  # called on the shared arm only (the packed one plans nothing)
+            into.update(C=plan.compact_length if plan is not None else packed_tokens, T=packed_tokens)
+
         for flag in (False, True):
             model.config.shared_prefix_training = flag
-            step = functools.partial(train_step, model, ids, cu, max_len)
+            step = functools.partial(run, model, ids, cu, max_len)
             first = wall_ms(step)
             steady = min(wall_ms(step) for _ in range(3))
-            syncs = count_syncs(model, train_step, ids, cu, max_len, torch.device("cuda"))
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            syncs = count_syncs(model, run, ids, cu, max_len, torch.device("cuda"))
+            with observe_plans(note), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 step()
                 torch.cuda.synchronize()
             events = prof.key_averages()
@@ -61,10 +76,17 @@ def main(argv=None):
             busy = sum(e.self_device_time_total for e in kernels) / 1e3  # kernel rows only: ops would count twice
             launches = sum(e.count for e in kernels)
             arm = "shared" if flag else "packed"
+            per_kernel[arm] = {e.key: e.self_device_time_total for e in kernels}
             print(f"\n=== {name} {arm}: first call {first:.0f} ms, step {steady:.1f} ms, GPU busy {busy:.1f} ms, "
                   f"{launches} kernels, {syncs} syncs")
             print(events.table(sort_by="self_device_time_total", row_limit=args.rows, max_name_column_width=60))
             print(events.table(sort_by="self_cpu_time_total", row_limit=args.rows // 2, max_name_column_width=60))
+        if args.groups:
+            print(f"\n=== {name} {args.which}: kernel time per op group")
+            if "C" in compact:
+                print(group_table(per_kernel["packed"], per_kernel["shared"], compact["C"] / compact["T"]))
+            else:
+                print("  the shared arm built no plan (nothing shared): no bound to compare against")
     model.config.shared_prefix_training = False
 
 

@@ -174,9 +174,9 @@ def causal_lm_head(
         logits = lm_head(hidden_states) if request.logits else None
         if not scored:
             return HeadOutputs(logits, None, None, None)
-        scored_rows = hidden_states.reshape(-1, hidden_states.shape[-1])
+        flat = hidden_states.reshape(-1, hidden_states.shape[-1])
         nll, entropy = _score_rows(
-            cross_entropy, scored_rows, weight, targets.reshape(-1).to(hidden_states.device), scale, request
+            cross_entropy, _rows_of(flat, None), weight, targets.reshape(-1).to(hidden_states.device), scale, request
         )
         nll = nll.view(targets.shape)
         entropy = entropy.view(targets.shape) if entropy is not None else None
@@ -186,9 +186,9 @@ def causal_lm_head(
             return HeadOutputs(logits, None, None, None)
         rows = plan.lm_rows(targets.to(hidden_states.device))
         # reshape, not [0]: a view whose backward is a view (select's backward writes a zero-filled copy)
-        scored_rows = rows.select(hidden_states).reshape(-1, hidden_states.shape[-1])
+        flat = hidden_states.reshape(-1, hidden_states.shape[-1])
         nll_rows, entropy_rows = _score_rows(
-            cross_entropy, scored_rows, weight, rows.labels, scale, request
+            cross_entropy, _rows_of(flat, rows.rows), weight, rows.labels, scale, request
         )
         # A position whose own label is ignored scores nothing, even if its shared entry was scored
         # for another member of the group.
@@ -204,8 +204,25 @@ def causal_lm_head(
     return HeadOutputs(logits, loss, log_probs, entropy if request.entropy else None)
 
 
+def _rows_of(flat: torch.Tensor, entries: torch.Tensor | None):
+    """``rows(keep)``: the hidden rows of the scored entries ``[N, d]`` (every entry for ``keep=None``).
+
+    ``entries`` maps each entry to its row of ``flat`` (the shared-prefix LM rows), None when entry i is
+    row i. The kept entries' rows are gathered from ``flat`` in one gather (their indices composed on the
+    index, not the rows gathered twice): one ``[N, d]`` copy instead of two on the shared-prefix path.
+    """
+
+    def rows(keep: torch.Tensor | None) -> torch.Tensor:
+        if entries is None:
+            return flat if keep is None else flat.index_select(0, keep)
+        return flat.index_select(0, entries if keep is None else entries.index_select(0, keep))
+
+    return rows
+
+
 def _score_rows(cross_entropy, rows, weight, labels, scale, request: HeadRequest):
-    """``(nll [N], entropy [N] or None)`` of hidden ``rows`` against ``labels``, through the slot.
+    """``(nll [N], entropy [N] or None)`` of the hidden rows ``rows(keep)`` (see ``_rows_of``) against
+    ``labels``, through the slot.
 
     The head's cost is per row (a ``[rows, vocab]`` product), and RL and SFT rows are mostly prompt,
     whose labels are ignored: when nothing is owed to those rows they are left out, at the price of
@@ -218,9 +235,9 @@ def _score_rows(cross_entropy, rows, weight, labels, scale, request: HeadRequest
     if request.skips_unlabelled_rows:
         keep = (labels != IGNORE_INDEX).nonzero().squeeze(1)
         if 0 < keep.numel() < labels.numel():
-            nll, entropy = scored(rows.index_select(0, keep), labels.index_select(0, keep))
+            nll, entropy = scored(rows(keep), labels.index_select(0, keep))
             nll = nll.new_zeros(labels.shape).index_copy(0, keep, nll)
             if entropy is not None:
                 entropy = entropy.new_zeros(labels.shape).index_copy(0, keep, entropy)
             return nll, entropy
-    return scored(rows, labels)
+    return scored(rows(None), labels)

@@ -1,0 +1,60 @@
+"""The scoring pass of RL (per-token log-probs under no_grad, logits skipped, as the old-policy and reference
+passes run): shared equals packed (float64), and the shared head gathers its hidden rows once."""
+
+import pytest
+import torch
+from patchgen.kernels.modeling.packing import next_token_labels
+from patchgen.kernels.shared_prefix import build_plan
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tests.models import tiny
+
+GROUPS = [(80, [10, 20, 15]), (70, [5, 1])]
+SINGLES = [30]
+
+
+class HiddenGathers(TorchDispatchMode):
+    """Counts the floating gathers of `[..., hidden]` rows (the LM head's; the mixers gather other widths)."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.hidden, self.rows = hidden, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket is torch.ops.aten.index_select:
+            source = args[0]
+            if source.is_floating_point() and source.dim() >= 2 and source.shape[-1] == self.hidden:
+                self.rows.append(out.shape[-2])
+        return out
+
+
+def score(flag: bool, ids, cu, labels=None, count: bool = False):
+    net = tiny.build("qwen3_5", "gpu", shared_prefix_training=flag)
+    gathers = HiddenGathers(net.config.hidden_size)
+    with torch.no_grad(), (gathers if count else torch.enable_grad()):
+        out = net(input_ids=ids, labels=labels, return_log_probs=True, return_logits=False, **tiny.packed_kwargs(cu))
+    return out, gathers.rows
+
+
+@pytest.mark.parametrize("prompt_labels", [True, False], ids=["ids as labels", "prompts masked"])
+def test_shared_scoring_pass_equals_packed(prompt_labels):
+    ids, cu, prompt = tiny.grpo_batch(GROUPS, SINGLES, seed=7)
+    labels = None if prompt_labels else ids.masked_fill(prompt, -100)
+    packed, _ = score(False, ids, cu, labels)
+    shared, _ = score(True, ids, cu, labels)
+    assert shared.log_probs.dtype == torch.float64
+    torch.testing.assert_close(shared.log_probs, packed.log_probs, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("prompt_labels", [True, False], ids=["ids as labels", "prompts masked"])
+def test_shared_head_gathers_the_scored_rows_once(prompt_labels):
+    ids, cu, prompt = tiny.grpo_batch(GROUPS, SINGLES, seed=7)
+    labels = None if prompt_labels else ids.masked_fill(prompt, -100)
+    _, rows = score(True, ids, cu, labels, count=True)
+    plan = build_plan(ids, cu)
+    entries = plan.lm_rows(next_token_labels(ids if labels is None else labels, cu, -100))
+    scored = int((entries.labels != -100).sum())
+    assert scored < entries.length  # some deduplicated rows are owed nothing (each sequence's last token)
+    # one gather of exactly the rows scored: not every deduplicated row, then the labelled ones again
+    assert rows == [scored]
