@@ -469,38 +469,52 @@ def _best_partition(adjacent: list[int], min_prefix: int) -> list[tuple[int, int
     """
     m = len(adjacent) + 1
     best = [0] * (m + 1)  # best[j]: most tokens saved by items [0, j)
-    choice: list[tuple[int, int]] = [(0, 0)] * (m + 1)  # (start of the last segment, its prefix)
+    choice: list[tuple[int, int] | None] = [None] * (m + 1)  # (start of the last segment, its prefix); None: alone
     stack: list[list[int]] = []  # blocks [lo, hi, v, top, at]: top = best[at] - at * v, the max over [lo, hi]
-    for j in range(1, m + 1):
-        best[j], choice[j] = best[j - 1], (j - 1, 0)  # item j-1 alone
-        if j < 2:
-            continue
+    for j in range(2, m + 1):
         i = j - 2
         v = adjacent[i]
+        here, chosen = best[j - 1], None  # item j-1 alone
         if v < min_prefix:
             stack.clear()  # no segment reaches back across this pair any more
+            best[j] = here
             continue
-        top, at, lo = best[i] - i * v, i, i
-        while stack and stack[-1][2] >= v:
-            b_lo, b_hi, b_v, b_top, b_at = stack.pop()
-            if b_v != v:  # its minimum drops to v: rescan the block
-                b_top, b_at = best[b_hi] - b_hi * v, b_hi
-                for k in range(b_hi - 1, b_lo - 1, -1):
-                    val = best[k] - k * v
-                    if val > b_top:
-                        b_top, b_at = val, k
-            if b_top > top:  # the block lies below i: it wins only when strictly better
-                top, at = b_top, b_at
-            lo = b_lo
-        stack.append([lo, i, v, top, at])
+        top, at = best[i] - i * v, i
+        if stack and stack[-1][2] == v:
+            # the same minimum as the nearest block (a run of equal prefixes): it grows by i, no
+            # rescan, and no block below it has a minimum >= v (the stack's minima rise)
+            block = stack[-1]
+            if not block[3] > top:  # the block lies below i: it wins only when strictly better
+                block[3], block[4] = top, at
+            block[1] = i
+        else:
+            lo = i
+            while stack and stack[-1][2] >= v:
+                b_lo, b_hi, b_v, b_top, b_at = stack.pop()
+                if b_v != v:  # its minimum drops to v: rescan the block
+                    b_top, b_at = best[b_hi] - b_hi * v, b_hi
+                    for k in range(b_hi - 1, b_lo - 1, -1):
+                        val = best[k] - k * v
+                        if val > b_top:
+                            b_top, b_at = val, k
+                if b_top > top:  # the block lies below i: it wins only when strictly better
+                    top, at = b_top, b_at
+                lo = b_lo
+            stack.append([lo, i, v, top, at])
+        last = j - 1
         for _, _, b_v, b_top, b_at in reversed(stack):  # nearest block first
-            saved = b_top + (j - 1) * b_v
-            if saved > best[j]:
-                best[j], choice[j] = saved, (b_at, b_v)
+            saved = b_top + last * b_v
+            if saved > here:
+                here, chosen = saved, (b_at, b_v)
+        best[j], choice[j] = here, chosen
     segments = []
     j = m
     while j > 0:
-        i, prefix = choice[j]
+        found = choice[j]
+        if found is None:
+            j -= 1
+            continue
+        i, prefix = found
         if j - i > 1:
             segments.append((i, j, prefix))
         j = i
