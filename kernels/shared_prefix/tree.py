@@ -116,25 +116,38 @@ def _size(child: _TrieNode | int) -> int:
 
 
 def _trie(seqs: list[int], adjacent: list[int]) -> _TrieNode:
-    """The compressed trie of sequences in lexicographic order, from their adjacent common prefixes."""
+    """The compressed trie of sequences in lexicographic order, from their adjacent common prefixes.
 
-    def build(lo: int, hi: int) -> _TrieNode | int:
-        if hi - lo == 1:
-            return lo
-        prefix = min(adjacent[lo : hi - 1])
-        children, first, height = [], lo, 1
-        for i in range(lo, hi):  # children split where the adjacent prefix equals the node's
-            if i == hi - 1 or adjacent[i] == prefix:
-                if i == first:  # a leaf: no call, no node
-                    children.append(first)
-                else:
-                    child = build(first, i + 1)
-                    children.append(child)
-                    height = max(height, 1 + child.height)
-                first = i + 1
-        return _TrieNode(seqs, lo, hi, prefix, children, height)
+    A node is an interval whose common prefix is the minimum of its adjacent prefixes; its children
+    split where an adjacent prefix equals it. Built in one pass (a stack of the open nodes, prefixes
+    rising towards the top; the last finished subtree waits to be attached): no call per node.
+    """
+    stack: list[list] = []  # open nodes: [prefix, lo, children, height]
+    done: _TrieNode | int = 0  # the last finished subtree (a leaf is its position)
+    for i, a in enumerate(adjacent):
+        while stack and stack[-1][0] > a:  # the open nodes deeper than this pair end at item i
+            done = _close(seqs, stack.pop(), done, i + 1)
+        if stack and stack[-1][0] == a:
+            top = stack[-1]
+            top[2].append(done)
+            if not isinstance(done, int) and done.height + 1 > top[3]:
+                top[3] = done.height + 1
+        else:
+            lo = done if isinstance(done, int) else done.lo
+            stack.append([a, lo, [done], 1 if isinstance(done, int) else done.height + 1])
+        done = i + 1
+    while stack:
+        done = _close(seqs, stack.pop(), done, len(adjacent) + 1)
+    return done
 
-    return build(0, len(seqs))
+
+def _close(seqs: list[int], node: list, last: _TrieNode | int, hi: int) -> _TrieNode:
+    """An open node of `_trie`, finished with its last child."""
+    prefix, lo, children, height = node
+    children.append(last)
+    if not isinstance(last, int) and last.height + 1 > height:
+        height = last.height + 1
+    return _TrieNode(seqs, lo, hi, prefix, children, height)
 
 
 class _Solver:
@@ -266,19 +279,20 @@ class _Solver:
 
 
 def _ordered(kept: list[tuple[tuple[int, ...], int, int, int | None]]) -> list[Node]:
-    """Nodes in compact-row order (depth first, siblings by first member); parents renumbered."""
-    children: dict[int | None, list[int]] = {}
-    for slot, (_, _, _, parent) in enumerate(kept):
-        children.setdefault(parent, []).append(slot)
+    """Nodes in compact-row order (depth first, siblings by first member); parents renumbered.
+
+    `kept` holds parents before children, so each node's key, the first members along its path
+    from the root, is its parent's plus its own: one sort of those keys is the depth-first order
+    (a parent's key is a prefix of its children's, siblings differ in their own first member)."""
+    keys: list[tuple[int, ...]] = []
+    for members, _, _, parent in kept:
+        keys.append((members[0],) if parent is None else (*keys[parent], members[0]))
+    order = sorted(range(len(kept)), key=keys.__getitem__)
+    index = [0] * len(kept)
+    for i, slot in enumerate(order):
+        index[slot] = i
     nodes: list[Node] = []
-
-    def visit(slot: int, parent: int | None) -> None:
-        members, start, end, _ = kept[slot]
-        index = len(nodes)
-        nodes.append(_node(members, start, end, parent))
-        for c in sorted(children.get(slot, []), key=lambda s: kept[s][0][0]):
-            visit(c, index)
-
-    for root in sorted(children.get(None, []), key=lambda s: kept[s][0][0]):
-        visit(root, None)
+    for slot in order:
+        members, start, end, parent = kept[slot]
+        nodes.append(_node(members, start, end, None if parent is None else index[parent]))
     return nodes
