@@ -263,13 +263,11 @@ def _windows(row: np.ndarray, width: int) -> np.ndarray:
 
 
 def _sequence_bytes(ids: np.ndarray, cu: np.ndarray, seqs) -> dict[int, bytes]:
-    """The bytes of each listed sequence's ids: a sort key per sequence. Many sequences: cut from
-    one copy of the row (a numpy view per sequence costs more than the copy); few: each its own."""
-    seqs, bounds = list(seqs), cu.tolist()
-    if len(seqs) <= 128:
-        return {s: ids[bounds[s] : bounds[s + 1]].tobytes() for s in seqs}
-    whole, size = np.ascontiguousarray(ids).tobytes(), ids.itemsize
-    return {s: whole[size * bounds[s] : size * bounds[s + 1]] for s in seqs}
+    """The bytes of each listed sequence's ids: a sort key per sequence, each copied once from a
+    byte view of the row (no numpy slice per sequence, no copy of the whole row)."""
+    view = memoryview(np.ascontiguousarray(ids)).cast("B")
+    size, bounds = ids.itemsize, cu.tolist()
+    return {s: view[size * bounds[s] : size * bounds[s + 1]].tobytes() for s in seqs}
 
 
 _HASH = np.random.default_rng(19).integers(1, 2**62, BUCKET_TOKENS, dtype=np.int64) | 1
