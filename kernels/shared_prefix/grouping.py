@@ -424,12 +424,10 @@ def _first_differences_blocks(ids, positions, cu, first, second, skip, n, scratc
     index per row), compared in one pass; pairs that part in a block, or run out of rows, drop out."""
     fields = [ids, *(() if positions is None else positions)]
     t, widest = len(ids), BLOCKS[-1]
-    padded = []
-    for field in fields:  # room for a window that starts near the end of the row (rows past it are capped)
-        row = scratch.take(t + widest)
-        row[:t] = field
-        row[t:] = 0
-        padded.append(row)
+    # windows read the rows in place while every window ends inside the row; the first that would
+    # not (a pair near the end of the row) switches to copies with room after the end (rows past
+    # the end are capped below), so a row is copied only when some pair needs it
+    rows = fields if all(f.flags.c_contiguous for f in fields) else _padded(fields, t + widest, scratch)
     rest = n - skip
     out = rest.copy()
     todo = (rest > 0).nonzero()[0]
@@ -439,7 +437,9 @@ def _first_differences_blocks(ids, positions, cu, first, second, skip, n, scratc
         width = BLOCKS[min(b, len(BLOCKS) - 1)]
         b += 1
         differs = None
-        for row in padded:
+        if rows is fields and max(int(left.max()), int(right.max())) + width > t:
+            rows = _padded(fields, t + widest, scratch)
+        for row in rows:
             windows = _windows(row, width)
             here = windows[left] != windows[right]
             differs = here if differs is None else np.logical_or(differs, here, out=differs)
@@ -449,6 +449,17 @@ def _first_differences_blocks(ids, positions, cu, first, second, skip, n, scratc
         done += width
         keep = ~hit & (rest[todo] > done)
         todo, left, right = todo[keep], left[keep] + width, right[keep] + width
+    return out
+
+
+def _padded(fields, length: int, scratch: Arena) -> list[np.ndarray]:
+    """Copies of the rows, each followed by zeros up to `length`."""
+    out = []
+    for field in fields:
+        row = scratch.take(length)
+        row[: len(field)] = field
+        row[len(field) :] = 0
+        out.append(row)
     return out
 
 
