@@ -162,7 +162,7 @@ def build_plan(
     cu = bounds.tolist()
     if cu[0] != 0 or cu[-1] != length or bool((np.diff(bounds) < 0).any()):
         raise ValueError(f"cu_seqlens must rise from 0 to T={length}, got {cu[:4]}...{cu[-2:]}")
-    grouped_by = pos
+    grouped_by, kind = pos, None
     if pos is not None:
         # rows that are one function of the offset in every sequence (per-sequence positions,
         # text-only M-RoPE too) agree wherever offsets agree: the ids alone decide the grouping
@@ -204,6 +204,15 @@ def build_plan(
         rows = positions.reshape(-1, layout.compact_length)
         ranges_into(rows[0], layout.offset, layout.length)  # written in place: no row-sized temporary
         rows[1:] = rows[0]
+    elif kind == "offset":
+        # every row is one function of the offset (`offset_rows` checked it): read at the longest
+        # sequence, which holds every offset; its few rows stay in cache, where a gather from the
+        # packed rows reads them all from memory
+        lengths = bounds[1:] - bounds[:-1]
+        ref = int(lengths.argmax())
+        offsets = ranges_into(np.empty(layout.compact_length, dtype=np.int64), layout.offset, layout.length)
+        for row, out in zip(pos, positions.reshape(len(pos), -1)):
+            np.take(row[int(bounds[ref]) : int(bounds[ref + 1])], offsets, out=out, mode="clip")
     else:
         # row by row: a 1-D take is several times faster than one along axis 1 of the block
         for row, out in zip(pos, positions.reshape(len(pos), -1)):
