@@ -64,11 +64,10 @@ def find_tree(
     """
     runs = sorted_runs(ids, positions, cu, min_prefix)
     groups, nests = group_runs(runs, min_prefix)
-    flat = [_node(members, 0, prefix, None) for members, prefix in groups]
     # a run nests (its trie has an internal node below the root) exactly when its adjacent
     # prefixes are not all equal: where nothing nests, a deeper tree has nothing more to share
     if max_depth == 1 or not groups or not nests:
-        return flat
+        return _flat(groups)
     limit = sys.getrecursionlimit()
     # the trie and the solver recurse once (a few frames) per trie level; a chain of nested
     # prefixes can be as deep as a bucket has sequences
@@ -76,8 +75,8 @@ def find_tree(
     try:
         tries = [_trie(order, adjacent) for order, adjacent in runs]
         if max(t.height for t in tries) > MAX_TRIE_HEIGHT:
-            return flat  # a long chain of nested prefixes (not an RL batch): the solver would be quadratic in it
-        flat_saved = sum((len(n.members) - 1) * n.length for n in flat)
+            return _flat(groups)  # a long chain of nested prefixes (not an RL batch): the solver would be quadratic in it
+        flat_saved = sum((len(members) - 1) * prefix for members, prefix in groups)
         solver = _Solver(min_prefix, max(nested_min, min_prefix), max_depth)
         # depth 1 is the one-level grouping (exactly today's plan); deeper only where it pays its levels
         best_depth, best_cost = 1, -flat_saved + level_cost
@@ -86,13 +85,18 @@ def find_tree(
             if cost < best_cost:
                 best_depth, best_cost = depth, cost
         if best_depth == 1:
-            return flat
+            return _flat(groups)
         kept: list[tuple[tuple[int, ...], int, int, int | None]] = []  # (members, start, end, parent)
         for t in tries:
             solver.collect(t, 0, best_depth, None, kept)
     finally:
         sys.setrecursionlimit(limit)
     return _ordered(kept)
+
+
+def _flat(groups: list[tuple[tuple[int, ...], int]]) -> list[Node]:
+    """The one-level plan's nodes: one root per group of `group_runs`."""
+    return [_node(members, 0, prefix, None) for members, prefix in groups]
 
 
 @dataclass(eq=False, slots=True)
