@@ -480,24 +480,22 @@ def _best_partition(adjacent: list[int], min_prefix: int) -> list[tuple[int, int
     best = [0] * (m + 1)  # best[j]: most tokens saved by items [0, j)
     choice: list[tuple[int, int] | None] = [None] * (m + 1)  # (start of the last segment, its prefix); None: alone
     stack: list[list[int]] = []  # blocks [lo, hi, v, top, at]: top = best[at] - at * v, the max over [lo, hi]
-    for j in range(2, m + 1):
-        i = j - 2
-        v = adjacent[i]
-        here, chosen = best[j - 1], None  # item j-1 alone
+    for i, v in enumerate(adjacent):  # pair (i, i + 1) closes items [.., i + 2)
+        here, chosen = best[i + 1], None  # item i + 1 alone
         if v < min_prefix:
             stack.clear()  # no segment reaches back across this pair any more
-            best[j] = here
+            best[i + 2] = here
             continue
-        top, at = best[i] - i * v, i
+        top = best[i] - i * v
         if stack and stack[-1][2] == v:
             # the same minimum as the nearest block (a run of equal prefixes): it grows by i, no
             # rescan, and no block below it has a minimum >= v (the stack's minima rise)
             block = stack[-1]
             if not block[3] > top:  # the block lies below i: it wins only when strictly better
-                block[3], block[4] = top, at
+                block[3], block[4] = top, i
             block[1] = i
         else:
-            lo = i
+            at = lo = i
             while stack and stack[-1][2] >= v:
                 b_lo, b_hi, b_v, b_top, b_at = stack.pop()
                 if b_v != v:  # its minimum drops to v: rescan the block
@@ -510,12 +508,12 @@ def _best_partition(adjacent: list[int], min_prefix: int) -> list[tuple[int, int
                     top, at = b_top, b_at
                 lo = b_lo
             stack.append([lo, i, v, top, at])
-        last = j - 1
-        for _, _, b_v, b_top, b_at in reversed(stack):  # nearest block first
-            saved = b_top + last * b_v
+        last = i + 1
+        for block in reversed(stack):  # nearest block first
+            saved = block[3] + last * block[2]
             if saved > here:
-                here, chosen = saved, (b_at, b_v)
-        best[j], choice[j] = here, chosen
+                here, chosen = saved, (block[4], block[2])
+        best[i + 2], choice[i + 2] = here, chosen
     segments = []
     j = m
     while j > 0:
