@@ -115,10 +115,6 @@ class _TrieNode:
     height: int  # levels of internal nodes from here down: more depth than that changes nothing
 
 
-def _size(child: _TrieNode | int) -> int:
-    return 1 if isinstance(child, int) else child.hi - child.lo
-
-
 def _trie(seqs: list[int], adjacent: list[int]) -> _TrieNode:
     """The compressed trie of sequences in lexicographic order, from their adjacent common prefixes.
 
@@ -214,27 +210,37 @@ class _Solver:
             self.memo[key] = result
             return result
         zeros = self.none[0]
-        alone = [zeros if a is None else a for a in (self._values(c, above) for c in children)]
+        values_of = self._values
+        alone = []
+        for c in children:
+            a = values_of(c, above)
+            alone.append(zeros if a is None else a)
         values, joined_at = [0] * (top + 1), [[] for _ in range(top + 1)]
         if length < self._shortest(above):
             for d in range(1, top + 1):
                 values[d] = sum(a[d] for a in alone)
         else:
-            kept = [zeros if k is None else k for k in (self._values(c, node.prefix) for c in children)]
-            sized = list(zip(range(len(children)), [_size(c) * length for c in children], kept, alone))
+            prefix = node.prefix
+            kept, sizes = [], []
+            for c in children:
+                k = values_of(c, prefix)
+                kept.append(zeros if k is None else k)
+                sizes.append(length if isinstance(c, int) else (c.hi - c.lo) * length)
+            indices = range(len(children))
             for d in range(1, min(top, node.height) + 1):
                 # `_split` of this depth's values, in one pass over the children
                 saved_alone = total = members = 0
                 joined = []
-                for c, size_rows, k, a in sized:
-                    saved_alone += a[d]
-                    gain = size_rows + k[d - 1] - a[d]
+                for c in indices:
+                    a = alone[c][d]
+                    saved_alone += a
+                    gain = sizes[c] + kept[c][d - 1] - a
                     if gain > 0:
                         joined.append(c)
                         total += gain
-                        members += size_rows
+                        members += sizes[c]
                 total -= length
-                # members >= 2 sequences: size_rows counts `length` rows per sequence (length > 0 here)
+                # members >= 2 sequences: sizes count `length` rows per sequence (length > 0 here)
                 if total > 0 and members >= 2 * length:
                     values[d], joined_at[d] = saved_alone + total, joined
                 else:
