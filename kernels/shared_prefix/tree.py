@@ -69,7 +69,7 @@ def find_tree(
     if max_depth == 1 or not groups or not nests:
         return _flat(groups)
     limit = sys.getrecursionlimit()
-    # the trie and the solver recurse once (a few frames) per trie level; a chain of nested
+    # the solver recurses once (a few frames) per trie level; a chain of nested
     # prefixes can be as deep as a bucket has sequences
     sys.setrecursionlimit(max(limit, 4 * len(cu) + 1000))
     try:
