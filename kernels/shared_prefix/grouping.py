@@ -263,13 +263,11 @@ def _windows(row: np.ndarray, width: int) -> np.ndarray:
 
 
 def _sequence_bytes(ids: np.ndarray, cu: np.ndarray, seqs) -> dict[int, bytes]:
-    """The bytes of each listed sequence's ids: a sort key per sequence. Many sequences: cut from
-    one copy of the row (a numpy view per sequence costs more than the copy); few: each its own."""
-    seqs, bounds = list(seqs), cu.tolist()
-    if len(seqs) <= 128:
-        return {s: ids[bounds[s] : bounds[s + 1]].tobytes() for s in seqs}
-    whole, size = np.ascontiguousarray(ids).tobytes(), ids.itemsize
-    return {s: whole[size * bounds[s] : size * bounds[s + 1]] for s in seqs}
+    """The bytes of each listed sequence's ids: a sort key per sequence, each copied once from a
+    byte view of the row (no numpy slice per sequence, no copy of the whole row)."""
+    view = memoryview(np.ascontiguousarray(ids)).cast("B")
+    size, bounds = ids.itemsize, cu.tolist()
+    return {s: view[size * bounds[s] : size * bounds[s + 1]].tobytes() for s in seqs}
 
 
 _HASH = np.random.default_rng(19).integers(1, 2**62, BUCKET_TOKENS, dtype=np.int64) | 1
@@ -426,12 +424,10 @@ def _first_differences_blocks(ids, positions, cu, first, second, skip, n, scratc
     index per row), compared in one pass; pairs that part in a block, or run out of rows, drop out."""
     fields = [ids, *(() if positions is None else positions)]
     t, widest = len(ids), BLOCKS[-1]
-    padded = []
-    for field in fields:  # room for a window that starts near the end of the row (rows past it are capped)
-        row = scratch.take(t + widest)
-        row[:t] = field
-        row[t:] = 0
-        padded.append(row)
+    # windows read the rows in place while every window ends inside the row; the first that would
+    # not (a pair near the end of the row) switches to copies with room after the end (rows past
+    # the end are capped below), so a row is copied only when some pair needs it
+    rows = fields if all(f.flags.c_contiguous for f in fields) else _padded(fields, t + widest, scratch)
     rest = n - skip
     out = rest.copy()
     todo = (rest > 0).nonzero()[0]
@@ -441,7 +437,9 @@ def _first_differences_blocks(ids, positions, cu, first, second, skip, n, scratc
         width = BLOCKS[min(b, len(BLOCKS) - 1)]
         b += 1
         differs = None
-        for row in padded:
+        if rows is fields and max(int(left.max()), int(right.max())) + width > t:
+            rows = _padded(fields, t + widest, scratch)
+        for row in rows:
             windows = _windows(row, width)
             here = windows[left] != windows[right]
             differs = here if differs is None else np.logical_or(differs, here, out=differs)
@@ -451,6 +449,17 @@ def _first_differences_blocks(ids, positions, cu, first, second, skip, n, scratc
         done += width
         keep = ~hit & (rest[todo] > done)
         todo, left, right = todo[keep], left[keep] + width, right[keep] + width
+    return out
+
+
+def _padded(fields, length: int, scratch: Arena) -> list[np.ndarray]:
+    """Copies of the rows, each followed by zeros up to `length`."""
+    out = []
+    for field in fields:
+        row = scratch.take(length)
+        row[: len(field)] = field
+        row[len(field) :] = 0
+        out.append(row)
     return out
 
 
@@ -469,38 +478,50 @@ def _best_partition(adjacent: list[int], min_prefix: int) -> list[tuple[int, int
     """
     m = len(adjacent) + 1
     best = [0] * (m + 1)  # best[j]: most tokens saved by items [0, j)
-    choice: list[tuple[int, int]] = [(0, 0)] * (m + 1)  # (start of the last segment, its prefix)
+    choice: list[tuple[int, int] | None] = [None] * (m + 1)  # (start of the last segment, its prefix); None: alone
     stack: list[list[int]] = []  # blocks [lo, hi, v, top, at]: top = best[at] - at * v, the max over [lo, hi]
-    for j in range(1, m + 1):
-        best[j], choice[j] = best[j - 1], (j - 1, 0)  # item j-1 alone
-        if j < 2:
-            continue
-        i = j - 2
-        v = adjacent[i]
+    for i, v in enumerate(adjacent):  # pair (i, i + 1) closes items [.., i + 2)
+        here, chosen = best[i + 1], None  # item i + 1 alone
         if v < min_prefix:
             stack.clear()  # no segment reaches back across this pair any more
+            best[i + 2] = here
             continue
-        top, at, lo = best[i] - i * v, i, i
-        while stack and stack[-1][2] >= v:
-            b_lo, b_hi, b_v, b_top, b_at = stack.pop()
-            if b_v != v:  # its minimum drops to v: rescan the block
-                b_top, b_at = best[b_hi] - b_hi * v, b_hi
-                for k in range(b_hi - 1, b_lo - 1, -1):
-                    val = best[k] - k * v
-                    if val > b_top:
-                        b_top, b_at = val, k
-            if b_top > top:  # the block lies below i: it wins only when strictly better
-                top, at = b_top, b_at
-            lo = b_lo
-        stack.append([lo, i, v, top, at])
-        for _, _, b_v, b_top, b_at in reversed(stack):  # nearest block first
-            saved = b_top + (j - 1) * b_v
-            if saved > best[j]:
-                best[j], choice[j] = saved, (b_at, b_v)
+        top = best[i] - i * v
+        if stack and stack[-1][2] == v:
+            # the same minimum as the nearest block (a run of equal prefixes): it grows by i, no
+            # rescan, and no block below it has a minimum >= v (the stack's minima rise)
+            block = stack[-1]
+            if not block[3] > top:  # the block lies below i: it wins only when strictly better
+                block[3], block[4] = top, i
+            block[1] = i
+        else:
+            at = lo = i
+            while stack and stack[-1][2] >= v:
+                b_lo, b_hi, b_v, b_top, b_at = stack.pop()
+                if b_v != v:  # its minimum drops to v: rescan the block
+                    b_top, b_at = best[b_hi] - b_hi * v, b_hi
+                    for k in range(b_hi - 1, b_lo - 1, -1):
+                        val = best[k] - k * v
+                        if val > b_top:
+                            b_top, b_at = val, k
+                if b_top > top:  # the block lies below i: it wins only when strictly better
+                    top, at = b_top, b_at
+                lo = b_lo
+            stack.append([lo, i, v, top, at])
+        last = i + 1
+        for block in reversed(stack):  # nearest block first
+            saved = block[3] + last * block[2]
+            if saved > here:
+                here, chosen = saved, (block[4], block[2])
+        best[i + 2], choice[i + 2] = here, chosen
     segments = []
     j = m
     while j > 0:
-        i, prefix = choice[j]
+        found = choice[j]
+        if found is None:
+            j -= 1
+            continue
+        i, prefix = found
         if j - i > 1:
             segments.append((i, j, prefix))
         j = i

@@ -21,11 +21,11 @@ from .bucket import pad_host
 from .conv import ConvIndex, conv_host_index, conv_index
 from .gdn import CHUNK, GDNIndex, gdn_host_index, gdn_index
 from .grouping import Group
-from .layout import Layout, build_layout, ranges
+from .layout import Layout, build_layout
 from .level_cost import LevelCost, resolve_level_cost
 from .lm_rows import LMIndex, LMRows, lm_host_index, lm_index, lm_rows
 from .positions import offset_rows
-from .rows import Arena
+from .rows import Arena, ranges_into
 from .tree import Node, find_tree
 
 DEFAULT_MAX_DEPTH = 4  # a system prompt, a prompt and two turns of an agentic rollout
@@ -162,7 +162,7 @@ def build_plan(
     cu = bounds.tolist()
     if cu[0] != 0 or cu[-1] != length or bool((np.diff(bounds) < 0).any()):
         raise ValueError(f"cu_seqlens must rise from 0 to T={length}, got {cu[:4]}...{cu[-2:]}")
-    grouped_by = pos
+    grouped_by, kind = pos, None
     if pos is not None:
         # rows that are one function of the offset in every sequence (per-sequence positions,
         # text-only M-RoPE too) agree wherever offsets agree: the ids alone decide the grouping
@@ -187,6 +187,10 @@ def build_plan(
 
     arena = _arena(nodes, cu, 1 if pos is None else len(pos), device)
     layout = build_layout(nodes, cu, arena, by_level=chunk_aligned, cu_array=bounds)
+    # the LM rows and the positions first: they read compact_src and expand_index, which the layout
+    # has just written (still in the core's cache; the index arrays of a 64k-token plan are several
+    # MiB, and reading them back from memory later costs more than building them does)
+    lm = lm_host_index(layout, arena)
     blocks = layout.start if chunk_aligned else layout.start[layout.parent < 0]
     # built on the host, where the rows already are: cheaper than a strided index_select
     shape = (
@@ -197,7 +201,18 @@ def build_plan(
     wanted = torch.int64 if position_ids is None else position_ids.dtype
     positions = arena.take(math.prod(shape), _NUMPY_DTYPE.get(wanted, np.int64)).reshape(shape)
     if pos is None:  # per-sequence positions: a compact row's position is its offset in its sequence
-        positions[...] = ranges(layout.offset, layout.length)
+        rows = positions.reshape(-1, layout.compact_length)
+        ranges_into(rows[0], layout.offset, layout.length)  # written in place: no row-sized temporary
+        rows[1:] = rows[0]
+    elif kind == "offset":
+        # every row is one function of the offset (`offset_rows` checked it): read at the longest
+        # sequence, which holds every offset; its few rows stay in cache, where a gather from the
+        # packed rows reads them all from memory
+        lengths = bounds[1:] - bounds[:-1]
+        ref = int(lengths.argmax())
+        offsets = ranges_into(np.empty(layout.compact_length, dtype=np.int64), layout.offset, layout.length)
+        for row, out in zip(pos, positions.reshape(len(pos), -1)):
+            np.take(row[int(bounds[ref]) : int(bounds[ref + 1])], offsets, out=out, mode="clip")
     else:
         # row by row: a 1-D take is several times faster than one along axis 1 of the block
         for row, out in zip(pos, positions.reshape(len(pos), -1)):
@@ -213,7 +228,7 @@ def build_plan(
         "gdn": gdn_host_index(layout, arena),
         "conv": conv_host_index(layout, conv_kernel_size, arena),
         "attention": attention_host_index(layout, arena),
-        "lm": lm_host_index(layout, arena),
+        "lm": lm,
     }
     bucket = None
     compact_length = layout.compact_length

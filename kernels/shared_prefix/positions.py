@@ -59,16 +59,15 @@ def offset_rows(pos: np.ndarray, cu) -> str | None:
     offsets += counting(t)
     per_sequence, seen, checked = True, None, None
     for row in distinct:
-        if np.array_equal(row, offsets):
+        if _same_bytes(row, offsets):
             checked = offsets
             continue
         per_sequence = False
-        if checked is not None:  # a row that differs from one already checked by a constant is one too
-            step = np.subtract(row, checked, out=seen if seen is not None else np.empty(t, dtype=row.dtype))
-            if (step == step[0]).all():
-                continue
         if seen is None:
             seen = np.empty(t, dtype=row.dtype)
+        # a row that differs from one already checked by a constant is one too
+        if checked is not None and _constant_difference(row, checked, seen):
+            continue
         np.take(row[ref_start:], offsets, out=seen, mode="clip")  # offsets lie inside the longest sequence
         if not np.array_equal(seen, row):
             return None
@@ -79,3 +78,15 @@ def offset_rows(pos: np.ndarray, cu) -> str | None:
 def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
     """Equal arrays; rows that differ mostly do so early, so a look at the heads spares most full compares."""
     return np.array_equal(a[:256], b[:256]) and np.array_equal(a, b)
+
+
+def _constant_difference(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
+    """`a - b` (wrapping as int64 does) is one value throughout; `out`: room for it. Rows that are not
+    mostly differ early, so the heads are compared first and spare the full pass."""
+    head = min(len(a), 256)
+    np.subtract(a[:head], b[:head], out=out[:head])
+    step = out[0]
+    if not (out[:head] == step).all():
+        return False
+    np.subtract(a, b, out=out)
+    return bool((out == step).all())

@@ -17,6 +17,17 @@ def ranges(starts, lengths) -> np.ndarray:
     return out
 
 
+def ranges_into(out: np.ndarray, starts, lengths) -> np.ndarray:
+    """`ranges(starts, lengths)` written into `out` (`sum(lengths)` values), with no temporary
+    of its own size but the repeat's."""
+    starts = np.asarray(starts, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.size:
+        offsets = np.cumsum(lengths) - lengths
+        np.add(np.repeat(starts - offsets, lengths), counting(len(out)), out=out)
+    return out
+
+
 _COUNTING = np.zeros(0, dtype=np.int64)
 
 
@@ -82,13 +93,8 @@ class Arena:
 
     def ranges(self, starts, lengths) -> np.ndarray:
         """`ranges(starts, lengths)` written into the arena."""
-        starts = np.asarray(starts, dtype=np.int64)
         lengths = np.asarray(lengths, dtype=np.int64)
-        out = self.take(int(lengths.sum()))
-        if lengths.size:
-            offsets = np.cumsum(lengths) - lengths
-            np.add(np.repeat(starts - offsets, lengths), counting(len(out)), out=out)
-        return out
+        return ranges_into(self.take(int(lengths.sum())), starts, lengths)
 
     def boundaries(self, lengths, dtype=np.int32) -> np.ndarray:
         """`boundaries(lengths)` written into the arena (int32, the varlen kernels' dtype)."""

@@ -64,20 +64,19 @@ def find_tree(
     """
     runs = sorted_runs(ids, positions, cu, min_prefix)
     groups, nests = group_runs(runs, min_prefix)
-    flat = [_node(members, 0, prefix, None) for members, prefix in groups]
     # a run nests (its trie has an internal node below the root) exactly when its adjacent
     # prefixes are not all equal: where nothing nests, a deeper tree has nothing more to share
     if max_depth == 1 or not groups or not nests:
-        return flat
+        return _flat(groups)
     limit = sys.getrecursionlimit()
-    # the trie and the solver recurse once (a few frames) per trie level; a chain of nested
+    # the solver recurses once (a few frames) per trie level; a chain of nested
     # prefixes can be as deep as a bucket has sequences
     sys.setrecursionlimit(max(limit, 4 * len(cu) + 1000))
     try:
         tries = [_trie(order, adjacent) for order, adjacent in runs]
         if max(t.height for t in tries) > MAX_TRIE_HEIGHT:
-            return flat  # a long chain of nested prefixes (not an RL batch): the solver would be quadratic in it
-        flat_saved = sum((len(n.members) - 1) * n.length for n in flat)
+            return _flat(groups)  # a long chain of nested prefixes (not an RL batch): the solver would be quadratic in it
+        flat_saved = sum((len(members) - 1) * prefix for members, prefix in groups)
         solver = _Solver(min_prefix, max(nested_min, min_prefix), max_depth)
         # depth 1 is the one-level grouping (exactly today's plan); deeper only where it pays its levels
         best_depth, best_cost = 1, -flat_saved + level_cost
@@ -86,13 +85,18 @@ def find_tree(
             if cost < best_cost:
                 best_depth, best_cost = depth, cost
         if best_depth == 1:
-            return flat
+            return _flat(groups)
         kept: list[tuple[tuple[int, ...], int, int, int | None]] = []  # (members, start, end, parent)
         for t in tries:
             solver.collect(t, 0, best_depth, None, kept)
     finally:
         sys.setrecursionlimit(limit)
     return _ordered(kept)
+
+
+def _flat(groups: list[tuple[tuple[int, ...], int]]) -> list[Node]:
+    """The one-level plan's nodes: one root per group of `group_runs`."""
+    return [_node(members, 0, prefix, None) for members, prefix in groups]
 
 
 @dataclass(eq=False, slots=True)
@@ -111,30 +115,39 @@ class _TrieNode:
     height: int  # levels of internal nodes from here down: more depth than that changes nothing
 
 
-def _size(child: _TrieNode | int) -> int:
-    return 1 if isinstance(child, int) else child.hi - child.lo
-
-
 def _trie(seqs: list[int], adjacent: list[int]) -> _TrieNode:
-    """The compressed trie of sequences in lexicographic order, from their adjacent common prefixes."""
+    """The compressed trie of sequences in lexicographic order, from their adjacent common prefixes.
 
-    def build(lo: int, hi: int) -> _TrieNode | int:
-        if hi - lo == 1:
-            return lo
-        prefix = min(adjacent[lo : hi - 1])
-        children, first, height = [], lo, 1
-        for i in range(lo, hi):  # children split where the adjacent prefix equals the node's
-            if i == hi - 1 or adjacent[i] == prefix:
-                if i == first:  # a leaf: no call, no node
-                    children.append(first)
-                else:
-                    child = build(first, i + 1)
-                    children.append(child)
-                    height = max(height, 1 + child.height)
-                first = i + 1
-        return _TrieNode(seqs, lo, hi, prefix, children, height)
+    A node is an interval whose common prefix is the minimum of its adjacent prefixes; its children
+    split where an adjacent prefix equals it. Built in one pass (a stack of the open nodes, prefixes
+    rising towards the top; the last finished subtree waits to be attached): no call per node.
+    """
+    stack: list[list] = []  # open nodes: [prefix, lo, children, height]
+    done: _TrieNode | int = 0  # the last finished subtree (a leaf is its position)
+    for i, a in enumerate(adjacent):
+        while stack and stack[-1][0] > a:  # the open nodes deeper than this pair end at item i
+            done = _close(seqs, stack.pop(), done, i + 1)
+        if stack and stack[-1][0] == a:
+            top = stack[-1]
+            top[2].append(done)
+            if not isinstance(done, int) and done.height + 1 > top[3]:
+                top[3] = done.height + 1
+        else:
+            lo = done if isinstance(done, int) else done.lo
+            stack.append([a, lo, [done], 1 if isinstance(done, int) else done.height + 1])
+        done = i + 1
+    while stack:
+        done = _close(seqs, stack.pop(), done, len(adjacent) + 1)
+    return done
 
-    return build(0, len(seqs))
+
+def _close(seqs: list[int], node: list, last: _TrieNode | int, hi: int) -> _TrieNode:
+    """An open node of `_trie`, finished with its last child."""
+    prefix, lo, children, height = node
+    children.append(last)
+    if not isinstance(last, int) and last.height + 1 > height:
+        height = last.height + 1
+    return _TrieNode(seqs, lo, hi, prefix, children, height)
 
 
 class _Solver:
@@ -197,27 +210,37 @@ class _Solver:
             self.memo[key] = result
             return result
         zeros = self.none[0]
-        alone = [zeros if a is None else a for a in (self._values(c, above) for c in children)]
+        values_of = self._values
+        alone = []
+        for c in children:
+            a = values_of(c, above)
+            alone.append(zeros if a is None else a)
         values, joined_at = [0] * (top + 1), [[] for _ in range(top + 1)]
         if length < self._shortest(above):
             for d in range(1, top + 1):
                 values[d] = sum(a[d] for a in alone)
         else:
-            kept = [zeros if k is None else k for k in (self._values(c, node.prefix) for c in children)]
-            sized = list(zip(range(len(children)), [_size(c) * length for c in children], kept, alone))
+            prefix = node.prefix
+            kept, sizes = [], []
+            for c in children:
+                k = values_of(c, prefix)
+                kept.append(zeros if k is None else k)
+                sizes.append(length if isinstance(c, int) else (c.hi - c.lo) * length)
+            indices = range(len(children))
             for d in range(1, min(top, node.height) + 1):
                 # `_split` of this depth's values, in one pass over the children
                 saved_alone = total = members = 0
                 joined = []
-                for c, size_rows, k, a in sized:
-                    saved_alone += a[d]
-                    gain = size_rows + k[d - 1] - a[d]
+                for c in indices:
+                    a = alone[c][d]
+                    saved_alone += a
+                    gain = sizes[c] + kept[c][d - 1] - a
                     if gain > 0:
                         joined.append(c)
                         total += gain
-                        members += size_rows
+                        members += sizes[c]
                 total -= length
-                # members >= 2 sequences: size_rows counts `length` rows per sequence (length > 0 here)
+                # members >= 2 sequences: sizes count `length` rows per sequence (length > 0 here)
                 if total > 0 and members >= 2 * length:
                     values[d], joined_at[d] = saved_alone + total, joined
                 else:
@@ -266,19 +289,20 @@ class _Solver:
 
 
 def _ordered(kept: list[tuple[tuple[int, ...], int, int, int | None]]) -> list[Node]:
-    """Nodes in compact-row order (depth first, siblings by first member); parents renumbered."""
-    children: dict[int | None, list[int]] = {}
-    for slot, (_, _, _, parent) in enumerate(kept):
-        children.setdefault(parent, []).append(slot)
+    """Nodes in compact-row order (depth first, siblings by first member); parents renumbered.
+
+    `kept` holds parents before children, so each node's key, the first members along its path
+    from the root, is its parent's plus its own: one sort of those keys is the depth-first order
+    (a parent's key is a prefix of its children's, siblings differ in their own first member)."""
+    keys: list[tuple[int, ...]] = []
+    for members, _, _, parent in kept:
+        keys.append((members[0],) if parent is None else (*keys[parent], members[0]))
+    order = sorted(range(len(kept)), key=keys.__getitem__)
+    index = [0] * len(kept)
+    for i, slot in enumerate(order):
+        index[slot] = i
     nodes: list[Node] = []
-
-    def visit(slot: int, parent: int | None) -> None:
-        members, start, end, _ = kept[slot]
-        index = len(nodes)
-        nodes.append(_node(members, start, end, parent))
-        for c in sorted(children.get(slot, []), key=lambda s: kept[s][0][0]):
-            visit(c, index)
-
-    for root in sorted(children.get(None, []), key=lambda s: kept[s][0][0]):
-        visit(root, None)
+    for slot in order:
+        members, start, end, parent = kept[slot]
+        nodes.append(_node(members, start, end, None if parent is None else index[parent]))
     return nodes
