@@ -36,13 +36,14 @@ from .gdn import CHUNK, chunk_indices
 from .rows import boundaries, counting, ranges
 
 RATIO = (9, 8)  # the ladder's ratio: a bucket holds at most 12.5% more than the batch needs
+COMPACT_RATIO = (17, 16)  # the compact row's ladder: at most 6.25% (its rows are the GEMMs', most of a step)
 
 
-def rung(x: int) -> int:
+def rung(x: int, ratio: tuple[int, int] = RATIO) -> int:
     """The smallest ladder value >= x (1, 2, ..., 8, 9, 11, 13, 15, 17, 20, ...: each about 9/8 of the last)."""
     value = 1
     while value < x:
-        value = max(value + 1, -(-value * RATIO[0] // RATIO[1]))
+        value = max(value + 1, -(-value * ratio[0] // ratio[1]))
     return value
 
 
@@ -151,7 +152,7 @@ def own_bucket(needs: Needs) -> tuple:
     """The layout's own bucket: every count rounded up the ladder (see the module docstring)."""
     s = len(needs.queries)
     s_star = rung(s + 1)  # at least one padding attention segment
-    c_star = rung(needs.compact + s_star - s)  # a padding row (at least) per padding segment
+    c_star = rung(needs.compact + s_star - s, COMPACT_RATIO)  # a padding row (at least) per padding segment
     rounds = tuple(_own_free_call(lengths, *slots) for lengths, slots in zip(needs.rounds, needs.slots))
     # the conv's rows must cover C*: its chunks follow from C* (at least the compact padding rows' and one
     # per padding segment beyond the real segments' own)
@@ -183,20 +184,79 @@ def fits(bucket: tuple, needs: Needs) -> bool:
     )
 
 
-def cost(bucket: tuple) -> int:
-    """Rows a bucket computes (the compact row and every GDN round's), to compare buckets."""
-    return bucket[0] + sum(rows for _, _, rows in bucket[1])
+# What a bucket costs the GPU per unit, in compact rows (a compact row: the GEMMs, norms and MLP of every
+# layer for one row, forward and backward): a GDN chunk of 64 (the chunked kernels run a block per chunk,
+# full or not) and a conv row, measured on the H200 at 4B widths (bench/shared_prefix_buckets.py, `COST`,
+# says from what). Attention's padding is a few segments of padding rows: left out.
+GDN_CHUNK_COST = 10.7
+CONV_ROW_COST = 0.018
+
+
+def cost(bucket: tuple) -> float:
+    """A bucket's GPU work in compact rows (the compact row, every GDN round's chunks, the conv's rows), to
+    compare buckets: which held one to pad to, and whether it is worth padding to rather than capturing."""
+    c_star, rounds, conv, _ = bucket
+    return c_star + GDN_CHUNK_COST * sum(chunks for _, chunks, _ in rounds) + CONV_ROW_COST * conv[2]
 
 
 REUSE = 1.25  # a layout pads to a held graph's bucket if that costs at most this much more than its own
 
 
+def _merge_free(calls) -> tuple[int, int, int]:
+    """A free-rows call `(N*, NT*, R*)` that every layout fitting one of `calls` fits: the largest `b`, and
+    for each call as many more sequences as its `b` grew and as many more chunks as its sequences grew."""
+    bs = [(CHUNK * chunks - rows) // (CHUNK - 1) for _, chunks, rows in calls]
+    b = max(bs)
+    sequences = max(n + b - bi for (n, _, _), bi in zip(calls, bs))
+    chunks = max(nt + sequences - n for n, nt, _ in calls)
+    return sequences, chunks, CHUNK * chunks - (CHUNK - 1) * b
+
+
+def merge(buckets) -> tuple | None:
+    """The smallest bucket (by these rules) that holds every one of `buckets` in each count, built so that a
+    layout that fits one of them fits it too (the attention `max_seqlen` aside: `fits` checks each layout);
+    None when their GDN rounds differ in number (other tree structures)."""
+    if len({len(b[1]) for b in buckets}) != 1:
+        return None
+    s_star = max(b[3][0] for b in buckets)
+    c_star = max(b[0] + s_star - b[3][0] for b in buckets)  # a padding row per padding segment, as before
+    k_star = max(b[3][1] + c_star - b[0] for b in buckets)  # the padding rows' keys, as before
+    # a padding segment's keys: (extra_i + dK) / (count_i + dS) <= max(M_i, dK / dS) (the mediant), or
+    # M_i + dK when no segment is added
+    max_seqlen = max(
+        max(m, -(-(k_star - k) // (s_star - s))) if s_star > s else m + k_star - k
+        for s, k, m in ((b[3][0], b[3][1], min(b[3][2], b[3][3])) for b in buckets)
+    )
+    rounds = tuple(_merge_free(calls) for calls in zip(*(b[1] for b in buckets)))
+    n, nt, rows = _merge_free([b[2] for b in buckets])
+    b = (CHUNK * nt - rows) // (CHUNK - 1)
+    nt = max(nt, -(-(c_star + (CHUNK - 1) * b) // CHUNK))  # the conv's rows cover C*
+    conv = (n, nt, CHUNK * nt - (CHUNK - 1) * b)
+    return (c_star, rounds, conv, (s_star, k_star, max_seqlen, max_seqlen))
+
+
 def choose_bucket(needs: Needs, held=()) -> tuple:
-    """The layout's own bucket, or the cheapest of `held` (buckets of captured graphs) that it fits and that
-    costs at most `REUSE` times its own: a replay instead of a capture, for a little more padding."""
+    """The bucket a layout pads to: the cheapest of `held` (buckets of captured graphs) that it fits and that
+    costs at most `REUSE` times its own bucket (a replay instead of a capture); else, to capture, the
+    cheapest merge of its own bucket with a held one within the same budget (a bucket that every layout of
+    both fits: the next layout that falls between two held buckets replays instead of capturing); else its
+    own bucket."""
     own = own_bucket(needs)
-    usable = [b for b in held if fits(b, needs) and cost(b) <= REUSE * cost(own)]
-    return min(usable, key=cost) if usable else own
+    budget = REUSE * cost(own)
+    usable = [b for b in held if fits(b, needs) and cost(b) <= budget]
+    if usable:
+        return min(usable, key=cost)
+    merged = [
+        m for m in (merge((own, b)) for b in held)
+        if m is not None and _grows(m, own) and fits(m, needs) and cost(m) <= budget
+    ]
+    return min(merged, key=cost) if merged else own
+
+
+def _grows(merged: tuple, own: tuple) -> bool:
+    """Whether a merge holds more than the own bucket (beyond `max_seqlen`, which a merge with a bucket that
+    the own one holds may still raise): else capturing it would only pad more."""
+    return merged[:3] != own[:3] or merged[3][:2] != own[3][:2]
 
 
 def pad_host(host: dict, layout, held=()) -> tuple[dict, tuple]:

@@ -18,7 +18,7 @@ from patchgen.kernels.shared_prefix import (
     shared_prefix_causal_conv1d,
     shared_prefix_gated_delta_rule,
 )
-from patchgen.kernels.shared_prefix.bucket import CHUNK, REUSE, cost, pad_lengths, rung
+from patchgen.kernels.shared_prefix.bucket import CHUNK, REUSE, cost, merge, pad_lengths, rung
 from patchgen.kernels.shared_prefix.gdn import chunk_indices
 from patchgen.kernels.shared_prefix.gdn_rounds import ReferenceRounds
 
@@ -131,7 +131,7 @@ def test_every_chunk_table_of_a_padded_plan_is_its_boundaries_own(pair):
 def _bucket_mates():
     """Two GRPO rows whose prompt and response lengths differ, in one bucket."""
     a = _plans([(70, [5, 9, 3])])[1]
-    b = _plans([(73, [6, 8, 2])])[1]
+    b = _plans([(68, [6, 8, 2])])[1]
     c = _plans([(200, [40, 3, 9])])[1]
     return a, b, c
 
@@ -332,7 +332,7 @@ def test_padding_leaves_every_real_index_as_it_was(batch, depth, aligned):
                        **kwargs)
     if other is not None and other.bucket != padded.bucket:
         reused = build_plan(ids, cu, positions, pad_to_bucket=True, held_buckets=(other.bucket,), **kwargs)
-        assert reused.bucket in (other.bucket, padded.bucket)
+        assert reused.bucket in (other.bucket, padded.bucket, merge((padded.bucket, other.bucket)))
         _check_padded(plain, reused)
 
 
