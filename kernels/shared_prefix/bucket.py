@@ -118,12 +118,29 @@ def round_slots(layout) -> list[tuple[int, int]]:
     return slots
 
 
+def _fill_chunks(gdn: dict, rounds) -> list[np.ndarray]:
+    """Per GDN round, its sequences' lengths up to whole chunks. A sequence whose final state a later round
+    reads (a root up to its last chunk boundary, a nested node's segment) already ends on one; the others
+    (singletons, the last round's segments, tails alone) end anywhere and nothing reads their final state,
+    so rows appended after their last real row change no real output (the recurrence is causal) and get no
+    gradient. Checked here: a read state of a sequence that does not end on a chunk boundary is an error."""
+    for r in range(1, len(rounds)):
+        state = gdn.get(f"state{r}")
+        if state is None or not len(rounds[r - 1]):
+            continue
+        read = state - (1 if gdn.get(f"zero{r}") else 0)
+        if (rounds[r - 1][read[read >= 0]] % CHUNK).any():
+            raise AssertionError(f"GDN round {r} reads the final state of a round {r - 1} sequence that ends mid-chunk")
+    return [CHUNK * -(-lengths // CHUNK) for lengths in rounds]
+
+
 @dataclass(frozen=True, eq=False)
 class Needs:
     """What a layout's plan needs of a bucket: its compact length, every call's sequence lengths."""
 
     compact: int
     rounds: tuple[np.ndarray, ...]  # per GDN round, its sequences' lengths (empty when it has none)
+    filled: tuple[np.ndarray, ...]  # the same, each up to its last chunk's end (`_fill_chunks`)
     slots: tuple[tuple[int, int], ...]  # per GDN round, its structure's sequences and those with slack (`round_slots`)
     conv: np.ndarray  # the conv's segment lengths (they tile the compact row)
     queries: np.ndarray  # attention's segment query and key lengths
@@ -140,6 +157,7 @@ class Needs:
         return cls(
             compact=layout.compact_length,
             rounds=rounds,
+            filled=tuple(_fill_chunks(gdn, rounds)),
             slots=tuple(round_slots(layout)),
             conv=np.diff(host["conv"]["segment_cu"]).astype(np.int64),
             queries=np.diff(att["cu_q"]).astype(np.int64),
@@ -153,7 +171,8 @@ def own_bucket(needs: Needs) -> tuple:
     s = len(needs.queries)
     s_star = rung(s + 1)  # at least one padding attention segment
     c_star = rung(needs.compact + s_star - s, COMPACT_RATIO)  # a padding row (at least) per padding segment
-    rounds = tuple(_own_free_call(lengths, *slots) for lengths, slots in zip(needs.rounds, needs.slots))
+    # every real GDN sequence fills whole chunks: no slack, so one padding sequence serves (b = 0)
+    rounds = tuple(_own_free_call(filled, slots, 0) for filled, (slots, _) in zip(needs.filled, needs.slots))
     # the conv's rows must cover C*: its chunks follow from C* (at least the compact padding rows' and one
     # per padding segment beyond the real segments' own)
     conv_b = rung(len(needs.conv))  # every segment may end anywhere
@@ -178,7 +197,7 @@ def fits(bucket: tuple, needs: Needs) -> bool:
         and 1 <= count <= p
         and extra_keys >= p
         and max(needs.max_k, -(-extra_keys // count)) <= min(max_q, max_k)
-        and all(_fits_free(call, lengths) for call, lengths in zip(rounds, needs.rounds))
+        and all(_fits_free(call, filled) for call, filled in zip(rounds, needs.filled))
         and _fits_free(conv, needs.conv)
         and conv[2] - needs.compact >= p  # the conv's padding covers the compact padding rows
     )
@@ -289,13 +308,23 @@ def _pad_gdn(host: dict, needs: Needs, calls: tuple, c: int, p: int) -> dict:
     backward's `index_copy_` of repeated indices writes zeros either way). From round 1 on,
     padding sequences start from the zero state (so every round picks from zeros: `zero` is always set)."""
     out = {"rounds": host["rounds"]}
-    real_rows, pad_rows, parts = [], [], []
-    for r, (lengths, call) in enumerate(zip(needs.rounds, calls)):
-        pad = _pad_free(call, lengths)
-        real = int(lengths.sum())
-        pad_src = _cycle(c, p, int(pad.sum()))
-        src = np.concatenate([host[f"src{r}"], pad_src]) if f"src{r}" in host else pad_src
-        all_lengths = np.concatenate([lengths, pad])
+    real_rows, pad_rows, parts, moved = [], [], [], []
+    for r, (lengths, filled, call) in enumerate(zip(needs.rounds, needs.filled, calls)):
+        pad = _pad_free(call, filled)
+        real = int(filled.sum())
+        # each real sequence's rows, then padding rows up to its last chunk's end (`_fill_chunks`)
+        fill = filled - lengths
+        fill_src = _cycle(c, p, int(fill.sum()))
+        at = boundaries(filled)[:-1] + lengths  # where each sequence's fill rows go
+        src = np.empty(real, dtype=np.int64)
+        is_fill = np.zeros(real, dtype=bool)
+        is_fill[ranges(at, fill)] = True
+        src[is_fill] = fill_src
+        if f"src{r}" in host:
+            src[~is_fill] = host[f"src{r}"]
+        moved.append(np.flatnonzero(~is_fill))  # a real row's place among the round's filled rows
+        src = np.concatenate([src, _cycle(c, p, int(pad.sum()))])
+        all_lengths = np.concatenate([filled, pad])
         out |= {
             f"src{r}": src,
             f"cu{r}": boundaries(all_lengths).astype(np.int32),
@@ -313,10 +342,11 @@ def _pad_gdn(host: dict, needs: Needs, calls: tuple, c: int, p: int) -> dict:
         parts.append(all_lengths)
     # rows of cat(every round's rows): each round's real rows, then its padding rows
     round_start = np.cumsum([0] + [a + b for a, b in zip(real_rows, pad_rows)])[:-1]
-    real_start = np.cumsum([0] + real_rows)[:-1]
+    real_start = np.cumsum([0] + [int(lengths.sum()) for lengths in needs.rounds])[:-1]
     index = host["out_index"]
     of = np.searchsorted(real_start, index, side="right") - 1
-    shifted = index - real_start[of] + round_start[of]
+    # `moved` of every round, concatenated, is indexed by the unpadded rows of cat(every round's rows)
+    shifted = np.concatenate(moved)[index] + round_start[of]
     out["out_index"] = np.concatenate([shifted, _cycle(round_start[0] + real_rows[0], pad_rows[0], p)])
     out["src"] = np.concatenate([out[f"src{r}"] for r in range(host["rounds"])])
     joint = np.concatenate(parts)
