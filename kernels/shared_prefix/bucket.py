@@ -15,15 +15,26 @@ contents of the index tensors (copied into a graph's static buffers per step):
   the conv padding segments of their own (zero look-back state), attention padding segments whose keys
   are padding rows: a sequence boundary in every mixer, so no real row reads a padding row.
 
-Counts go up a geometric ladder (`rung`, ratio 9/8: at most 12.5% more than needed). Every chunk
-table entry is a real chunk of a real (or padding) sequence: the tables stay what the kernels are
-built for. A mixer whose rows are free (GDN rounds gather their rows; the conv gathers rows beyond `C*`
-as needed) keeps rows and chunks both fixed with one padding sequence per sequence it pads for: each
-sequence's last chunk holds 1 to 64 rows, so a padding sequence can absorb up to 63 rows of that
-slack. Attention reads the compact row's queries in place and needs no chunk table.
+Counts go up a geometric ladder (`rung`): the compact row's rows (the GEMMs', most of a step's GPU work)
+by 17/16 (at most 6.25% more than needed), every other count by 9/8. Every chunk table entry is a real
+chunk of a real (or padding) sequence: the tables stay what the kernels are built for. A varlen call
+whose rows are free (the GDN rounds gather theirs; the conv gathers rows beyond `C*` as needed) keeps
+rows and chunks both fixed:
+
+- a GDN round fills every real sequence's last chunk with padding rows (`_fill_chunks`: the sequences
+  that end mid-chunk are the ones whose final state nothing reads, so rows after their last real row
+  change no real output and get no gradient). No slack is left to vary with the layout: one padding
+  sequence beyond those the round's structure allows keeps rows and chunks fixed;
+- the conv's segments tile the compact row and cannot be filled: one padding sequence per segment that
+  may end mid-chunk absorbs up to 63 rows of that slack each.
+
+Attention reads the compact row's queries in place and needs no chunk table.
 
 A layout may also pad to a larger bucket than its own, one a captured graph already holds, when it
-fits and costs little more (`choose_bucket`): a replay instead of a capture.
+fits and costs little more (`choose_bucket`, in GPU work measured per row and per chunk: `cost`): a
+replay instead of a capture. A layout that fits no held bucket captures, where it costs little more,
+the merge of its own bucket with a held one (`merge`), which every layout of both fits: layouts that
+fall between two held buckets, in one count or another, then replay.
 """
 
 from __future__ import annotations
@@ -40,7 +51,8 @@ COMPACT_RATIO = (17, 16)  # the compact row's ladder: at most 6.25% (its rows ar
 
 
 def rung(x: int, ratio: tuple[int, int] = RATIO) -> int:
-    """The smallest ladder value >= x (1, 2, ..., 8, 9, 11, 13, 15, 17, 20, ...: each about 9/8 of the last)."""
+    """The smallest ladder value >= x (ratio 9/8: 1, 2, ..., 8, 9, 11, 13, 15, 17, 20, ..., each about 9/8 of
+    the last; ratio 17/16: 1, ..., 16, 17, 19, 21, ...)."""
     value = 1
     while value < x:
         value = max(value + 1, -(-value * ratio[0] // ratio[1]))
@@ -66,9 +78,9 @@ def pad_lengths(count: int, rows: int, chunks: int) -> np.ndarray:
 # bucketed as (sequences N*, chunks NT*, rows R* = 64 NT* - 63 b). Its real sequences leave `slack` rows
 # short of whole last chunks (0 to 63 each, varying with the layout); k = N* - n >= b padding sequences,
 # each at least one chunk, absorb the remaining 63 b - slack, so rows and chunks both stay fixed for every
-# layout whose slack is at most 63 b. A layout's own b is the rung of the sequences that may leave slack
-# (every one but the roots of round 0, which end on a chunk boundary), so every layout of the structure
-# fits it whatever its lengths.
+# layout whose slack is at most 63 b. The conv's own b is the rung of its segments (each may end anywhere),
+# so every layout of the structure fits it whatever its lengths. A GDN round's sequences are filled to
+# whole chunks (`_fill_chunks`): no slack, b = 0, and one padding sequence (k >= 1) serves.
 
 
 def _slack(lengths: np.ndarray) -> int:
@@ -303,8 +315,8 @@ def pad_host(host: dict, layout, held=()) -> tuple[dict, tuple]:
 
 
 def _pad_gdn(host: dict, needs: Needs, calls: tuple, c: int, p: int) -> dict:
-    """Every round (round 0 too, when it had no rows) gets padding sequences, which read the compact padding
-    rows (repeated as needed); the compact padding rows keep round 0's first padding outputs (repeated when
+    """Every real sequence is filled to whole chunks, and every round (round 0 too, when it had no rows) gets
+    padding sequences; fill and padding rows read the compact padding rows (repeated as needed); the compact padding rows keep round 0's first padding outputs (repeated when
     round 0 has fewer padding rows: those outputs are never read and their gradient is zero, so the
     backward's `index_copy_` of repeated indices writes zeros either way). From round 1 on,
     padding sequences start from the zero state (so every round picks from zeros: `zero` is always set)."""
