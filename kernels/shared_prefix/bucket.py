@@ -316,10 +316,11 @@ def pad_host(host: dict, layout, held=()) -> tuple[dict, tuple]:
 
 def _pad_gdn(host: dict, needs: Needs, calls: tuple, c: int, p: int) -> dict:
     """Every real sequence is filled to whole chunks, and every round (round 0 too, when it had no rows) gets
-    padding sequences; fill and padding rows read the compact padding rows (repeated as needed); the compact padding rows keep round 0's first padding outputs (repeated when
-    round 0 has fewer padding rows: those outputs are never read and their gradient is zero, so the
-    backward's `index_copy_` of repeated indices writes zeros either way). From round 1 on,
-    padding sequences start from the zero state (so every round picks from zeros: `zero` is always set)."""
+    padding sequences; fill and padding rows read the compact padding rows (repeated as needed). The compact
+    padding rows keep round 0's first padding outputs (repeated when round 0 has fewer padding rows: those
+    outputs are never read and their gradient is zero, so the backward's `index_copy_` of repeated indices
+    writes zeros either way). From round 1 on, padding sequences start from the zero state (so every round
+    picks from zeros: `zero` is always set)."""
     out = {"rounds": host["rounds"]}
     real_rows, pad_rows, parts, moved = [], [], [], []
     for r, (lengths, filled, call) in enumerate(zip(needs.rounds, needs.filled, calls)):
