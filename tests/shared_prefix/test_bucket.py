@@ -478,3 +478,12 @@ def test_merging_buckets_of_other_tree_shapes_gives_none():
     ids, cu = _tree_row()
     tree = build_plan(ids, cu, max_depth=2, level_cost=0, pad_to_bucket=True).bucket
     assert merge((tree, PLANS[0][1].bucket)) is None
+
+
+def test_the_gpu_tests_layouts_of_one_bucket_share_it_on_the_host():
+    """The bucket is host data: the H200 test's two layouts of one bucket (and one of another) are checked
+    here, where CI runs, so that a change of the ladder cannot leave that test's premise false unseen."""
+    from tests.shared_prefix.test_layer_graphs_gpu import BUCKET, OTHER_BUCKET
+
+    first, second, other = (_plans([groups])[1].bucket for groups in (*BUCKET, OTHER_BUCKET))
+    assert first == second != other
