@@ -50,12 +50,13 @@ RATIO = (9, 8)  # the ladder's ratio: a bucket holds at most 12.5% more than the
 COMPACT_RATIO = (17, 16)  # the compact row's ladder: at most 6.25% (its rows are the GEMMs', most of a step)
 
 
-def rung(x: int, ratio: tuple[int, int] = RATIO) -> int:
+def rung(x: int, ratio: tuple[int, int] | None = None) -> int:
     """The smallest ladder value >= x (ratio 9/8: 1, 2, ..., 8, 9, 11, 13, 15, 17, 20, ..., each about 9/8 of
     the last; ratio 17/16: 1, ..., 16, 17, 19, 21, ...)."""
+    up, down = ratio or RATIO
     value = 1
     while value < x:
-        value = max(value + 1, -(-value * ratio[0] // ratio[1]))
+        value = max(value + 1, -(-value * up // down))
     return value
 
 
