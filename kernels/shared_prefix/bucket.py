@@ -246,9 +246,9 @@ def _merge_free(calls) -> tuple[int, int, int]:
 
 
 def merge(buckets) -> tuple | None:
-    """The smallest bucket (by these rules) that holds every one of `buckets` in each count, built so that a
-    layout that fits one of them fits it too (the attention `max_seqlen` aside: `fits` checks each layout);
-    None when their GDN rounds differ in number (other tree structures)."""
+    """A bucket that holds every one of `buckets` in each count, built so that a layout that fits one of them
+    fits it too (each count's rule below says why); None when their GDN rounds differ in number (other tree
+    structures)."""
     if len({len(b[1]) for b in buckets}) != 1:
         return None
     s_star = max(b[3][0] for b in buckets)

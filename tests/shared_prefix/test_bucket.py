@@ -335,6 +335,17 @@ def test_padding_leaves_every_real_index_as_it_was(batch, depth, aligned):
         reused = build_plan(ids, cu, positions, pad_to_bucket=True, held_buckets=(other.bucket,), **kwargs)
         assert reused.bucket in (other.bucket, padded.bucket, merge((padded.bucket, other.bucket)))
         _check_padded(plain, reused)
+        merged = merge((padded.bucket, other.bucket))
+        if merged is not None:  # both batches fit the merge of their buckets (the cost budget lifted)
+            budget, bucket_module.REUSE = bucket_module.REUSE, float("inf")
+            try:
+                mate = build_plan(*pack(longer), None if positions is None else _longer_positions(longer),
+                                  pad_to_bucket=True, held_buckets=(merged,), **kwargs)
+                again = build_plan(ids, cu, positions, pad_to_bucket=True, held_buckets=(merged,), **kwargs)
+            finally:
+                bucket_module.REUSE = budget
+            assert mate.bucket == merged and again.bucket == merged
+            _check_padded(plain, again)
 
 
 def _longer_positions(seqs):
