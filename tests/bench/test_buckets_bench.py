@@ -9,7 +9,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import shared_prefix_buckets
-from patchgen.kernels.shared_prefix import build_plan
+from patchgen.kernels.shared_prefix import bucket, build_plan
 
 
 class _Spread:
@@ -37,3 +37,8 @@ def test_drawn_lengths_vary_and_a_tree_keeps_its_shape():
     plans = [build_plan(ids, cu, conv_kernel_size=4, **settings) for ids, cu in rows]
     assert all(p.depth == plans[0].depth > 1 for p in plans)  # the turns stay shared: a tree every step
     assert len({len(p.gdn.rounds) for p in plans}) == 1
+
+
+def test_the_bench_weighs_gdn_chunks_and_conv_rows_as_the_bucket_choice_does():
+    assert shared_prefix_buckets.COST["gdn_chunk"] == bucket.GDN_CHUNK_COST
+    assert shared_prefix_buckets.COST["conv_row"] == bucket.CONV_ROW_COST
