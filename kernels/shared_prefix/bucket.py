@@ -270,26 +270,29 @@ def merge(buckets) -> tuple | None:
 
 def choose_bucket(needs: Needs, held=()) -> tuple:
     """The bucket a layout pads to: the cheapest of `held` (buckets of captured graphs) that it fits and that
-    costs at most `REUSE` times its own bucket (a replay instead of a capture); else, to capture, the
-    cheapest merge of its own bucket with a held one within the same budget (a bucket that every layout of
-    both fits: the next layout that falls between two held buckets replays instead of capturing); else its
-    own bucket."""
+    costs at most `REUSE` times its own bucket (a replay instead of a capture); else, to capture, the merge
+    of its own bucket with every held one of its tree shape, or else the cheapest merge with one of them,
+    within the same budget (a bucket that every layout of those fits: the next layout that falls between
+    held buckets replays instead of capturing); else its own bucket."""
     own = own_bucket(needs)
     budget = REUSE * cost(own)
     usable = [b for b in held if fits(b, needs) and cost(b) <= budget]
     if usable:
         return min(usable, key=cost)
-    merged = [
-        m for m in (merge((own, b)) for b in held)
-        if m is not None and _grows(m, own) and fits(m, needs) and cost(m) <= budget
-    ]
-    return min(merged, key=cost) if merged else own
+    same = [b for b in held if len(b[1]) == len(own[1])]  # buckets of the same tree shape
+    if len(same) > 1 and _worth(everything := merge((own, *same)), own, needs, budget):
+        return everything  # every layout that fits a held bucket fits it too
+    pairs = [m for m in (merge((own, b)) for b in same) if _worth(m, own, needs, budget)]
+    return min(pairs, key=cost) if pairs else own
 
 
-def _grows(merged: tuple, own: tuple) -> bool:
-    """Whether a merge holds more than the own bucket (beyond `max_seqlen`, which a merge with a bucket that
-    the own one holds may still raise): else capturing it would only pad more."""
-    return merged[:3] != own[:3] or merged[3][:2] != own[3][:2]
+def _worth(merged: tuple | None, own: tuple, needs: Needs, budget: float) -> bool:
+    """Whether to capture a merge rather than the own bucket: it holds more than the own bucket (beyond
+    `max_seqlen`, which a merge with a bucket that the own one holds may still raise: else it would only
+    pad more), the layout fits it, and it costs at most `budget`."""
+    if merged is None or (merged[:3] == own[:3] and merged[3][:2] == own[3][:2]):
+        return False
+    return fits(merged, needs) and cost(merged) <= budget
 
 
 def pad_host(host: dict, layout, held=()) -> tuple[dict, tuple]:

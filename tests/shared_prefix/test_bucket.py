@@ -452,6 +452,20 @@ def test_a_capture_between_held_buckets_takes_their_merge():
     assert build_plan(ids, cu, pad_to_bucket=True, held_buckets=(captured.bucket,)).bucket == captured.bucket
 
 
+def test_a_capture_merges_with_every_held_bucket_when_that_costs_little_more():
+    """With two held buckets, the merge with both (not the cheaper merge with one): every layout of the held
+    graphs replays it afterwards, so the merges converge on one bucket instead of a cache of partial ones."""
+    first, second, third = [(200, [10, 20, 15])], [(160, [50, 40, 30])], [(170, [40, 50, 45])]
+    held = (_plans(first)[1].bucket, _plans(second)[1].bucket)
+    ids, cu = _row(third)
+    captured = build_plan(ids, cu, pad_to_bucket=True, held_buckets=held).bucket
+    assert captured == merge((_plans(third)[1].bucket, *held)) and captured not in held
+    assert captured != min((merge((_plans(third)[1].bucket, b)) for b in held), key=cost)  # more than a pair's
+    for groups in (first, second):
+        ids, cu = _row(groups)
+        assert build_plan(ids, cu, pad_to_bucket=True, held_buckets=(captured,)).bucket == captured
+
+
 def test_mixers_on_a_plan_padded_to_a_merged_bucket():
     _, _, plain, _, captured = _merge_case()
     _check_padded(plain, captured)
