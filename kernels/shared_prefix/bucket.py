@@ -15,15 +15,26 @@ contents of the index tensors (copied into a graph's static buffers per step):
   the conv padding segments of their own (zero look-back state), attention padding segments whose keys
   are padding rows: a sequence boundary in every mixer, so no real row reads a padding row.
 
-Counts go up a geometric ladder (`rung`, ratio 9/8: at most 12.5% more than needed). Every chunk
-table entry is a real chunk of a real (or padding) sequence: the tables stay what the kernels are
-built for. A mixer whose rows are free (GDN rounds gather their rows; the conv gathers rows beyond `C*`
-as needed) keeps rows and chunks both fixed with one padding sequence per sequence it pads for: each
-sequence's last chunk holds 1 to 64 rows, so a padding sequence can absorb up to 63 rows of that
-slack. Attention reads the compact row's queries in place and needs no chunk table.
+Counts go up a geometric ladder (`rung`): the compact row's rows (the GEMMs', most of a step's GPU work)
+by 17/16 (at most 6.25% more than needed), every other count by 9/8. Every chunk table entry is a real
+chunk of a real (or padding) sequence: the tables stay what the kernels are built for. A varlen call
+whose rows are free (the GDN rounds gather theirs; the conv gathers rows beyond `C*` as needed) keeps
+rows and chunks both fixed:
+
+- a GDN round fills every real sequence's last chunk with padding rows (`_fill_chunks`: the sequences
+  that end mid-chunk are the ones whose final state nothing reads, so rows after their last real row
+  change no real output and get no gradient). No slack is left to vary with the layout: one padding
+  sequence beyond those the round's structure allows keeps rows and chunks fixed;
+- the conv's segments tile the compact row and cannot be filled: one padding sequence per segment that
+  may end mid-chunk absorbs up to 63 rows of that slack each.
+
+Attention reads the compact row's queries in place and needs no chunk table.
 
 A layout may also pad to a larger bucket than its own, one a captured graph already holds, when it
-fits and costs little more (`choose_bucket`): a replay instead of a capture.
+fits and costs little more (`choose_bucket`, in GPU work measured per row and per chunk: `cost`): a
+replay instead of a capture. A layout that fits no held bucket captures, where it costs little more,
+the merge of its own bucket with a held one (`merge`), which every layout of both fits: layouts that
+fall between two held buckets, in one count or another, then replay.
 """
 
 from __future__ import annotations
@@ -36,13 +47,16 @@ from .gdn import CHUNK, chunk_indices
 from .rows import boundaries, counting, ranges
 
 RATIO = (9, 8)  # the ladder's ratio: a bucket holds at most 12.5% more than the batch needs
+COMPACT_RATIO = (17, 16)  # the compact row's ladder: at most 6.25% (its rows are the GEMMs', most of a step)
 
 
-def rung(x: int) -> int:
-    """The smallest ladder value >= x (1, 2, ..., 8, 9, 11, 13, 15, 17, 20, ...: each about 9/8 of the last)."""
+def rung(x: int, ratio: tuple[int, int] | None = None) -> int:
+    """The smallest ladder value >= x (ratio 9/8: 1, 2, ..., 8, 9, 11, 13, 15, 17, 20, ..., each about 9/8 of
+    the last; ratio 17/16: 1, ..., 16, 17, 19, 21, ...)."""
+    up, down = ratio or RATIO
     value = 1
     while value < x:
-        value = max(value + 1, -(-value * RATIO[0] // RATIO[1]))
+        value = max(value + 1, -(-value * up // down))
     return value
 
 
@@ -65,9 +79,9 @@ def pad_lengths(count: int, rows: int, chunks: int) -> np.ndarray:
 # bucketed as (sequences N*, chunks NT*, rows R* = 64 NT* - 63 b). Its real sequences leave `slack` rows
 # short of whole last chunks (0 to 63 each, varying with the layout); k = N* - n >= b padding sequences,
 # each at least one chunk, absorb the remaining 63 b - slack, so rows and chunks both stay fixed for every
-# layout whose slack is at most 63 b. A layout's own b is the rung of the sequences that may leave slack
-# (every one but the roots of round 0, which end on a chunk boundary), so every layout of the structure
-# fits it whatever its lengths.
+# layout whose slack is at most 63 b. The conv's own b is the rung of its segments (each may end anywhere),
+# so every layout of the structure fits it whatever its lengths. A GDN round's sequences are filled to
+# whole chunks (`_fill_chunks`): no slack, b = 0, and one padding sequence (k >= 1) serves.
 
 
 def _slack(lengths: np.ndarray) -> int:
@@ -117,12 +131,29 @@ def round_slots(layout) -> list[tuple[int, int]]:
     return slots
 
 
+def _fill_chunks(gdn: dict, rounds) -> list[np.ndarray]:
+    """Per GDN round, its sequences' lengths up to whole chunks. A sequence whose final state a later round
+    reads (a root up to its last chunk boundary, a nested node's segment) already ends on one; the others
+    (singletons, the last round's segments, tails alone) end anywhere and nothing reads their final state,
+    so rows appended after their last real row change no real output (the recurrence is causal) and get no
+    gradient. Checked here: a read state of a sequence that does not end on a chunk boundary is an error."""
+    for r in range(1, len(rounds)):
+        state = gdn.get(f"state{r}")
+        if state is None or not len(rounds[r - 1]):
+            continue
+        read = state - (1 if gdn.get(f"zero{r}") else 0)
+        if (rounds[r - 1][read[read >= 0]] % CHUNK).any():
+            raise AssertionError(f"GDN round {r} reads the final state of a round {r - 1} sequence that ends mid-chunk")
+    return [CHUNK * -(-lengths // CHUNK) for lengths in rounds]
+
+
 @dataclass(frozen=True, eq=False)
 class Needs:
     """What a layout's plan needs of a bucket: its compact length, every call's sequence lengths."""
 
     compact: int
     rounds: tuple[np.ndarray, ...]  # per GDN round, its sequences' lengths (empty when it has none)
+    filled: tuple[np.ndarray, ...]  # the same, each up to its last chunk's end (`_fill_chunks`)
     slots: tuple[tuple[int, int], ...]  # per GDN round, its structure's sequences and those with slack (`round_slots`)
     conv: np.ndarray  # the conv's segment lengths (they tile the compact row)
     queries: np.ndarray  # attention's segment query and key lengths
@@ -139,6 +170,7 @@ class Needs:
         return cls(
             compact=layout.compact_length,
             rounds=rounds,
+            filled=tuple(_fill_chunks(gdn, rounds)),
             slots=tuple(round_slots(layout)),
             conv=np.diff(host["conv"]["segment_cu"]).astype(np.int64),
             queries=np.diff(att["cu_q"]).astype(np.int64),
@@ -151,8 +183,9 @@ def own_bucket(needs: Needs) -> tuple:
     """The layout's own bucket: every count rounded up the ladder (see the module docstring)."""
     s = len(needs.queries)
     s_star = rung(s + 1)  # at least one padding attention segment
-    c_star = rung(needs.compact + s_star - s)  # a padding row (at least) per padding segment
-    rounds = tuple(_own_free_call(lengths, *slots) for lengths, slots in zip(needs.rounds, needs.slots))
+    c_star = rung(needs.compact + s_star - s, COMPACT_RATIO)  # a padding row (at least) per padding segment
+    # every real GDN sequence fills whole chunks: no slack, so one padding sequence serves (b = 0)
+    rounds = tuple(_own_free_call(filled, slots, 0) for filled, (slots, _) in zip(needs.filled, needs.slots))
     # the conv's rows must cover C*: its chunks follow from C* (at least the compact padding rows' and one
     # per padding segment beyond the real segments' own)
     conv_b = rung(len(needs.conv))  # every segment may end anywhere
@@ -177,26 +210,89 @@ def fits(bucket: tuple, needs: Needs) -> bool:
         and 1 <= count <= p
         and extra_keys >= p
         and max(needs.max_k, -(-extra_keys // count)) <= min(max_q, max_k)
-        and all(_fits_free(call, lengths) for call, lengths in zip(rounds, needs.rounds))
+        and all(_fits_free(call, filled) for call, filled in zip(rounds, needs.filled))
         and _fits_free(conv, needs.conv)
         and conv[2] - needs.compact >= p  # the conv's padding covers the compact padding rows
     )
 
 
-def cost(bucket: tuple) -> int:
-    """Rows a bucket computes (the compact row and every GDN round's), to compare buckets."""
-    return bucket[0] + sum(rows for _, _, rows in bucket[1])
+# What a bucket costs the GPU per unit, in compact rows (a compact row: the GEMMs, norms and MLP of every
+# layer for one row, forward and backward): a GDN chunk of 64 (the chunked kernels run a block per chunk,
+# full or not) and a conv row, measured on the H200 at 4B widths (bench/shared_prefix_buckets.py, `COST`,
+# says from what). Attention's padding is a few segments of padding rows: left out.
+GDN_CHUNK_COST = 10.7
+CONV_ROW_COST = 0.018
 
 
-REUSE = 1.25  # a layout pads to a held graph's bucket if that costs at most this much more than its own
+def cost(bucket: tuple) -> float:
+    """A bucket's GPU work in compact rows (the compact row, every GDN round's chunks, the conv's rows), to
+    compare buckets: which held one to pad to, and whether it is worth padding to rather than capturing."""
+    c_star, rounds, conv, _ = bucket
+    return c_star + GDN_CHUNK_COST * sum(chunks for _, chunks, _ in rounds) + CONV_ROW_COST * conv[2]
+
+
+REUSE = 1.4  # a layout pads to a held graph's bucket if that costs at most this much more than its own (a
+# capture costs about 4 replayed steps: padding 40% more pays until the layout recurs about 10 times)
+
+
+def _merge_free(calls) -> tuple[int, int, int]:
+    """A free-rows call `(N*, NT*, R*)` that every layout fitting one of `calls` fits: the largest `b`, and
+    for each call as many more sequences as its `b` grew and as many more chunks as its sequences grew."""
+    bs = [(CHUNK * chunks - rows) // (CHUNK - 1) for _, chunks, rows in calls]
+    b = max(bs)
+    sequences = max(n + b - bi for (n, _, _), bi in zip(calls, bs))
+    chunks = max(nt + sequences - n for n, nt, _ in calls)
+    return sequences, chunks, CHUNK * chunks - (CHUNK - 1) * b
+
+
+def merge(buckets) -> tuple | None:
+    """A bucket that holds every one of `buckets` in each count, built so that a layout that fits one of them
+    fits it too (each count's rule below says why); None when their GDN rounds differ in number (other tree
+    structures)."""
+    if len({len(b[1]) for b in buckets}) != 1:
+        return None
+    s_star = max(b[3][0] for b in buckets)
+    c_star = max(b[0] + s_star - b[3][0] for b in buckets)  # a padding row per padding segment, as before
+    k_star = max(b[3][1] + c_star - b[0] for b in buckets)  # the padding rows' keys, as before
+    # a padding segment's keys: (extra_i + dK) / (count_i + dS) <= max(M_i, dK / dS) (the mediant), or
+    # M_i + dK when no segment is added
+    max_seqlen = max(
+        max(m, -(-(k_star - k) // (s_star - s))) if s_star > s else m + k_star - k
+        for s, k, m in ((b[3][0], b[3][1], min(b[3][2], b[3][3])) for b in buckets)
+    )
+    rounds = tuple(_merge_free(calls) for calls in zip(*(b[1] for b in buckets)))
+    n, nt, rows = _merge_free([b[2] for b in buckets])
+    b = (CHUNK * nt - rows) // (CHUNK - 1)
+    nt = max(nt, -(-(c_star + (CHUNK - 1) * b) // CHUNK))  # the conv's rows cover C*
+    conv = (n, nt, CHUNK * nt - (CHUNK - 1) * b)
+    return (c_star, rounds, conv, (s_star, k_star, max_seqlen, max_seqlen))
 
 
 def choose_bucket(needs: Needs, held=()) -> tuple:
-    """The layout's own bucket, or the cheapest of `held` (buckets of captured graphs) that it fits and that
-    costs at most `REUSE` times its own: a replay instead of a capture, for a little more padding."""
+    """The bucket a layout pads to: the cheapest of `held` (buckets of captured graphs) that it fits and that
+    costs at most `REUSE` times its own bucket (a replay instead of a capture); else, to capture, the merge
+    of its own bucket with every held one of its tree shape, or else the cheapest merge with one of them,
+    within the same budget (a bucket that every layout of those fits: the next layout that falls between
+    held buckets replays instead of capturing); else its own bucket."""
     own = own_bucket(needs)
-    usable = [b for b in held if fits(b, needs) and cost(b) <= REUSE * cost(own)]
-    return min(usable, key=cost) if usable else own
+    budget = REUSE * cost(own)
+    usable = [b for b in held if fits(b, needs) and cost(b) <= budget]
+    if usable:
+        return min(usable, key=cost)
+    same = [b for b in held if len(b[1]) == len(own[1])]  # buckets of the same tree shape
+    if len(same) > 1 and _worth(everything := merge((own, *same)), own, needs, budget):
+        return everything  # every layout that fits a held bucket fits it too
+    pairs = [m for m in (merge((own, b)) for b in same) if _worth(m, own, needs, budget)]
+    return min(pairs, key=cost) if pairs else own
+
+
+def _worth(merged: tuple | None, own: tuple, needs: Needs, budget: float) -> bool:
+    """Whether to capture a merge rather than the own bucket: it holds more than the own bucket (beyond
+    `max_seqlen`, which a merge with a bucket that the own one holds may still raise: else it would only
+    pad more), the layout fits it, and it costs at most `budget`."""
+    if merged is None or (merged[:3] == own[:3] and merged[3][:2] == own[3][:2]):
+        return False
+    return fits(merged, needs) and cost(merged) <= budget
 
 
 def pad_host(host: dict, layout, held=()) -> tuple[dict, tuple]:
@@ -223,19 +319,30 @@ def pad_host(host: dict, layout, held=()) -> tuple[dict, tuple]:
 
 
 def _pad_gdn(host: dict, needs: Needs, calls: tuple, c: int, p: int) -> dict:
-    """Every round (round 0 too, when it had no rows) gets padding sequences, which read the compact padding
-    rows (repeated as needed); the compact padding rows keep round 0's first padding outputs (repeated when
-    round 0 has fewer padding rows: those outputs are never read and their gradient is zero, so the
-    backward's `index_copy_` of repeated indices writes zeros either way). From round 1 on,
-    padding sequences start from the zero state (so every round picks from zeros: `zero` is always set)."""
+    """Every real sequence is filled to whole chunks, and every round (round 0 too, when it had no rows) gets
+    padding sequences; fill and padding rows read the compact padding rows (repeated as needed). The compact
+    padding rows keep round 0's first padding outputs (repeated when round 0 has fewer padding rows: those
+    outputs are never read and their gradient is zero, so the backward's `index_copy_` of repeated indices
+    writes zeros either way). From round 1 on, padding sequences start from the zero state (so every round
+    picks from zeros: `zero` is always set)."""
     out = {"rounds": host["rounds"]}
-    real_rows, pad_rows, parts = [], [], []
-    for r, (lengths, call) in enumerate(zip(needs.rounds, calls)):
-        pad = _pad_free(call, lengths)
-        real = int(lengths.sum())
-        pad_src = _cycle(c, p, int(pad.sum()))
-        src = np.concatenate([host[f"src{r}"], pad_src]) if f"src{r}" in host else pad_src
-        all_lengths = np.concatenate([lengths, pad])
+    real_rows, pad_rows, parts, moved = [], [], [], []
+    for r, (lengths, filled, call) in enumerate(zip(needs.rounds, needs.filled, calls)):
+        pad = _pad_free(call, filled)
+        real = int(filled.sum())
+        # each real sequence's rows, then padding rows up to its last chunk's end (`_fill_chunks`)
+        fill = filled - lengths
+        fill_src = _cycle(c, p, int(fill.sum()))
+        at = boundaries(filled)[:-1] + lengths  # where each sequence's fill rows go
+        src = np.empty(real, dtype=np.int64)
+        is_fill = np.zeros(real, dtype=bool)
+        is_fill[ranges(at, fill)] = True
+        src[is_fill] = fill_src
+        if f"src{r}" in host:
+            src[~is_fill] = host[f"src{r}"]
+        moved.append(np.flatnonzero(~is_fill))  # a real row's place among the round's filled rows
+        src = np.concatenate([src, _cycle(c, p, int(pad.sum()))])
+        all_lengths = np.concatenate([filled, pad])
         out |= {
             f"src{r}": src,
             f"cu{r}": boundaries(all_lengths).astype(np.int32),
@@ -253,10 +360,11 @@ def _pad_gdn(host: dict, needs: Needs, calls: tuple, c: int, p: int) -> dict:
         parts.append(all_lengths)
     # rows of cat(every round's rows): each round's real rows, then its padding rows
     round_start = np.cumsum([0] + [a + b for a, b in zip(real_rows, pad_rows)])[:-1]
-    real_start = np.cumsum([0] + real_rows)[:-1]
+    real_start = np.cumsum([0] + [int(lengths.sum()) for lengths in needs.rounds])[:-1]
     index = host["out_index"]
     of = np.searchsorted(real_start, index, side="right") - 1
-    shifted = index - real_start[of] + round_start[of]
+    # `moved` of every round, concatenated, is indexed by the unpadded rows of cat(every round's rows)
+    shifted = np.concatenate(moved)[index] + round_start[of]
     out["out_index"] = np.concatenate([shifted, _cycle(round_start[0] + real_rows[0], pad_rows[0], p)])
     out["src"] = np.concatenate([out[f"src{r}"] for r in range(host["rounds"])])
     joint = np.concatenate(parts)

@@ -18,7 +18,8 @@ from patchgen.kernels.shared_prefix import (
     shared_prefix_causal_conv1d,
     shared_prefix_gated_delta_rule,
 )
-from patchgen.kernels.shared_prefix.bucket import CHUNK, REUSE, cost, pad_lengths, rung
+from patchgen.kernels.shared_prefix import bucket as bucket_module
+from patchgen.kernels.shared_prefix.bucket import CHUNK, REUSE, cost, merge, pad_lengths, rung
 from patchgen.kernels.shared_prefix.gdn import chunk_indices
 from patchgen.kernels.shared_prefix.gdn_rounds import ReferenceRounds
 
@@ -131,7 +132,7 @@ def test_every_chunk_table_of_a_padded_plan_is_its_boundaries_own(pair):
 def _bucket_mates():
     """Two GRPO rows whose prompt and response lengths differ, in one bucket."""
     a = _plans([(70, [5, 9, 3])])[1]
-    b = _plans([(73, [6, 8, 2])])[1]
+    b = _plans([(68, [6, 8, 2])])[1]
     c = _plans([(200, [40, 3, 9])])[1]
     return a, b, c
 
@@ -332,8 +333,19 @@ def test_padding_leaves_every_real_index_as_it_was(batch, depth, aligned):
                        **kwargs)
     if other is not None and other.bucket != padded.bucket:
         reused = build_plan(ids, cu, positions, pad_to_bucket=True, held_buckets=(other.bucket,), **kwargs)
-        assert reused.bucket in (other.bucket, padded.bucket)
+        assert reused.bucket in (other.bucket, padded.bucket, merge((padded.bucket, other.bucket)))
         _check_padded(plain, reused)
+        merged = merge((padded.bucket, other.bucket))
+        if merged is not None:  # both batches fit the merge of their buckets (the cost budget lifted)
+            budget, bucket_module.REUSE = bucket_module.REUSE, float("inf")
+            try:
+                mate = build_plan(*pack(longer), None if positions is None else _longer_positions(longer),
+                                  pad_to_bucket=True, held_buckets=(merged,), **kwargs)
+                again = build_plan(ids, cu, positions, pad_to_bucket=True, held_buckets=(merged,), **kwargs)
+            finally:
+                bucket_module.REUSE = budget
+            assert mate.bucket == merged and again.bucket == merged
+            _check_padded(plain, again)
 
 
 def _longer_positions(seqs):
@@ -345,24 +357,39 @@ def _check_padded(plain, padded):
     c, c_star = plain.compact_length, padded.compact_length
     assert c_star > c and torch.equal(padded.compact_src[:c], plain.compact_src)
     assert torch.equal(padded.position_ids[..., :c], plain.position_ids)
-    # GDN: every real sequence of every round as it was (its rows, its state); padding reads padding rows
+    # GDN: every real sequence of every round starts with its rows as they were, from its state as it was, and
+    # fills its last chunk with padding rows; a later round reads only states of sequences that end on a chunk
+    # boundary; padding reads padding rows
     real_rounds = [r for r in plain.gdn.rounds if r is not None]
     padded_rounds = list(padded.gdn.rounds)
+    places = []  # per real round, the padded round's row of each of its rows
     for r, rnd in enumerate(plain.gdn.rounds):
         pad = padded_rounds[r]
         if rnd is None:
             assert pad.src.min() >= c
             continue
         n = rnd.num_sequences
-        assert torch.equal(pad.cu_seqlens[: n + 1], rnd.cu_seqlens)
-        assert torch.equal(pad.src[: rnd.rows], rnd.src) and pad.src[rnd.rows:].min() >= c
+        lengths = np.diff(rnd.cu_seqlens.numpy())
+        filled = np.diff(pad.cu_seqlens[: n + 1].numpy())
+        assert np.array_equal(filled, CHUNK * -(-lengths // CHUNK))  # whole chunks: no slack to pad for
+        starts = pad.cu_seqlens[:n].numpy().astype(np.int64)
+        place = torch.from_numpy(np.concatenate([np.arange(a, a + b) for a, b in zip(starts, lengths)]))
+        places.append(place.numpy())
+        assert torch.equal(pad.src[place], rnd.src)
+        others = torch.ones(pad.rows, dtype=torch.bool)
+        others[place] = False
+        assert pad.src[others].min() >= c
         if rnd.state_index is not None:
             assert torch.equal(pad.state_index[:n], rnd.state_index + (0 if rnd.zero_state else 1))
             assert pad.zero_state and not pad.state_index[n:].any()
+            read = rnd.state_index - (1 if rnd.zero_state else 0)
+            before = real_rounds[len(places) - 2]
+            assert not (np.diff(before.cu_seqlens.numpy())[read[read >= 0].numpy()] % CHUNK).any()
     p_round, p_row = _round_rows(padded_rounds, padded.gdn.out_index[:c].numpy())
     present = [r for r, rnd in enumerate(plain.gdn.rounds) if rnd is not None]
     u_round, u_row = _round_rows(real_rounds, plain.gdn.out_index.numpy())
-    assert np.array_equal(p_round, np.array(present)[u_round]) and np.array_equal(p_row, u_row)
+    assert np.array_equal(p_round, np.array(present)[u_round])
+    assert np.array_equal(p_row, np.array([places[r][row] for r, row in zip(u_round, u_row)], dtype=np.int64))
     # conv: real segments and their look-back as they were; padding segments start from zeros
     s = plain.conv.segment_cu.numel() - 1
     assert torch.equal(padded.conv.segment_cu[: s + 1], plain.conv.segment_cu)
@@ -377,3 +404,111 @@ def _check_padded(plain, padded):
     assert patt.kv_src[keys:].min() >= c
     q, k = (torch.diff(x).max().item() for x in (patt.cu_seqlens_q, patt.cu_seqlens_k))
     assert q <= patt.max_seqlen_q and k <= patt.max_seqlen_k
+
+
+def test_the_compact_row_pads_at_most_one_sixteenth():
+    """The compact row (the GEMMs' rows, most of a step) goes up a 17/16 ladder: at most 6.25% padding rows
+    beyond the one per padding attention segment (the old 9/8 ladder allowed 12.5%)."""
+    found = []
+    for prompt in range(64, 400, 7):
+        plain, padded = _plans([(prompt, [5, 9, 3])])
+        c, segments = plain.compact_length, plain.attention.cu_seqlens_q.numel() - 1
+        extra = padded.attention.cu_seqlens_q.numel() - 1 - segments  # a padding row (at least) each
+        found.append(padded.compact_length / (c + extra))
+    assert max(found) <= 17 / 16 and min(found) >= 1
+
+
+def test_a_round_of_sequences_ending_mid_chunk_gets_one_padding_sequence():
+    """Every real GDN sequence fills its last chunk with padding rows, so the slack of sequences that end
+    mid-chunk needs no padding sequence of its own: a round gets one padding sequence beyond the sequences
+    its structure allows, and one chunk for it (then the ladder)."""
+    plain, padded = _plans([(130, [40, 3, 77, 1, 20, 33, 50, 9])])  # eight responses, each ending mid-chunk
+    real, pad = plain.gdn.rounds[1], padded.gdn.rounds[1]
+    lengths = np.diff(real.cu_seqlens.numpy())
+    assert (lengths % CHUNK).all()
+    assert real.num_sequences == 9  # the prompt's tail (2 rows past its last chunk boundary) alone, 8 segments
+    assert pad.num_sequences == rung(9) + 1  # one padding sequence (it was one per sequence: rung(9) + rung(9))
+    real_chunks = real.chunk_indices.shape[0]
+    assert pad.chunk_indices.shape[0] == rung(real_chunks + pad.num_sequences - real.num_sequences)
+    assert pad.rows == CHUNK * pad.chunk_indices.shape[0]  # nothing short of whole chunks
+
+
+def _merge_case():
+    first = [(200, [10, 20, 15])]  # a long prompt, short responses
+    second = [(170, [40, 50, 45])]  # a shorter prompt, longer responses: fits neither way round
+    held = _plans(first)[1].bucket
+    plain, own = _plans(second)
+    ids, cu = _row(second)
+    return first, held, plain, own, build_plan(ids, cu, pad_to_bucket=True, held_buckets=(held,))
+
+
+def test_a_capture_between_held_buckets_takes_their_merge():
+    """A layout that fits no held bucket captures the merge of its own bucket with a held one when that costs
+    little more: a bucket that both layouts fit, so the next layout like either replays."""
+    first, held, _, own, captured = _merge_case()
+    assert own.bucket != held and captured.bucket == merge((own.bucket, held))
+    assert captured.bucket not in (own.bucket, held) and cost(captured.bucket) <= REUSE * cost(own.bucket)
+    ids, cu = _row(first)
+    assert build_plan(ids, cu, pad_to_bucket=True, held_buckets=(captured.bucket,)).bucket == captured.bucket
+
+
+def test_a_capture_merges_with_every_held_bucket_when_that_costs_little_more():
+    """With two held buckets, the merge with both (not the cheaper merge with one): every layout of the held
+    graphs replays it afterwards, so the merges converge on one bucket instead of a cache of partial ones."""
+    first, second, third = [(200, [10, 20, 15])], [(160, [50, 40, 30])], [(170, [40, 50, 45])]
+    held = (_plans(first)[1].bucket, _plans(second)[1].bucket)
+    ids, cu = _row(third)
+    captured = build_plan(ids, cu, pad_to_bucket=True, held_buckets=held).bucket
+    assert captured == merge((_plans(third)[1].bucket, *held)) and captured not in held
+    assert captured != min((merge((_plans(third)[1].bucket, b)) for b in held), key=cost)  # more than a pair's
+    for groups in (first, second):
+        ids, cu = _row(groups)
+        assert build_plan(ids, cu, pad_to_bucket=True, held_buckets=(captured,)).bucket == captured
+
+
+def test_mixers_on_a_plan_padded_to_a_merged_bucket():
+    _, _, plain, _, captured = _merge_case()
+    _check_padded(plain, captured)
+    pair = (plain, captured)
+    c = plain.compact_length
+    g = torch.Generator().manual_seed(7)
+
+    def gdn(plan, q, k, v, gate, beta):
+        return shared_prefix_gated_delta_rule(plan, ref_gdn, q, k, v, gate, beta, use_qk_l2norm_in_kernel=True)
+
+    def conv(plan, x, w, b):
+        return shared_prefix_causal_conv1d(plan, ref_conv, x, w, b, activation="silu")
+
+    def attention(plan, q, k, v):
+        return shared_prefix_attention(plan, ref_attention.eager, q, k, v, scale=8**-0.5)
+
+    _check_mixer(*pair, gdn, _gdn_inputs(c, 0))
+    _check_mixer(*pair, conv, [torch.randn(1, c, 6, generator=g, **F64)],
+                 [torch.randn(6, 4, generator=g, **F64), torch.randn(6, generator=g, **F64)])
+    _check_mixer(*pair, attention, [torch.randn(1, c, heads, 8, generator=g, **F64) for heads in (4, 2, 2)])
+
+
+@pytest.mark.parametrize("second", [[(150, [60, 70, 40])], [(140, [80, 70, 60])], [(130, [100, 90, 70])]])
+def test_a_layout_that_fits_a_bucket_fits_its_merge_with_another(second, monkeypatch):
+    """Whatever fits one of two buckets fits their merge (the cost budget aside: lifted here)."""
+    first = [(200, [10, 20, 15])]
+    merged = merge((_plans(first)[1].bucket, _plans(second)[1].bucket))
+    monkeypatch.setattr(bucket_module, "REUSE", 100.0)
+    for groups in (first, second):
+        ids, cu = _row(groups)
+        assert build_plan(ids, cu, pad_to_bucket=True, held_buckets=(merged,)).bucket == merged
+
+
+def test_merging_buckets_of_other_tree_shapes_gives_none():
+    ids, cu = _tree_row()
+    tree = build_plan(ids, cu, max_depth=2, level_cost=0, pad_to_bucket=True).bucket
+    assert merge((tree, PLANS[0][1].bucket)) is None
+
+
+def test_the_gpu_tests_layouts_of_one_bucket_share_it_on_the_host():
+    """The bucket is host data: the H200 test's two layouts of one bucket (and one of another) are checked
+    here, where CI runs, so that a change of the ladder cannot leave that test's premise false unseen."""
+    from tests.shared_prefix.test_layer_graphs_gpu import BUCKET, OTHER_BUCKET
+
+    first, second, other = (_plans([groups])[1].bucket for groups in (*BUCKET, OTHER_BUCKET))
+    assert first == second != other

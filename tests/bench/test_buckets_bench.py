@@ -1,0 +1,44 @@
+"""`bench/shared_prefix_buckets.py` (host only): the padding it reports per mixer is the plan's own."""
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import shared_prefix_buckets
+from patchgen.kernels.shared_prefix import bucket, build_plan
+
+
+class _Spread:
+    vary_prompt, vary_response = 0.1, 0.5
+
+
+@pytest.mark.parametrize("shape", ["4x256x64", "agentic"])
+def test_the_padded_counts_are_the_plans_and_lm_rows_are_never_padded(shape):
+    rows, settings = shared_prefix_buckets._shape_rows(shape, 2, _Spread, random.Random(0))
+    ids, cu = rows[0]
+    plain = build_plan(ids, cu, conv_kernel_size=4, **settings)
+    padded = build_plan(ids, cu, conv_kernel_size=4, pad_to_bucket=True, **settings)
+    ratios = shared_prefix_buckets.ratios(plain, padded)
+    assert ratios["C"] == padded.compact_length / plain.compact_length > 1
+    assert ratios["lm_rows"] == 1.0
+    rounds = [r for r in padded.gdn.rounds]
+    assert ratios["gdn1_chunks"] == rounds[1].chunk_indices.shape[0] / plain.gdn.rounds[1].chunk_indices.shape[0]
+    # a weighted mean of the mixers' ratios: above 1 (the compact row is padded), at most the largest of them
+    assert 1 < ratios["work"] <= max(v for k, v in ratios.items() if k != "work")
+
+
+def test_drawn_lengths_vary_and_a_tree_keeps_its_shape():
+    rows, settings = shared_prefix_buckets._shape_rows("agentic", 3, _Spread, random.Random(0))
+    assert len({r[0].shape[1] for r in rows}) == 3  # lengths drawn anew every step
+    plans = [build_plan(ids, cu, conv_kernel_size=4, **settings) for ids, cu in rows]
+    assert all(p.depth == plans[0].depth > 1 for p in plans)  # the turns stay shared: a tree every step
+    assert len({len(p.gdn.rounds) for p in plans}) == 1
+
+
+def test_the_bench_weighs_gdn_chunks_and_conv_rows_as_the_bucket_choice_does():
+    assert shared_prefix_buckets.COST["gdn_chunk"] == bucket.GDN_CHUNK_COST
+    assert shared_prefix_buckets.COST["conv_row"] == bucket.CONV_ROW_COST
