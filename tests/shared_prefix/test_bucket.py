@@ -12,13 +12,13 @@ from patchgen.kernels.graphs.signature import describe, plan_signature
 from patchgen.kernels.reference import attention as ref_attention
 from patchgen.kernels.reference.causal_conv1d import causal_conv1d as ref_conv
 from patchgen.kernels.reference.gated_delta_rule import gated_delta_rule as ref_gdn
+from patchgen.kernels.shared_prefix import bucket as bucket_module
 from patchgen.kernels.shared_prefix import (
     build_plan,
     shared_prefix_attention,
     shared_prefix_causal_conv1d,
     shared_prefix_gated_delta_rule,
 )
-from patchgen.kernels.shared_prefix import bucket as bucket_module
 from patchgen.kernels.shared_prefix.bucket import CHUNK, REUSE, cost, merge, pad_lengths, rung
 from patchgen.kernels.shared_prefix.gdn import chunk_indices
 from patchgen.kernels.shared_prefix.gdn_rounds import ReferenceRounds
