@@ -290,8 +290,13 @@ def test_a_layout_pads_to_a_held_bucket_it_fits_at_little_more_cost():
 def test_mixers_on_a_plan_padded_to_a_held_bucket():
     ids, cu, plain, _, (larger, _, _) = _reuse_case()
     reused = build_plan(ids, cu, pad_to_bucket=True, held_buckets=(larger,))
-    pair = (plain, reused)
-    g = torch.Generator().manual_seed(6)
+    _check_every_mixer(plain, reused, seed=6)
+
+
+def _check_every_mixer(plain, padded, seed):
+    """GDN, conv and attention on `padded` equal them on `plain` (float64, outputs and gradients)."""
+    pair = (plain, padded)
+    g = torch.Generator().manual_seed(seed)
     c = plain.compact_length
 
     def gdn(plan, q, k, v, gate, beta):
@@ -469,23 +474,7 @@ def test_a_capture_merges_with_every_held_bucket_when_that_costs_little_more():
 def test_mixers_on_a_plan_padded_to_a_merged_bucket():
     _, _, plain, _, captured = _merge_case()
     _check_padded(plain, captured)
-    pair = (plain, captured)
-    c = plain.compact_length
-    g = torch.Generator().manual_seed(7)
-
-    def gdn(plan, q, k, v, gate, beta):
-        return shared_prefix_gated_delta_rule(plan, ref_gdn, q, k, v, gate, beta, use_qk_l2norm_in_kernel=True)
-
-    def conv(plan, x, w, b):
-        return shared_prefix_causal_conv1d(plan, ref_conv, x, w, b, activation="silu")
-
-    def attention(plan, q, k, v):
-        return shared_prefix_attention(plan, ref_attention.eager, q, k, v, scale=8**-0.5)
-
-    _check_mixer(*pair, gdn, _gdn_inputs(c, 0))
-    _check_mixer(*pair, conv, [torch.randn(1, c, 6, generator=g, **F64)],
-                 [torch.randn(6, 4, generator=g, **F64), torch.randn(6, generator=g, **F64)])
-    _check_mixer(*pair, attention, [torch.randn(1, c, heads, 8, generator=g, **F64) for heads in (4, 2, 2)])
+    _check_every_mixer(plain, captured, seed=7)
 
 
 @pytest.mark.parametrize("second", [[(150, [60, 70, 40])], [(140, [80, 70, 60])], [(130, [100, 90, 70])]])
