@@ -213,6 +213,10 @@ def versions_from(env_text: str) -> dict:
 
 
 def from_log(args) -> None:
+    if not args.from_log.is_file():
+        raise SystemExit(
+            f"--from-log: no file {args.from_log}; give the level part's printed output (level_cost.txt)"
+        )
     header, points = read_log(args.from_log.read_text())
     result = fit(points)
     say(result)

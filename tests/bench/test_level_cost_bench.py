@@ -94,3 +94,8 @@ def test_a_log_without_points_over_two_depths_is_refused(tmp_path):
     log.write_text(printed([p for p in points(40.0, 0.002, 1.5) if p["levels"] == 1]))
     with pytest.raises(SystemExit, match="too few depths"):
         bench.main(["--from-log", str(log)])
+
+
+def test_a_missing_log_is_named_in_the_error(tmp_path):
+    with pytest.raises(SystemExit, match="no file .*absent.txt"):
+        bench.main(["--from-log", str(tmp_path / "absent.txt")])
