@@ -2,6 +2,7 @@
 
     python bench/profile_shared_prefix.py [--shapes 4x1024x256,8x4096x256] [--layers 8]
     python bench/profile_shared_prefix.py --pass logprob --groups --shapes 8x4096x256,4x2048x256
+    python bench/profile_shared_prefix.py --pass logprob --graphs --timeline --shapes 4x2048x256 --layers 32
 
 Same model and batches as `bench/shared_prefix_gpu.py`. Per shape and arm: the step's wall time,
 the GPU's busy time (sum of kernel times; wall minus busy is launch-bound idling), host syncs,
@@ -9,21 +10,27 @@ the first call's time (compilation and autotuning) and the top kernels and host 
 profiles the log-prob pass (`shared_prefix_arms.logprob_pass`) instead of the training step; `--groups`
 adds, per shape, the kernel time of each op group packed vs shared and what the shared pass spends beyond
 `C / T` of the packed one (`kernel_groups.py`: the groups of the CPU accounting in `scoring_work.py`).
+`--graphs` runs the shared arm with `shared_prefix_cuda_graphs` (checkpointing off for it); `--timeline` adds,
+per arm, the host phases of the profiled call and the device's idle gaps against them (`pass_timeline.py`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib
 import time
 
 import torch
 from kernel_groups import table as group_table
+from pass_timeline import phases, report, timeline
+from patchgen.kernels.modeling.layer_graphs import use_graphs
 from patchgen.kernels.modeling.shared_prefix import observe_plans
 from shared_prefix_arms import MODULE, WIDTHS, checkpointed, config_for, logprob_pass, train_step
+from shared_prefix_graphs import uncheckpointed
 from shared_prefix_shapes import parse_shapes, shape_batch, tree_settings
-from shared_prefix_timing import count_syncs
+from shared_prefix_timing import count_syncs, events_of
 from torch.profiler import ProfilerActivity, profile
 
 
@@ -43,12 +50,15 @@ def main(argv=None):
     parser.add_argument("--pass", dest="which", choices=("train", "logprob"), default="train",
                         help="the training step (default) or the log-prob pass (forward under no_grad)")
     parser.add_argument("--groups", action="store_true", help="kernel time per op group, packed vs shared")
+    parser.add_argument("--graphs", action="store_true", help="the shared arm under shared_prefix_cuda_graphs")
+    parser.add_argument("--timeline", action="store_true", help="host phases and device idle gaps per arm")
     args = parser.parse_args(argv)
     run = train_step if args.which == "train" else logprob_pass
 
     torch.manual_seed(0)
+    module = importlib.import_module(MODULE)
     with torch.device("cuda"):
-        model = importlib.import_module(MODULE).Qwen3_5ForCausalLM(config_for(WIDTHS, args.layers)).bfloat16()
+        model = module.Qwen3_5ForCausalLM(config_for(WIDTHS, args.layers)).bfloat16()
     checkpointed(model)
     model.train()
     for shape in parse_shapes(args.shapes):
@@ -64,23 +74,33 @@ def main(argv=None):
 
         for flag in (False, True):
             model.config.shared_prefix_training = flag
+            graphed = flag and args.graphs
+            model.config.shared_prefix_cuda_graphs = graphed
+            (uncheckpointed if graphed else checkpointed)(model)
             step = functools.partial(run, model, ids, cu, max_len)
             first = wall_ms(step)
             steady = min(wall_ms(step) for _ in range(3))
             syncs = count_syncs(model, run, ids, cu, max_len, torch.device("cuda"))
-            with observe_plans(note), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            labelled = phases(module) if args.timeline else contextlib.nullcontext()
+            with observe_plans(note), labelled, profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 step()
                 torch.cuda.synchronize()
             events = prof.key_averages()
             kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
             busy = sum(e.self_device_time_total for e in kernels) / 1e3  # kernel rows only: ops would count twice
             launches = sum(e.count for e in kernels)
-            arm = "shared" if flag else "packed"
-            per_kernel[arm] = {e.key: e.self_device_time_total for e in kernels}
+            arm = ("shared, graphs" if graphed else "shared") if flag else "packed"
+            per_kernel["shared" if flag else "packed"] = {e.key: e.self_device_time_total for e in kernels}
             print(f"\n=== {name} {arm}: first call {first:.0f} ms, step {steady:.1f} ms, GPU busy {busy:.1f} ms, "
                   f"{launches} kernels, {syncs} syncs")
             print(events.table(sort_by="self_device_time_total", row_limit=args.rows, max_name_column_width=60))
             print(events.table(sort_by="self_cpu_time_total", row_limit=args.rows // 2, max_name_column_width=60))
+            if args.timeline:
+                print(report(timeline(events_of(prof)), f"{name} {arm} {args.which} timeline"))
+            if graphed:
+                model.config.shared_prefix_cuda_graphs = False
+                use_graphs(model.model, None)
+                checkpointed(model)
         if args.groups:
             print(f"\n=== {name} {args.which}: kernel time per op group")
             if "C" in compact:

@@ -65,6 +65,9 @@ def config_for(widths: dict, layers: int):
         **widths,
     )
     config.shared_prefix_training = False
+    # every timed call builds its plan (the benches time one call after another on one batch, which plan reuse
+    # would answer from its kept plan); `shared_prefix_graphs.py` times the reuse case as its own figure
+    config.shared_prefix_plan_reuse = False
     return config
 
 

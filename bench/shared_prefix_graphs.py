@@ -19,6 +19,7 @@ import math
 
 import torch
 from shared_prefix_arms import ARMS, checkpointed, logprob_pass, train_step
+from shared_prefix_timing import Repeats, measure
 
 GRAPH_ARMS = ("shared_eager", "shared_graphs")
 for _arm in GRAPH_ARMS:
@@ -41,6 +42,8 @@ def graph_arms(model, row, inputs, args, device, timer, cost_us, run_arm) -> dic
             model.config.shared_prefix_cuda_graphs = arm == "shared_graphs"
             outputs[arm] = run_arm(model, arm, row, inputs, args, device, timer, cost_us)
             if arm == "shared_graphs":
+                if row.get("shared_graphs_logprob_ms"):
+                    row["shared_graphs_logprob_reuse_ms"] = _logprob_with_reuse(model, inputs, args, device, timer)
                 graphs = graphs_of(model)
                 if graphs is not None:
                     s = graphs.stats
@@ -61,12 +64,23 @@ def graph_arms(model, row, inputs, args, device, timer, cost_us, run_arm) -> dic
         row["graphs_loss_rel_diff"] = ((a.double() - b.double()).abs() / a.double().abs().clamp_min(1e-30)).max().item()
     get = functools.partial(row.get)
     for arm in GRAPH_ARMS:
-        for kind in ("train", "logprob"):
-            packed, mine = get(f"packed_{kind}_ms"), get(f"{arm}_{kind}_ms")
+        for kind in ("train", "logprob", "logprob_reuse"):
+            packed, mine = get(f"packed_{kind.split('_')[0]}_ms"), get(f"{arm}_{kind}_ms")
             if packed and mine and not math.isnan(mine):
                 row[f"speedup_{arm}_{kind}"] = packed / mine
                 row[f"efficiency_{arm}_{kind}"] = packed / mine / row["bound"]
     return outputs
+
+
+def _logprob_with_reuse(model, inputs, args, device, timer) -> float:
+    """The graphed log-prob pass of a batch whose plan an earlier pass built (`shared_prefix_plan_reuse`): what
+    an RL step's later passes over one micro-batch (old policy, training) take."""
+    model.config.shared_prefix_plan_reuse = True
+    try:
+        logprob_pass(model, *inputs)  # builds and keeps the plan
+        return measure(model, logprob_pass, inputs, timer, Repeats(args.repeats, args.min_repeats, args.repeat_ms), device).median
+    finally:
+        model.config.shared_prefix_plan_reuse = False
 
 
 def summary(row) -> str:
@@ -83,6 +97,7 @@ def summary(row) -> str:
         f"{row.get('graphs_replays', '-')} replays, loss bit-equal to eager {row.get('graphs_loss_bitequal', '-')}, "
         f"rel diff {f('graphs_loss_rel_diff', '.1e')}) | "
         f"log-probs: eager {f('shared_eager_logprob_ms')} ms, graphs {f('shared_graphs_logprob_ms')} ms (eff "
-        f"{f('efficiency_shared_graphs_logprob', '.2f')}, bit-equal to eager {row.get('graphs_logprobs_bitequal', '-')})"
+        f"{f('efficiency_shared_graphs_logprob', '.2f')}, bit-equal to eager {row.get('graphs_logprobs_bitequal', '-')}; "
+        f"plan reused {f('shared_graphs_logprob_reuse_ms')} ms, eff {f('efficiency_shared_graphs_logprob_reuse', '.2f')})"
         + "".join(f"; {k}: {v}" for k, v in row.items() if k.startswith("shared_graphs") and k.endswith("_error"))
     )

@@ -240,7 +240,7 @@ def split(events: list[Event], wall_ms: float, cost_us: float, cuda: bool) -> Sp
     )
 
 
-def _events_of(prof) -> list[Event]:
+def events_of(prof) -> list[Event]:
     """The profiler's raw records, read without building its event tree (seconds per step at 32 layers)."""
     from torch.autograd import DeviceType
 
@@ -269,7 +269,7 @@ def _profiled(fn, device):
         wall_ms = (time.perf_counter() - begin) * 1e3
         if cuda:
             torch.cuda.synchronize()
-    return wall_ms, _events_of(prof)
+    return wall_ms, events_of(prof)
 
 
 def profiler_cost_us(device, ops: int = 2000, rounds: int = 3) -> float:

@@ -89,6 +89,7 @@ SHARED_PREFIX_CHUNK_ALIGNED = "shared_prefix_chunk_aligned"
 SHARED_PREFIX_CUDA_GRAPHS = "shared_prefix_cuda_graphs"
 SHARED_PREFIX_CUDA_GRAPHS_CACHE = "shared_prefix_cuda_graphs_cache"
 SHARED_PREFIX_CUDA_GRAPHS_BUCKETS = "shared_prefix_cuda_graphs_buckets"
+SHARED_PREFIX_PLAN_REUSE = "shared_prefix_plan_reuse"
 ENV_SHARED_PREFIX_CUDA_GRAPHS = "PATCHGEN_SHARED_PREFIX_CUDA_GRAPHS"
 BOOL_FIELDS = (
     SHARED_PREFIX_TRAINING,
@@ -96,6 +97,7 @@ BOOL_FIELDS = (
     SHARED_PREFIX_CHUNK_ALIGNED,
     SHARED_PREFIX_CUDA_GRAPHS,
     SHARED_PREFIX_CUDA_GRAPHS_BUCKETS,
+    SHARED_PREFIX_PLAN_REUSE,
 )
 SHARED_PREFIX_MAX_DEPTH = "shared_prefix_max_depth"
 SHARED_PREFIX_LEVEL_COST = "shared_prefix_level_cost"
@@ -160,6 +162,15 @@ def shared_prefix_cuda_graphs_buckets(config: Any) -> bool:
     flag = field(config, SHARED_PREFIX_CUDA_GRAPHS_BUCKETS, True)
     if not isinstance(flag, bool):
         raise SettingError(f"config field {SHARED_PREFIX_CUDA_GRAPHS_BUCKETS} must be True or False, got {flag!r}")
+    return flag
+
+
+def shared_prefix_plan_reuse(config: Any) -> bool:
+    """``shared_prefix_plan_reuse`` (default True): a micro-batch equal by value to one of the last few gets their
+    plan again instead of a new build (`shared_prefix/plan_reuse.py`: RL scores and trains on the same batch)."""
+    flag = field(config, SHARED_PREFIX_PLAN_REUSE, True)
+    if not isinstance(flag, bool):
+        raise SettingError(f"config field {SHARED_PREFIX_PLAN_REUSE} must be True or False, got {flag!r}")
     return flag
 
 

@@ -52,3 +52,14 @@ from hypothesis import settings as _hypothesis_settings
 _hypothesis_settings.register_profile("patchgen", derandomize=True, database=None, print_blob=True)
 _hypothesis_settings.register_profile("explore", derandomize=False)
 _hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "patchgen"))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plan_reuse():
+    """Each test starts without the process's kept plans (`shared_prefix/plan_reuse.py`): a test that patches a
+    bucket ladder or a level-cost table must not get a plan another test built for the same batch."""
+    from patchgen.kernels.shared_prefix.plan_reuse import PLANS
+
+    PLANS.clear()
+    yield
+    PLANS.clear()

@@ -135,13 +135,16 @@ def host_flags(module) -> tuple:
     values = module.__dict__
     names = values.get(FLAG_NAMES)
     if names is None:
-        names = tuple(k for k, v in values.items() if isinstance(v, (bool, str)) and k != "training")
+        names = tuple(k for k, v in values.items() if isinstance(v, (bool, str)) and k not in NOT_READ)
         if "_disable_adapters" in values:
             names += tuple(k for k in ADAPTER_STATE if k not in names)
         object.__setattr__(module, FLAG_NAMES, names)
     return tuple([_frozen(values.get(k)) for k in names]) if names else ()
 
 
+# bool attributes no forward branches on: the training flag is keyed on its own, and transformers' weight-init
+# mark is set on every module (reading it would cost the 32-layer key about half a ms a call)
+NOT_READ = frozenset({"training", "_is_hf_initialized"})
 FLAG_NAMES = "_patchgen_host_flags"  # the attribute names `host_flags` reads, found on its first call
 
 
@@ -155,32 +158,52 @@ def _frozen(value):
     return repr(value)
 
 
-def module_state(modules) -> tuple:
+def module_state(modules, hooked: list | None = None) -> tuple:
     """Storage, shape, dtype and requires-grad of every parameter and buffer the graph reads, and every
     module's training flag (a dropout, LoRA's among them, runs in a graph captured in training mode only),
     bound op table (a graph replays the backends it captured) and host flags (`host_flags`).
 
     Walked every call (a submodule swapped in, an adapter added, a weight moved all change the key),
     through the modules' own tables rather than `Module.parameters()`, whose generators cost about
-    10 ms per call at 32 layers."""
+    10 ms per call at 32 layers. `hooked`, when given, receives every module that holds a module hook, an
+    accelerate hook or a parameter with a tensor hook: the replay's hook refusal reads the same modules, and
+    a second walk would cost about a ms a call at 32 layers (it names them only when one is found)."""
     out = []
+    append = out.append  # the loop runs for every module of the stack each call: bound once
     stack = list(modules)[::-1]
+    check = hooked is not None
     while stack:
         module = stack.pop()
         if module is None:
             continue
-        out.append(module.training)
-        out.append(module.__dict__.get(OP_TABLE))  # the backends its forward calls (held: identity stays unique)
-        out.append(host_flags(module))
-        for tensor in (*module._parameters.values(), *module._buffers.values()):
+        values = module.__dict__
+        names = values.get(FLAG_NAMES)
+        # the op table is held, so its identity stays unique; most modules have no host flags: no call
+        append((module.training, values.get(OP_TABLE), host_flags(module) if names is None or names else ()))
+        for tensor in values["_parameters"].values():
             if tensor is not None:
-                out.append((tensor.data_ptr(), tensor.shape, tensor.dtype, tensor.requires_grad))
-        stack.extend(reversed(module._modules.values()))
+                append((tensor.data_ptr(), tensor.shape, tensor.dtype, tensor.requires_grad))
+                if check and tensor._backward_hooks:
+                    hooked.append(module)
+        for tensor in values["_buffers"].values():
+            if tensor is not None:
+                append((tensor.data_ptr(), tensor.shape, tensor.dtype, tensor.requires_grad))
+        if check and (
+            values["_forward_hooks"]
+            or values["_forward_pre_hooks"]
+            or values["_backward_hooks"]
+            or values["_backward_pre_hooks"]
+            or "_hf_hook" in values
+        ):
+            hooked.append(module)
+        children = values["_modules"]
+        if children:
+            stack.extend(reversed(children.values()))
     return tuple(out)
 
 
-def call_signature(hidden, position_embeddings, masks, kwargs: dict, layers, plan_key: str) -> tuple:
-    """The key of one call of the layer stack (see the module docstring)."""
+def call_signature(hidden, position_embeddings, masks, kwargs: dict, layers, plan_key: str, hooked: list | None = None) -> tuple:
+    """The key of one call of the layer stack (see the module docstring); `hooked` as for `module_state`."""
     rest = {k: v for k, v in kwargs.items() if k != plan_key}
     device = hidden.device
     autocast = (torch.is_autocast_enabled(device.type), torch.get_autocast_dtype(device.type))
@@ -190,7 +213,7 @@ def call_signature(hidden, position_embeddings, masks, kwargs: dict, layers, pla
         describe(masks, "attention masks", device),
         describe(rest, "layer keyword", device),
         plan_signature(kwargs[plan_key], device),
-        module_state(layers),
+        module_state(layers, hooked),
         autocast,
         torch.is_grad_enabled(),
     )

@@ -60,7 +60,9 @@ class LayerGraphs:
         layers = list(text_model.layers[: text_model.config.num_hidden_layers])
         # a scoring graph captured in inference mode holds inference tensors, which plain no_grad cannot write
         mode = "train" if training else ("score", torch.is_inference_mode_enabled())
-        key = (mode, call_signature(hidden, position_embeddings, masks, kwargs, layers, KWARG))
+        candidates = []
+        key = (mode, call_signature(hidden, position_embeddings, masks, kwargs, layers, KWARG, candidates))
+        _refuse_hooks(layers, candidates)
         entry = self.cache.get(key)
         if entry is None:
             self.cache.make_room()
@@ -121,8 +123,11 @@ def _asked_outputs(text_model, kwargs) -> list[str]:
     return [name for name in RECORDED_OUTPUTS if kwargs.get(name, getattr(text_model.config, name, False))]
 
 
+FIX = "set shared_prefix_cuda_graphs=False (or PATCHGEN_SHARED_PREFIX_CUDA_GRAPHS=0)"
+
+
 def _refuse(text_model, graphs: LayerGraphs, hidden, kwargs, training: bool) -> None:
-    fix = "set shared_prefix_cuda_graphs=False (or PATCHGEN_SHARED_PREFIX_CUDA_GRAPHS=0)"
+    fix = FIX
     if graphs.replay is CudaGraphReplay and hidden.device.type != "cuda":
         raise CudaGraphsUnavailable(
             f"shared_prefix_cuda_graphs is on, but the model runs on {hidden.device} ({hidden.device.type}): CUDA "
@@ -143,13 +148,18 @@ def _refuse(text_model, graphs: LayerGraphs, hidden, kwargs, training: bool) -> 
             "recorded by hooks, which do not run when a graph replays (an MoE model's router logits for the "
             f"load-balancing loss among them). Do not ask for them in training steps, or {fix}"
         )
-    hooked = hooked_modules(text_model.layers[: text_model.config.num_hidden_layers])
+def _refuse_hooks(layers, candidates: list) -> None:
+    """Refuse a stack with hooks a replay would skip. `candidates` are the modules the key's walk found holding
+    any hook (`signature.module_state`): the stack is walked again, for the names, only when there are some."""
+    if not candidates and not _global_hooks():
+        return
+    hooked = hooked_modules(layers)
     if hooked:
         raise CudaGraphsUnavailable(
             f"shared_prefix_cuda_graphs is on and modules of the decoder-layer stack have hooks ({', '.join(hooked[:4])}"
             f"{'...' if len(hooked) > 4 else ''}): a hook's Python runs when a graph is captured, never when it "
             "replays (FSDP's and DeepSpeed ZeRO-3's parameter gathering, accelerate's offloading, a probe or "
-            f"steering hook among them). Remove the hooks, or {fix}"
+            f"steering hook among them). Remove the hooks, or {FIX}"
         )
 
 
@@ -163,12 +173,16 @@ def _recording(hook) -> bool:
     return (getattr(hook, "__module__", None), getattr(hook, "__name__", None)) == RECORDING_HOOK
 
 
+def _global_hooks() -> bool:
+    return any(getattr(torch.nn.modules.module, table, None) for table in GLOBAL_HOOK_TABLES)
+
+
 def hooked_modules(layers) -> list[str]:
     """The modules of the stack whose hooks a replay would skip (any module hook but transformers' inactive
     output recorder, or an accelerate hook that wraps the forward), the parameters with tensor hooks, and
     "every module" for global module hooks."""
     found = []
-    if any(getattr(torch.nn.modules.module, table, None) for table in GLOBAL_HOOK_TABLES):
+    if _global_hooks():
         found.append("every module (torch.nn.modules.module.register_module_*_hook)")
     stack = [(f"layers.{i}", layer) for i, layer in enumerate(layers)][::-1]
     while stack:

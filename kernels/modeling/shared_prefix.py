@@ -23,6 +23,7 @@ from ..config import (
     shared_prefix_cuda_graphs_buckets,
     shared_prefix_level_cost,
     shared_prefix_min_length,
+    shared_prefix_plan_reuse,
 )
 from ..selection import working
 from ..shared_prefix import (
@@ -37,6 +38,7 @@ from ..shared_prefix import (
     reject_unsupported,
     takes_ordinary_path,
 )
+from ..shared_prefix.plan_reuse import PLANS, build_or_reuse
 
 _observers: list[Callable] = []
 
@@ -119,7 +121,8 @@ def plan_for(config, table, *, input_ids, position_ids, cache, use_cache, kwargs
     check_gdn_backend(table.handle("gated_delta_rule"), working("gated_delta_rule", frozenset(GDN_NEEDS)))
     check_conv_backend(table.handle("causal_conv1d"), working("causal_conv1d", frozenset(CONV_NEEDS)))
     check_attention_backend(table.handle("attention"), working("attention", frozenset(ATTENTION_NEEDS)))
-    plan = build_plan(
+    plan = build_or_reuse(
+        PLANS if shared_prefix_plan_reuse(config) else None,
         input_ids,
         kwargs["cu_seq_lens_q"],
         position_ids,
@@ -130,6 +133,7 @@ def plan_for(config, table, *, input_ids, position_ids, cache, use_cache, kwargs
         chunk_aligned=bool(field(config, SHARED_PREFIX_CHUNK_ALIGNED, False)),
         pad_to_bucket=pads_to_bucket(config),
         held_buckets=held_buckets(config),
+        build=build_plan,  # looked up here per call: tests spy on it
     )
     for observer in _observers:
         observer(plan, input_ids.shape[-1])

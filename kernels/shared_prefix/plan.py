@@ -113,6 +113,7 @@ def build_plan(
     chunk_aligned: bool = False,
     pad_to_bucket: bool = False,
     held_buckets: tuple = (),
+    device: torch.device | None = None,
 ) -> Plan | None:
     """Plan shared-prefix execution of one packed row, or `None` when no sequences share a prefix.
 
@@ -128,6 +129,8 @@ def build_plan(
     that CUDA graphs captured for one layout replay for every layout of its bucket; no real row changes.
     `held_buckets`: buckets of graphs already captured; the plan pads to one of them when it fits at
     little more cost than its own (`bucket.choose_bucket`).
+    `device`: where the plan's index tensors go (default: the device of `input_ids`; `plan_reuse` builds from
+    the host copy it made for a batch on another device).
     """
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"input_ids must be one packed row [1, T], got {tuple(input_ids.shape)}")
@@ -142,9 +145,9 @@ def build_plan(
             f"shared_prefix_level_cost must be an int of at least 0 (rows a level must save) or None (the "
             f"device's measured figure), got {level_cost!r}"
         )
-    cost = resolve_level_cost(input_ids.device, level_cost) if max_depth > 1 else _ONE_LEVEL
+    device = input_ids.device if device is None else torch.device(device)
+    cost = resolve_level_cost(device, level_cost) if max_depth > 1 else _ONE_LEVEL
     length = input_ids.shape[1]
-    device = input_ids.device
     pos_rows = None
     if position_ids is not None:
         if (

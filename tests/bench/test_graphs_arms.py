@@ -36,7 +36,11 @@ def test_graph_arms_fill_the_row(monkeypatch):
     assert row["efficiency_shared_graphs_logprob"] == pytest.approx(50.0 / row["shared_graphs_logprob_ms"] / row["bound"])
     summary = shared_prefix_graphs_summary(row)
     assert f"2 captures / {row['graphs_replays']} replays, loss bit-equal to eager True" in summary
-    assert "bit-equal to eager True)" in summary.split("log-probs:")[1]
+    assert "bit-equal to eager True;" in summary.split("log-probs:")[1]
+    # the reuse figure: the same batch's graphed log-prob pass with its plan kept from an earlier pass
+    assert row["shared_graphs_logprob_reuse_ms"] > 0
+    assert row["efficiency_shared_graphs_logprob_reuse"] == pytest.approx(50.0 / row["shared_graphs_logprob_reuse_ms"] / row["bound"])
+    assert f"plan reused {row['shared_graphs_logprob_reuse_ms']:.0f} ms" in summary
     assert layer_graphs.graphs_of(model) is None and not model.config.shared_prefix_cuda_graphs
     assert all(layer.gradient_checkpointing for layer in model.model.layers)
 

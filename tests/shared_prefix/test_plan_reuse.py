@@ -1,0 +1,125 @@
+"""Plan reuse (`shared_prefix/plan_reuse.py`): a micro-batch equal by value to a recent one gets its plan again;
+anything else (a token refilled in place, another knob, another level cost) builds anew."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from patchgen.kernels.shared_prefix import build_plan
+from patchgen.kernels.shared_prefix.plan_reuse import PlanReuse, build_or_reuse
+
+from tests.models import tiny
+
+KNOBS = dict(conv_kernel_size=4, min_prefix=64, max_depth=4, level_cost=None, chunk_aligned=False, pad_to_bucket=False, held_buckets=())
+
+
+def _batch(seed=3):
+    ids, cu, _ = tiny.grpo_batch([(130, [7, 12, 5]), (70, [9, 4])], [11], seed=seed)
+    return ids, cu
+
+
+def _fields(plan):
+    out = {}
+    for f in dataclasses.fields(plan):
+        value = getattr(plan, f.name)
+        out[f.name] = value.tolist() if isinstance(value, torch.Tensor) else repr(value)
+    return out
+
+
+def test_the_same_batch_gets_the_same_plan_and_it_equals_a_fresh_build():
+    reuse = PlanReuse()
+    ids, cu = _batch()
+    first = build_or_reuse(reuse, ids, cu, None, **KNOBS)
+    again = build_or_reuse(reuse, ids.clone(), cu.clone(), None, **KNOBS)  # new tensors, same values
+    assert again is first and (reuse.hits, reuse.misses) == (1, 1)
+    assert _fields(first) == _fields(build_plan(ids, cu, None, **KNOBS))
+
+
+def test_a_batch_refilled_in_place_builds_anew():
+    reuse = PlanReuse()
+    ids, cu = _batch()
+    first = build_or_reuse(reuse, ids, cu, None, **KNOBS)
+    ids[0, 40] = (ids[0, 40] + 1) % tiny.VOCAB  # inside the first prompt: the same object, another batch
+    second = build_or_reuse(reuse, ids, cu, None, **KNOBS)
+    assert second is not first and reuse.misses == 2
+    assert _fields(second) == _fields(build_plan(ids, cu, None, **KNOBS))
+
+
+def test_other_boundaries_or_positions_build_anew():
+    reuse = PlanReuse()
+    ids, cu = _batch()
+    build_or_reuse(reuse, ids, cu, None, **KNOBS)
+    moved = cu.clone()
+    moved[-2] += 1
+    build_or_reuse(reuse, ids, moved, None, **KNOBS)
+    positions = torch.arange(ids.shape[1]).reshape(1, -1)
+    build_or_reuse(reuse, ids, cu, positions, **KNOBS)
+    assert (reuse.hits, reuse.misses) == (0, 3)
+
+
+@pytest.mark.parametrize(
+    "knob, value",
+    [("min_prefix", 65), ("max_depth", 1), ("chunk_aligned", True), ("pad_to_bucket", True), ("held_buckets", ((1, 2),)), ("level_cost", 0)],
+)
+def test_another_knob_builds_anew(knob, value):
+    reuse = PlanReuse()
+    ids, cu = _batch()
+    build_or_reuse(reuse, ids, cu, None, **KNOBS)
+    build_or_reuse(reuse, ids, cu, None, **{**KNOBS, knob: value})
+    assert reuse.misses == 2 and reuse.hits == 0
+
+
+def test_a_level_cost_from_the_environment_is_part_of_the_key(monkeypatch):
+    reuse = PlanReuse()
+    ids, cu = _batch()
+    build_or_reuse(reuse, ids, cu, None, **KNOBS)
+    monkeypatch.setenv("PATCHGEN_SHARED_PREFIX_LEVEL_COST", "100000")
+    build_or_reuse(reuse, ids, cu, None, **KNOBS)
+    assert reuse.misses == 2
+
+
+def test_the_kept_batch_is_a_copy_not_the_callers_cpu_tensor():
+    reuse = PlanReuse()
+    ids, cu = _batch()
+    build_or_reuse(reuse, ids, cu, None, **KNOBS)
+    kept_ids = reuse.entries[0][1][1]
+    assert not np.shares_memory(kept_ids, ids.numpy())
+
+
+def test_only_the_last_few_are_kept():
+    reuse = PlanReuse(size=2)
+    batches = [_batch(seed) for seed in (1, 2, 3)]
+    for ids, cu in batches:
+        build_or_reuse(reuse, ids, cu, None, **KNOBS)
+    build_or_reuse(reuse, *batches[0], None, **KNOBS)  # pushed out by the third
+    assert (reuse.hits, reuse.misses) == (0, 4)
+
+
+def test_a_model_scores_then_trains_one_batch_on_one_plan_with_the_same_results(monkeypatch):
+    from patchgen.kernels.modeling import shared_prefix
+
+    built = []
+    real = shared_prefix.build_plan
+    monkeypatch.setattr(shared_prefix, "build_plan", lambda *a, **k: built.append(1) or real(*a, **k))
+    ids, cu = _batch()
+    results = {}
+    for reuse in (True, False):
+        net = tiny.build("qwen3_5", "gpu", shared_prefix_training=True, shared_prefix_plan_reuse=reuse)
+        built.clear()
+        with torch.no_grad():
+            scored = net(input_ids=ids, return_log_probs=True, **tiny.packed_kwargs(cu)).log_probs
+        loss = net(input_ids=ids, labels=ids, **tiny.packed_kwargs(cu)).loss
+        loss.backward()
+        results[reuse] = (len(built), scored, loss.detach(), [p.grad.clone() for p in net.parameters()])
+    assert results[True][0] == 1 and results[False][0] == 2
+    assert torch.equal(results[True][1], results[False][1]) and torch.equal(results[True][2], results[False][2])
+    assert all(torch.equal(a, b) for a, b in zip(results[True][3], results[False][3]))
+
+
+def test_a_setting_other_than_a_bool_is_refused():
+    from patchgen.kernels.config import SettingError, shared_prefix_plan_reuse
+
+    config = tiny.text_config("qwen3_5", shared_prefix_plan_reuse="yes")
+    with pytest.raises(SettingError, match="shared_prefix_plan_reuse must be True or False"):
+        shared_prefix_plan_reuse(config)
