@@ -43,7 +43,7 @@ def graph_arms(model, row, inputs, args, device, timer, cost_us, run_arm) -> dic
             outputs[arm] = run_arm(model, arm, row, inputs, args, device, timer, cost_us)
             if arm == "shared_graphs":
                 if row.get("shared_graphs_logprob_ms"):
-                    row["shared_graphs_logprob_reuse_ms"] = _logprob_with_reuse(model, inputs, args, device, timer)
+                    _logprob_with_reuse(model, row, inputs, args, device, timer)
                 graphs = graphs_of(model)
                 if graphs is not None:
                     s = graphs.stats
@@ -72,15 +72,23 @@ def graph_arms(model, row, inputs, args, device, timer, cost_us, run_arm) -> dic
     return outputs
 
 
-def _logprob_with_reuse(model, inputs, args, device, timer) -> float:
+def _logprob_with_reuse(model, row, inputs, args, device, timer) -> None:
     """The graphed log-prob pass of a batch whose plan an earlier pass built (`shared_prefix_plan_reuse`): what
-    an RL step's later passes over one micro-batch (old policy, training) take."""
+    an RL step's later passes over one micro-batch (old policy, training) take. Records the time and how many
+    calls were handed the kept plan (`plan_reuse_hits`: every timed call, or the figure is not that case)."""
+    from patchgen.kernels.shared_prefix.plan_reuse import PLANS
+
+    model.config.shared_prefix_training = True  # `run_arm` turned it off at its end
     model.config.shared_prefix_plan_reuse = True
     try:
         logprob_pass(model, *inputs)  # builds and keeps the plan
-        return measure(model, logprob_pass, inputs, timer, Repeats(args.repeats, args.min_repeats, args.repeat_ms), device).median
+        hits = PLANS.hits
+        m = measure(model, logprob_pass, inputs, timer, Repeats(args.repeats, args.min_repeats, args.repeat_ms), device)
+        row["shared_graphs_logprob_reuse_ms"] = m.median
+        row["plan_reuse_hits"], row["plan_reuse_calls"] = PLANS.hits - hits, m.count
     finally:
         model.config.shared_prefix_plan_reuse = False
+        model.config.shared_prefix_training = False
 
 
 def summary(row) -> str:
@@ -98,6 +106,7 @@ def summary(row) -> str:
         f"rel diff {f('graphs_loss_rel_diff', '.1e')}) | "
         f"log-probs: eager {f('shared_eager_logprob_ms')} ms, graphs {f('shared_graphs_logprob_ms')} ms (eff "
         f"{f('efficiency_shared_graphs_logprob', '.2f')}, bit-equal to eager {row.get('graphs_logprobs_bitequal', '-')}; "
-        f"plan reused {f('shared_graphs_logprob_reuse_ms')} ms, eff {f('efficiency_shared_graphs_logprob_reuse', '.2f')})"
+        f"plan reused {f('shared_graphs_logprob_reuse_ms')} ms, eff {f('efficiency_shared_graphs_logprob_reuse', '.2f')}, "
+        f"{row.get('plan_reuse_hits', '-')} of {row.get('plan_reuse_calls', '-')} calls reused)"
         + "".join(f"; {k}: {v}" for k, v in row.items() if k.startswith("shared_graphs") and k.endswith("_error"))
     )

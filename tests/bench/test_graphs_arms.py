@@ -39,6 +39,8 @@ def test_graph_arms_fill_the_row(monkeypatch):
     assert "bit-equal to eager True;" in summary.split("log-probs:")[1]
     # the reuse figure: the same batch's graphed log-prob pass with its plan kept from an earlier pass
     assert row["shared_graphs_logprob_reuse_ms"] > 0
+    # the figure is the reuse case only when every timed call was handed the kept plan (a shared pass, not packed)
+    assert row["plan_reuse_hits"] == row["plan_reuse_calls"] >= 1
     assert row["efficiency_shared_graphs_logprob_reuse"] == pytest.approx(50.0 / row["shared_graphs_logprob_reuse_ms"] / row["bound"])
     assert f"plan reused {row['shared_graphs_logprob_reuse_ms']:.0f} ms" in summary
     assert layer_graphs.graphs_of(model) is None and not model.config.shared_prefix_cuda_graphs
