@@ -39,17 +39,22 @@ fall between two held buckets, in one count or another, then replay.
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from .gdn import CHUNK, chunk_indices
-from .rows import boundaries, counting, ranges
+from .attention import attention_keys
+from .conv import look_back
+from .gdn import CHUNK, RoundPieces, chunk_indices, gdn_pieces
+from .rows import Arena, boundaries, counting, interleave, ranges, ranges_into
 
 RATIO = (9, 8)  # the ladder's ratio: a bucket holds at most 12.5% more than the batch needs
 COMPACT_RATIO = (17, 16)  # the compact row's ladder: at most 6.25% (its rows are the GEMMs', most of a step)
 
 
+@functools.lru_cache(maxsize=4096)
 def rung(x: int, ratio: tuple[int, int] | None = None) -> int:
     """The smallest ladder value >= x (ratio 9/8: 1, 2, ..., 8, 9, 11, 13, 15, 17, 20, ..., each about 9/8 of
     the last; ratio 17/16: 1, ..., 16, 17, 19, 21, ...)."""
@@ -131,18 +136,17 @@ def round_slots(layout) -> list[tuple[int, int]]:
     return slots
 
 
-def _fill_chunks(gdn: dict, rounds) -> list[np.ndarray]:
+def _fill_chunks(pieces: RoundPieces, rounds) -> list[np.ndarray]:
     """Per GDN round, its sequences' lengths up to whole chunks. A sequence whose final state a later round
     reads (a root up to its last chunk boundary, a nested node's segment) already ends on one; the others
     (singletons, the last round's segments, tails alone) end anywhere and nothing reads their final state,
     so rows appended after their last real row change no real output (the recurrence is causal) and get no
     gradient. Checked here: a read state of a sequence that does not end on a chunk boundary is an error."""
     for r in range(1, len(rounds)):
-        state = gdn.get(f"state{r}")
+        state = pieces.states[r]
         if state is None or not len(rounds[r - 1]):
             continue
-        read = state - (1 if gdn.get(f"zero{r}") else 0)
-        if (rounds[r - 1][read[read >= 0]] % CHUNK).any():
+        if (rounds[r - 1][state[state >= 0]] % CHUNK).any():
             raise AssertionError(f"GDN round {r} reads the final state of a round {r - 1} sequence that ends mid-chunk")
     return [CHUNK * -(-lengths // CHUNK) for lengths in rounds]
 
@@ -161,21 +165,20 @@ class Needs:
     max_k: int
 
     @classmethod
-    def of(cls, host: dict, layout) -> Needs:
-        gdn, att = host["gdn"], host["attention"]
-        rounds = tuple(
-            np.diff(gdn[f"cu{r}"]).astype(np.int64) if f"cu{r}" in gdn else np.zeros(0, dtype=np.int64)
-            for r in range(gdn["rounds"])
-        )
+    def of(cls, layout, pieces: RoundPieces, lengths: np.ndarray, keys: np.ndarray) -> Needs:
+        """From the GDN rounds' pieces and the non-empty segments' lengths and key counts (conv and
+        attention run one sequence per non-empty segment)."""
+        bounds = np.cumsum([0, *pieces.counts]).tolist()
+        rounds = tuple(pieces.lengths[a:b] for a, b in zip(bounds[:-1], bounds[1:]))
         return cls(
             compact=layout.compact_length,
             rounds=rounds,
-            filled=tuple(_fill_chunks(gdn, rounds)),
+            filled=tuple(_fill_chunks(pieces, rounds)),
             slots=tuple(round_slots(layout)),
-            conv=np.diff(host["conv"]["segment_cu"]).astype(np.int64),
-            queries=np.diff(att["cu_q"]).astype(np.int64),
-            keys=np.diff(att["cu_k"]).astype(np.int64),
-            max_k=int(att["max_k"]),
+            conv=lengths,
+            queries=lengths,
+            keys=keys,
+            max_k=int(keys.max()),
         )
 
 
@@ -295,83 +298,136 @@ def _worth(merged: tuple | None, own: tuple, needs: Needs, budget: float) -> boo
     return fits(merged, needs) and cost(merged) <= budget
 
 
-def pad_host(host: dict, layout, held=()) -> tuple[dict, tuple]:
-    """The plan's host arrays (`build_plan`'s `host`) padded to a bucket (`choose_bucket`), and the bucket."""
-    needs = Needs.of(host, layout)
+def padded_host(
+    layout, plan: dict, lm: dict, kernel_size: int, held=(), arena: Arena | None = None
+) -> tuple[dict, tuple]:
+    """Every host array of the plan (`build_plan`'s `host`) padded to a bucket (`choose_bucket`), and the
+    bucket. `plan`: the plan's own arrays (compact_src, expand_index, cu_seqlens, positions), `lm` the LM
+    rows' (nothing pads those); the mixers' arrays are built here, padded from the start."""
+    arena = arena or Arena()
+    pieces = gdn_pieces(layout)
+    segs, lengths, _, _, state_rows = look_back(layout, kernel_size)
+    keys = layout.offset[segs] + lengths
+    needs = Needs.of(layout, pieces, lengths, keys)
     bucket = choose_bucket(needs, held)
     c = needs.compact
     c_star = bucket[0]
     p = c_star - c
-    plan = dict(host["plan"])
-    plan["compact_src"] = np.concatenate([plan["compact_src"], np.zeros(p, dtype=np.int64)])
+    compact_src = arena.take(c_star)
+    compact_src[:c] = plan["compact_src"]
+    compact_src[c:] = 0
     positions = plan["positions"]
-    pad_pos = np.broadcast_to(counting(p).astype(positions.dtype), (*positions.shape[:-1], p))
-    plan["positions"] = np.ascontiguousarray(np.concatenate([positions, pad_pos], axis=-1))
-    plan["cu_seqlens"] = np.append(plan["cu_seqlens"], np.int32(c_star)).astype(np.int32)
-    out = {
-        **host,
-        "plan": plan,
-        "gdn": _pad_gdn(host["gdn"], needs, bucket[1], c, p),
-        "conv": _pad_conv(host["conv"], needs, bucket[2], c, p),
-        "attention": _pad_attention(host["attention"], needs, bucket[3], c, p),
+    shape = (*positions.shape[:-1], c_star)
+    padded_positions = arena.take(math.prod(shape), positions.dtype).reshape(shape)
+    padded_positions[..., :c] = positions
+    padded_positions[..., c:] = counting(p)
+    cu = plan["cu_seqlens"]
+    cu_seqlens = arena.take(len(cu) + 1, np.int32)
+    cu_seqlens[:-1] = cu
+    cu_seqlens[-1] = c_star
+    host = {
+        "plan": {
+            "compact_src": compact_src,
+            "expand_index": plan["expand_index"],
+            "cu_seqlens": cu_seqlens,
+            "positions": padded_positions,
+        },
+        "gdn": pad_gdn(pieces, needs, bucket[1], c, p, arena),
+        "conv": _pad_conv(state_rows, kernel_size, needs, bucket[2], c, p, arena),
+        "attention": _pad_attention(attention_keys(layout, segs, arena), needs, bucket[3], c, p, arena),
+        "lm": lm,
     }
-    return out, bucket
+    return host, bucket
 
 
-def _pad_gdn(host: dict, needs: Needs, calls: tuple, c: int, p: int) -> dict:
+_MARK = 1 << 48  # ranges starting here count rows of a padding cycle, not compact rows (see `_cycled`)
+
+
+def _cycled(index: np.ndarray, c: int, p: int) -> np.ndarray:
+    """`index` with each value `_MARK * j + k` (k < _MARK, j >= 1) replaced by the padding row `c + k % p`: runs
+    of padding rows built by `ranges` beside real ones, each counting from 0 where it starts at a mark."""
+    marked = index >= _MARK
+    index[marked] = c + (index[marked] % _MARK) % p
+    return index
+
+
+def pad_gdn(pieces: RoundPieces, needs: Needs, calls: tuple, c: int, p: int, arena: Arena | None = None) -> dict:
     """Every real sequence is filled to whole chunks, and every round (round 0 too, when it had no rows) gets
     padding sequences; fill and padding rows read the compact padding rows (repeated as needed). The compact
     padding rows keep round 0's first padding outputs (repeated when round 0 has fewer padding rows: those
     outputs are never read and their gradient is zero, so the backward's `index_copy_` of repeated indices
     writes zeros either way). From round 1 on, padding sequences start from the zero state (so every round
-    picks from zeros: `zero` is always set)."""
-    out = {"rounds": host["rounds"]}
-    real_rows, pad_rows, parts, moved = [], [], [], []
-    for r, (lengths, filled, call) in enumerate(zip(needs.rounds, needs.filled, calls)):
-        pad = _pad_free(call, filled)
-        real = int(filled.sum())
-        # each real sequence's rows, then padding rows up to its last chunk's end (`_fill_chunks`)
-        fill = filled - lengths
-        fill_src = _cycle(c, p, int(fill.sum()))
-        at = boundaries(filled)[:-1] + lengths  # where each sequence's fill rows go
-        src = np.empty(real, dtype=np.int64)
-        is_fill = np.zeros(real, dtype=bool)
-        is_fill[ranges(at, fill)] = True
-        src[is_fill] = fill_src
-        if f"src{r}" in host:
-            src[~is_fill] = host[f"src{r}"]
-        moved.append(np.flatnonzero(~is_fill))  # a real row's place among the round's filled rows
-        src = np.concatenate([src, _cycle(c, p, int(pad.sum()))])
-        all_lengths = np.concatenate([filled, pad])
+    picks from zeros: `zero` is always set).
+
+    Per round, its real sequences, each its parent's tail, its own rows and its fill rows, then its padding
+    sequences: the fill rows of a round count through the padding rows from `c` on, and so do its padding
+    sequences' (each from `c` again per round)."""
+    arena = arena or Arena()
+    rounds = len(calls)
+    lengths, tails, owns = pieces.lengths, pieces.tails, pieces.owns
+    filled = CHUNK * -(-lengths // CHUNK)
+    fill = filled - lengths
+    # per round: its real sequences' slice, its padding sequences; the pieces of the joint row in order
+    pads, parts, starts, sizes, firsts = [], [], [], [], []
+    first = 0  # a round's first real sequence
+    at = 0  # its first sequence in the padded joint row
+    for r, (real_filled, call) in enumerate(zip(needs.filled, calls)):
+        n = pieces.counts[r]
+        pad = _pad_free(call, real_filled)
+        s0, s1 = first, first + n
+        fill_r = fill[s0:s1]
+        mark = _MARK * (2 * r + 1)
+        fill_start = mark + np.cumsum(fill_r) - fill_r  # each round's fill rows count from 0
+        pad_start = mark + _MARK + np.cumsum(pad) - pad  # and so do its padding sequences' rows
+        # three pieces per real sequence (tail, own, fill), then one per padding sequence
+        starts += [np.stack([pieces.tail_start[s0:s1], pieces.own_start[s0:s1], fill_start], axis=1).ravel(), pad_start]
+        sizes += [np.stack([tails[s0:s1], owns[s0:s1], fill_r], axis=1).ravel(), pad]
+        parts += [real_filled, pad]
+        pads.append(pad)
+        firsts.append(at)
+        first = s1
+        at += n + len(pad)
+    joint = np.concatenate(parts)
+    cu_joint = arena.boundaries(joint)
+    src = _cycled(arena.ranges(np.concatenate(starts), np.concatenate(sizes)), c, p)
+    chunks_joint = chunk_indices(joint, arena, np.int32)
+    offsets_joint = arena.boundaries(-(-joint // CHUNK))
+    # each real sequence's place in the padded joint row: after the padding sequences of earlier rounds
+    shift = np.repeat(np.array(firsts, dtype=np.int64) - np.cumsum([0, *pieces.counts[:-1]]), pieces.counts)
+    real_start = cu_joint[pieces.kept_seq + shift[pieces.kept_seq]].astype(np.int64)
+    out_index = arena.take(c + p)
+    ranges_into(out_index[:c], real_start + pieces.kept_off, pieces.kept_len)
+    round0_pad = int(cu_joint[pieces.counts[0]])  # round 0's first padding row
+    np.add(counting(p) % int(pads[0].sum()), round0_pad, out=out_index[c:])
+    out = {"rounds": rounds}
+    for r in range(rounds):
+        s0, s1 = firsts[r], firsts[r] + pieces.counts[r] + len(pads[r])
+        c0, c1 = int(offsets_joint[s0]), int(offsets_joint[s1])
+        n = s1 - s0
         out |= {
-            f"src{r}": src,
-            f"cu{r}": boundaries(all_lengths).astype(np.int32),
-            f"chunks{r}": chunk_indices(all_lengths, dtype=np.int32),
-            f"offsets{r}": boundaries(-(-all_lengths // CHUNK)).astype(np.int32),
-            f"export{r}": r + 1 < host["rounds"],
+            f"src{r}": src[cu_joint[s0] : cu_joint[s1]],
+            f"cu{r}": np.subtract(cu_joint[s0 : s1 + 1], cu_joint[s0], out=arena.take(n + 1, np.int32)),
+            f"chunks{r}": np.subtract(
+                chunks_joint[c0:c1], np.array([s0, 0], np.int32), out=arena.take(2 * (c1 - c0), np.int32).reshape(-1, 2)
+            ),
+            f"offsets{r}": np.subtract(offsets_joint[s0 : s1 + 1], c0, out=arena.take(n + 1, np.int32)),
+            f"export{r}": r + 1 < rounds,
         }
         if r:
-            state = host.get(f"state{r}")
-            real_state = np.zeros(0, np.int64) if state is None else state + (0 if host.get(f"zero{r}") else 1)
+            state = pieces.states[r]
             out[f"zero{r}"] = True
-            out[f"state{r}"] = np.concatenate([real_state, np.zeros(len(pad), dtype=np.int64)])
-        real_rows.append(real)
-        pad_rows.append(int(pad.sum()))
-        parts.append(all_lengths)
-    # rows of cat(every round's rows): each round's real rows, then its padding rows
-    round_start = np.cumsum([0] + [a + b for a, b in zip(real_rows, pad_rows)])[:-1]
-    real_start = np.cumsum([0] + [int(lengths.sum()) for lengths in needs.rounds])[:-1]
-    index = host["out_index"]
-    of = np.searchsorted(real_start, index, side="right") - 1
-    # `moved` of every round, concatenated, is indexed by the unpadded rows of cat(every round's rows)
-    shifted = np.concatenate(moved)[index] + round_start[of]
-    out["out_index"] = np.concatenate([shifted, _cycle(round_start[0] + real_rows[0], pad_rows[0], p)])
-    out["src"] = np.concatenate([out[f"src{r}"] for r in range(host["rounds"])])
-    joint = np.concatenate(parts)
+            padded_state = arena.take(n)
+            if state is not None:
+                np.add(state, 1, out=padded_state[: len(state)])
+                np.maximum(padded_state[: len(state)], 0, out=padded_state[: len(state)])
+            padded_state[pieces.counts[r] :] = 0
+            out[f"state{r}"] = padded_state
     out |= {
-        "cu_joint": boundaries(joint).astype(np.int32),
-        "chunks_joint": chunk_indices(joint, dtype=np.int32),
-        "offsets_joint": boundaries(-(-joint // CHUNK)).astype(np.int32),
+        "out_index": out_index,
+        "src": src,
+        "cu_joint": cu_joint,
+        "chunks_joint": chunks_joint,
+        "offsets_joint": offsets_joint,
         # a padded plan always gathers: whether the rounds read the row in place depends on the layout
         "src_identity": False,
         "out_identity": False,
@@ -380,23 +436,28 @@ def _pad_gdn(host: dict, needs: Needs, calls: tuple, c: int, p: int) -> dict:
     return out
 
 
-def _pad_conv(host: dict, needs: Needs, call: tuple, c: int, p: int) -> dict:
+def _pad_conv(state_rows: np.ndarray, width: int, needs: Needs, call: tuple, c: int, p: int, arena: Arena) -> dict:
     """Padding segments tile the compact padding rows and, past `C*`, `extra_src` rows gathered from them:
     the conv's rows are free, so its segments and chunks are bucketed as the GDN rounds' are."""
     pad = _pad_free(call, needs.conv)
     all_lengths = np.concatenate([needs.conv, pad])
-    width = host["kernel_size"]
+    s = len(state_rows)
+    rows = arena.take((s + len(pad)) * width).reshape(-1, width)
+    rows[:s] = state_rows
+    rows[s:] = -1
+    extra = arena.take(call[2] - c - p)
+    np.add(np.arange(len(extra), dtype=np.int64) % p, c, out=extra)
     return {
         "kernel_size": width,
         # the gathered look-back rows: not built for a padded plan (shared_prefix_causal_conv1d refuses it)
-        "segment_cu": boundaries(all_lengths).astype(np.int32),
-        "segment_chunks": chunk_indices(all_lengths, dtype=np.int32),
-        "state_rows": np.concatenate([host["state_rows"], np.full((len(pad), width), -1, dtype=np.int64)]),
-        "extra_src": _cycle(c, p, call[2] - c - p),
+        "segment_cu": arena.boundaries(all_lengths),
+        "segment_chunks": chunk_indices(all_lengths, arena, np.int32),
+        "state_rows": rows,
+        "extra_src": extra,
     }
 
 
-def _pad_attention(host: dict, needs: Needs, call: tuple, c: int, p: int) -> dict:
+def _pad_attention(kv_src: np.ndarray, needs: Needs, call: tuple, c: int, p: int, arena: Arena) -> dict:
     """Padding segments split the `P` compact padding rows (queries) and read padding rows as keys:
     bottom-right causal, each padding query sees its own segment's keys only."""
     s_star, k_star, max_q, max_k = call
@@ -404,16 +465,17 @@ def _pad_attention(host: dict, needs: Needs, call: tuple, c: int, p: int) -> dic
     keys = int(needs.keys.sum())
     q_pad = _split(p, count)
     k_pad = _split(k_star - keys, count)  # >= q_pad part by part: both split the same way and k_star - keys >= p
-    # each padding segment's keys: (k - q) padding rows, then its own queries' rows
+    # each padding segment's keys: (k - q) padding rows (counting from the first again), then its own queries' rows
     q_start = c + np.cumsum(q_pad) - q_pad
-    pad_kv = np.concatenate([
-        np.concatenate([_cycle(c, p, int(k - q)), ranges(np.array([s0]), np.array([q]))])
-        for k, s0, q in zip(k_pad.tolist(), q_start.tolist(), q_pad.tolist())
-    ])
+    all_kv = arena.take(len(kv_src) + k_star - keys)
+    all_kv[: len(kv_src)] = kv_src
+    ranges_into(all_kv[len(kv_src) :], interleave(np.full(count, _MARK, dtype=np.int64), q_start),
+                interleave(k_pad - q_pad, q_pad))
+    _cycled(all_kv[len(kv_src) :], c, p)
     return {
         "max_q": max_q,
         "max_k": max_k,
-        "kv_src": np.concatenate([host["kv_src"], pad_kv]),
-        "cu_q": boundaries(np.concatenate([needs.queries, q_pad])).astype(np.int32),
-        "cu_k": boundaries(np.concatenate([needs.keys, k_pad])).astype(np.int32),
+        "kv_src": all_kv,
+        "cu_q": arena.boundaries(np.concatenate([needs.queries, q_pad])),
+        "cu_k": arena.boundaries(np.concatenate([needs.keys, k_pad])),
     }

@@ -104,32 +104,56 @@ def chunk_indices(lengths, arena: Arena | None = None, dtype=np.int64) -> np.nda
     return out
 
 
-def gdn_host_index(layout: Layout, arena: Arena | None = None) -> dict:
-    """Host arrays of every round (see `GDNIndex`), written into `arena` when given; uploaded by the plan builder."""
-    arena = arena or Arena()
+@dataclass(frozen=True, eq=False)
+class RoundPieces:
+    """The GDN rounds of a layout at the segment level (host, numpy): each round's sequences as two pieces
+    of compact rows (the parent's tail, then the segment's own rows; round 0: its rows and an empty piece),
+    the state each starts from, and which rows of which sequence hold each compact row's output. The
+    unpadded index (`gdn_host_index`) and the padded one (`bucket.pad_gdn`) are both made from it."""
+
+    tail_start: np.ndarray  # [n] per sequence of every round, in round order: first compact row of its tail
+    tails: np.ndarray  # [n] the tail's rows
+    own_start: np.ndarray  # [n] first compact row of its own rows
+    owns: np.ndarray  # [n] its own rows
+    lengths: np.ndarray  # [n] tails + owns
+    counts: list[int]  # sequences per round
+    states: list[np.ndarray | None]  # per round, its sequences' previous-round sequence (-1: zero state)
+    # the kept pieces, in compact order: each a run of compact rows whose outputs are rows of one sequence
+    kept_len: np.ndarray  # rows of each piece
+    kept_seq: np.ndarray  # the sequence (numbered over every round) that holds it
+    kept_off: np.ndarray  # its first row's place inside that sequence
+
+
+def gdn_pieces(layout: Layout) -> RoundPieces:
+    """Every round's sequences and kept pieces (see `RoundPieces`)."""
     start, length, offset, end = layout.start, layout.length, layout.offset, layout.end
     shared, level, parent = layout.shared, layout.level, layout.parent
     aligned_end = (end // CHUNK) * CHUNK  # a shared segment's state is exported there
     run_of = np.full(len(start), -1, dtype=np.int64)  # shared segment -> its sequence in its level's round
-    kept_at, kept_from, kept_len = [], [], []  # compact rows whose output a round row holds
-    row = 0
-    rounds = []
+    kept_at, kept_seq, kept_off, kept_len = [], [], [], []  # compact rows whose output a round row holds
+    tail_start, tails_of, own_start, owns_of, counts, states = [], [], [], [], [], []
 
     # round 0: roots up to their last chunk boundary, singletons whole
     own = np.where(shared, aligned_end - offset, length)
     first = ((parent < 0) & (own > 0)).nonzero()[0]
     lengths = own[first]
-    run_of[first] = np.arange(len(first))
-    rows = row + lengths.cumsum() - lengths
+    n = len(first)
+    run_of[first] = np.arange(n)
     kept_at.append(start[first])
-    kept_from.append(rows)
+    kept_seq.append(np.arange(n))
+    kept_off.append(np.zeros(n, np.int64))
     kept_len.append(lengths)
-    row += int(lengths.sum())
-    none = np.zeros(len(first), np.int64)  # round 0: no parent's tail in front
-    rounds.append((start[first], lengths, none, none, lengths, None))
+    none = np.zeros(n, np.int64)  # round 0: no parent's tail in front
+    tail_start.append(start[first])
+    tails_of.append(lengths)
+    own_start.append(none)
+    owns_of.append(none)
+    counts.append(n)
+    states.append(None)
+    seq = n
 
     tail = end - aligned_end  # of every segment; read at parents
-    tail_start = start + aligned_end - offset
+    tail_begin = start + aligned_end - offset
     for lvl in range(1, layout.depth + 1):
         # per node of level lvl - 1: its tail [B, E) alone, then tail + child for each child, from
         # the node's exported state; entries ordered by segment (a node comes before its subtree)
@@ -144,37 +168,57 @@ def gdn_host_index(layout: Layout, arena: Arena | None = None) -> dict:
         child = np.maximum(child, 0)
         tails = tail[of]
         owns = np.where(is_child, own[child], 0)
-        seq_lengths = tails + owns
-        rows = row + seq_lengths.cumsum() - seq_lengths
-        kept_at.append(np.where(is_child, start[child], tail_start[of]))
-        kept_from.append(np.where(is_child, rows + tails, rows))
+        n = len(of)
+        kept_at.append(np.where(is_child, start[child], tail_begin[of]))
+        kept_seq.append(np.arange(seq, seq + n))
+        kept_off.append(np.where(is_child, tails, 0))
         kept_len.append(np.where(is_child, owns, tails))
-        row += int(seq_lengths.sum())
-        state = run_of[of]
+        states.append(run_of[of])
         nested = is_child & shared[child]
         run_of[child[nested]] = nested.nonzero()[0]
-        rounds.append((tail_start[of], tails, np.where(is_child, start[child], 0), owns, seq_lengths, state))
+        tail_start.append(tail_begin[of])
+        tails_of.append(tails)
+        own_start.append(np.where(is_child, start[child], 0))
+        owns_of.append(owns)
+        counts.append(n)
+        seq += n
 
-    # the kept pieces tile the compact row: in compact order, their round rows are the out index
-    kept_at, kept_from, kept_len = (np.concatenate(x) for x in (kept_at, kept_from, kept_len))
-    order = np.argsort(kept_at, kind="stable")
-    out = arena.ranges(kept_from[order], kept_len[order])
-    host = {"out_index": out, "rounds": len(rounds)}
+    # the kept pieces tile the compact row: in compact order (zero-length pieces, which may share a start
+    # with another, hold no row)
+    order = np.argsort(np.concatenate(kept_at), kind="stable")
+    tails, owns = np.concatenate(tails_of), np.concatenate(owns_of)
+    return RoundPieces(
+        tail_start=np.concatenate(tail_start),
+        tails=tails,
+        own_start=np.concatenate(own_start),
+        owns=owns,
+        lengths=tails + owns,
+        counts=counts,
+        states=states,
+        kept_len=np.concatenate(kept_len)[order],
+        kept_seq=np.concatenate(kept_seq)[order],
+        kept_off=np.concatenate(kept_off)[order],
+    )
+
+
+def gdn_host_index(layout: Layout, arena: Arena | None = None, pieces: RoundPieces | None = None) -> dict:
+    """Host arrays of every round (see `GDNIndex`), written into `arena` when given; uploaded by the plan builder."""
+    arena = arena or Arena()
+    pieces = pieces or gdn_pieces(layout)
     # Every round's rows, boundaries and chunk tables are built once for all rounds together (the
     # joint call's), and each round's are slices of them, renumbered from the round's first
     # sequence: a handful of array calls however many rounds. Per sequence two pieces, the
     # parent's tail then the child's own rows (round 0: its rows and an empty piece).
-    joint = np.concatenate([seq_lengths for *_, seq_lengths, _ in rounds])
-    src = arena.ranges(
-        interleave(np.concatenate([r[0] for r in rounds]), np.concatenate([r[2] for r in rounds])),
-        interleave(np.concatenate([r[1] for r in rounds]), np.concatenate([r[3] for r in rounds])),
-    )
+    joint = pieces.lengths
+    src = arena.ranges(interleave(pieces.tail_start, pieces.own_start), interleave(pieces.tails, pieces.owns))
     cu_joint = arena.boundaries(joint)
+    # the kept pieces in compact order: their round rows are the out index
+    out = arena.ranges(cu_joint[pieces.kept_seq] + pieces.kept_off, pieces.kept_len)
+    host = {"out_index": out, "rounds": len(pieces.counts)}
     chunks_joint = chunk_indices(joint, arena, np.int32)
     offsets_joint = arena.boundaries(-(-joint // CHUNK))
     first_seq = 0
-    for r, (*_, seq_lengths, state) in enumerate(rounds):
-        n = len(seq_lengths)
+    for r, (n, state) in enumerate(zip(pieces.counts, pieces.states)):
         if not n:
             continue
         s0, s1 = first_seq, first_seq + n
@@ -187,7 +231,7 @@ def gdn_host_index(layout: Layout, arena: Arena | None = None) -> dict:
                 chunks_joint[c0:c1], np.array([s0, 0], np.int32), out=arena.take(2 * (c1 - c0), np.int32).reshape(-1, 2)
             ),
             f"offsets{r}": np.subtract(offsets_joint[s0 : s1 + 1], c0, out=arena.take(n + 1, np.int32)),
-            f"export{r}": r + 1 < len(rounds),  # not an array: stays on the host
+            f"export{r}": r + 1 < len(pieces.counts),  # not an array: stays on the host
         }
         if state is not None:
             zero = bool((state < 0).any())

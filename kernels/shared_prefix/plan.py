@@ -17,7 +17,7 @@ import torch
 
 from .aligned import align_to_chunks
 from .attention import AttentionIndex, attention_host_index, attention_index
-from .bucket import pad_host
+from .bucket import padded_host
 from .conv import ConvIndex, conv_host_index, conv_index
 from .gdn import CHUNK, GDNIndex, gdn_host_index, gdn_index
 from .grouping import Group
@@ -217,24 +217,27 @@ def build_plan(
         # row by row: a 1-D take is several times faster than one along axis 1 of the block
         for row, out in zip(pos, positions.reshape(len(pos), -1)):
             np.take(row, layout.compact_src, out=out, mode="clip")  # compact_src indexes the packed row
-    host = {
-        "plan": {
-            "compact_src": layout.compact_src,
-            "expand_index": layout.expand_index,
-            # one block per root with its subtree and per singleton
-            "cu_seqlens": arena.put(np.append(blocks, layout.compact_length), np.int32),
-            "positions": positions,
-        },
-        "gdn": gdn_host_index(layout, arena),
-        "conv": conv_host_index(layout, conv_kernel_size, arena),
-        "attention": attention_host_index(layout, arena),
-        "lm": lm,
+    plan_host = {
+        "compact_src": layout.compact_src,
+        "expand_index": layout.expand_index,
+        # one block per root with its subtree and per singleton
+        "cu_seqlens": arena.put(np.append(blocks, layout.compact_length), np.int32),
+        "positions": positions,
     }
     bucket = None
     compact_length = layout.compact_length
     if pad_to_bucket:
-        host, bucket = pad_host(host, layout, held_buckets)
+        # the mixers' arrays built padded from the start (none of the unpadded ones is built)
+        host, bucket = padded_host(layout, plan_host, lm, conv_kernel_size, held_buckets, arena)
         compact_length = bucket[0]
+    else:
+        host = {
+            "plan": plan_host,
+            "gdn": gdn_host_index(layout, arena),
+            "conv": conv_host_index(layout, conv_kernel_size, arena),
+            "attention": attention_host_index(layout, arena),
+            "lm": lm,
+        }
     dev = _upload(host, device, arena=arena)
     compact_positions = dev["plan"]["positions"]
     if compact_positions.dtype != wanted:
