@@ -73,11 +73,11 @@ def pad_lengths(count: int, rows: int, chunks: int) -> np.ndarray:
     """`count` sequence lengths, each >= 1, that sum to `rows` and make `chunks` chunks of 64 in all."""
     if not (1 <= count <= chunks and CHUNK * (chunks - count) + count <= rows <= CHUNK * chunks):
         raise AssertionError(f"no {count} padding sequences of {rows} rows make {chunks} chunks")
-    per = np.ones(count, dtype=np.int64)
-    per[0] += chunks - count
+    # plain ints: a handful of sequences, where numpy calls cost more than the arithmetic
     slack = CHUNK * chunks - rows  # rows short of whole chunks, at most CHUNK - 1 per sequence
-    short = np.minimum(CHUNK - 1, np.maximum(0, slack - (CHUNK - 1) * np.arange(count)))
-    return CHUNK * per - short
+    out = [CHUNK - min(CHUNK - 1, max(0, slack - (CHUNK - 1) * i)) for i in range(count)]
+    out[0] += CHUNK * (chunks - count)
+    return np.array(out, dtype=np.int64)
 
 
 # A varlen call whose rows are free (the GDN rounds gather theirs; the conv gathers rows past C*) is
@@ -364,36 +364,38 @@ def pad_gdn(pieces: RoundPieces, needs: Needs, calls: tuple, c: int, p: int, are
     sequences' (each from `c` again per round)."""
     arena = arena or Arena()
     rounds = len(calls)
+    counts = pieces.counts
     lengths, tails, owns = pieces.lengths, pieces.tails, pieces.owns
-    filled = CHUNK * -(-lengths // CHUNK)
-    fill = filled - lengths
-    # per round: its real sequences' slice, its padding sequences; the pieces of the joint row in order
-    pads, parts, starts, sizes, firsts = [], [], [], [], []
-    first = 0  # a round's first real sequence
-    at = 0  # its first sequence in the padded joint row
+    fill = CHUNK * -(-lengths // CHUNK) - lengths
+    firsts = np.cumsum([0, *counts[:-1]])  # each round's first real sequence
+    # three pieces per real sequence (tail, own, fill); each round's fill rows count through the padding rows
+    # from 0 (a mark of their own per round, see `_cycled`)
+    real = np.empty((len(lengths), 2, 3), dtype=np.int64)  # [sequence, (start, size), piece]
+    real[:, 0, 0], real[:, 0, 1] = pieces.tail_start, pieces.own_start
+    real[:, 1, 0], real[:, 1, 1], real[:, 1, 2] = tails, owns, fill
+    before = np.cumsum(fill) - fill
+    marks = _MARK * (2 * np.arange(rounds, dtype=np.int64) + 1) - before[np.minimum(firsts, max(len(fill) - 1, 0))]
+    real[:, 0, 2] = before + np.repeat(marks, counts)
+    # per round: its real sequences' pieces, then one per padding sequence (counting from 0 again)
+    pads, parts, starts, sizes, at = [], [], [], [], []
+    first = 0  # a round's first sequence in the padded joint row
     for r, (real_filled, call) in enumerate(zip(needs.filled, calls)):
-        n = pieces.counts[r]
         pad = _pad_free(call, real_filled)
-        s0, s1 = first, first + n
-        fill_r = fill[s0:s1]
-        mark = _MARK * (2 * r + 1)
-        fill_start = mark + np.cumsum(fill_r) - fill_r  # each round's fill rows count from 0
-        pad_start = mark + _MARK + np.cumsum(pad) - pad  # and so do its padding sequences' rows
-        # three pieces per real sequence (tail, own, fill), then one per padding sequence
-        starts += [np.stack([pieces.tail_start[s0:s1], pieces.own_start[s0:s1], fill_start], axis=1).ravel(), pad_start]
-        sizes += [np.stack([tails[s0:s1], owns[s0:s1], fill_r], axis=1).ravel(), pad]
+        s0, s1 = firsts[r], firsts[r] + counts[r]
+        starts += [real[s0:s1, 0].ravel(), _MARK * (2 * r + 2) + np.cumsum(pad) - pad]
+        sizes += [real[s0:s1, 1].ravel(), pad]
         parts += [real_filled, pad]
         pads.append(pad)
-        firsts.append(at)
-        first = s1
-        at += n + len(pad)
+        at.append(first)
+        first += counts[r] + len(pad)
+    firsts = at
     joint = np.concatenate(parts)
     cu_joint = arena.boundaries(joint)
     src = _cycled(arena.ranges(np.concatenate(starts), np.concatenate(sizes)), c, p)
     chunks_joint = chunk_indices(joint, arena, np.int32)
     offsets_joint = arena.boundaries(-(-joint // CHUNK))
     # each real sequence's place in the padded joint row: after the padding sequences of earlier rounds
-    shift = np.repeat(np.array(firsts, dtype=np.int64) - np.cumsum([0, *pieces.counts[:-1]]), pieces.counts)
+    shift = np.repeat(np.array(firsts, dtype=np.int64) - np.cumsum([0, *counts[:-1]]), counts)
     real_start = cu_joint[pieces.kept_seq + shift[pieces.kept_seq]].astype(np.int64)
     out_index = arena.take(c + p)
     ranges_into(out_index[:c], real_start + pieces.kept_off, pieces.kept_len)
