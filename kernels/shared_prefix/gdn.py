@@ -125,79 +125,68 @@ class RoundPieces:
 
 
 def gdn_pieces(layout: Layout) -> RoundPieces:
-    """Every round's sequences and kept pieces (see `RoundPieces`)."""
-    start, length, offset, end = layout.start, layout.length, layout.offset, layout.end
-    shared, level, parent = layout.shared, layout.level, layout.parent
+    """Every round's sequences and kept pieces (see `RoundPieces`), for every round at once.
+
+    A sequence is a round-0 entry (a root up to its last chunk boundary, a singleton whole), a node's
+    tail alone (in the round after the node's level) or a child with its parent's tail in front (in the
+    round of the child's level). A round holds its entries by segment, a node's tail alone before its
+    children (a parent comes before its subtree): one sort by (round, segment) orders them all."""
+    start, length, offset = layout.start, layout.length, layout.offset
+    end = offset + length
+    shared, level, parent = layout.node >= 0, layout.level, layout.parent
+    n_seg = len(start)
     aligned_end = (end // CHUNK) * CHUNK  # a shared segment's state is exported there
-    run_of = np.full(len(start), -1, dtype=np.int64)  # shared segment -> its sequence in its level's round
-    kept_at, kept_seq, kept_off, kept_len = [], [], [], []  # compact rows whose output a round row holds
-    tail_start, tails_of, own_start, owns_of, counts, states = [], [], [], [], [], []
-
-    # round 0: roots up to their last chunk boundary, singletons whole
-    own = np.where(shared, aligned_end - offset, length)
-    first = ((parent < 0) & (own > 0)).nonzero()[0]
-    lengths = own[first]
-    n = len(first)
-    run_of[first] = np.arange(n)
-    kept_at.append(start[first])
-    kept_seq.append(np.arange(n))
-    kept_off.append(np.zeros(n, np.int64))
-    kept_len.append(lengths)
-    none = np.zeros(n, np.int64)  # round 0: no parent's tail in front
-    tail_start.append(start[first])
-    tails_of.append(lengths)
-    own_start.append(none)
-    owns_of.append(none)
-    counts.append(n)
-    states.append(None)
-    seq = n
-
+    own = np.where(shared, aligned_end - offset, length)  # the rows a segment runs itself
     tail = end - aligned_end  # of every segment; read at parents
     tail_begin = start + aligned_end - offset
-    for lvl in range(1, layout.depth + 1):
-        # per node of level lvl - 1: its tail [B, E) alone, then tail + child for each child, from
-        # the node's exported state; entries ordered by segment (a node comes before its subtree)
-        parents = (shared & (level == lvl - 1)).nonzero()[0]
-        alone = parents[tail[parents] > 0]
-        children = (level == lvl).nonzero()[0]
-        of = np.concatenate([alone, parent[children]])
-        order = np.argsort(np.concatenate([alone, children]), kind="stable")
-        of = of[order]
-        child = np.concatenate([np.full(len(alone), -1, np.int64), children])[order]
-        is_child = child >= 0
-        child = np.maximum(child, 0)
-        tails = tail[of]
-        owns = np.where(is_child, own[child], 0)
-        n = len(of)
-        kept_at.append(np.where(is_child, start[child], tail_begin[of]))
-        kept_seq.append(np.arange(seq, seq + n))
-        kept_off.append(np.where(is_child, tails, 0))
-        kept_len.append(np.where(is_child, owns, tails))
-        states.append(run_of[of])
-        nested = is_child & shared[child]
-        run_of[child[nested]] = nested.nonzero()[0]
-        tail_start.append(tail_begin[of])
-        tails_of.append(tails)
-        own_start.append(np.where(is_child, start[child], 0))
-        owns_of.append(owns)
-        counts.append(n)
-        seq += n
-
-    # the kept pieces tile the compact row: in compact order (zero-length pieces, which may share a start
-    # with another, hold no row)
-    order = np.argsort(np.concatenate(kept_at), kind="stable")
-    tails, owns = np.concatenate(tails_of), np.concatenate(owns_of)
+    has_parent = parent >= 0
+    roots = (~has_parent & (own > 0)).nonzero()[0]  # round 0
+    alone = (shared & (tail > 0)).nonzero()[0]  # a node's tail alone, the round after its level
+    children = has_parent.nonzero()[0]
+    up = parent[children]
+    # every entry: its round, the segment it sorts by, its parent node (-1 in round 0), its own segment (-1 alone)
+    rnd = np.concatenate([np.zeros(len(roots), np.int64), level[alone] + 1, level[children]])
+    key = np.concatenate([roots, alone, children])
+    order = np.argsort(rnd * n_seg + key, kind="stable")
+    of = np.concatenate([np.full(len(roots), -1, np.int64), alone, up])[order]
+    child = np.concatenate([roots, np.full(len(alone), -1, np.int64), children])[order]
+    rnd = rnd[order]
+    is_child = child >= 0
+    child = np.maximum(child, 0)
+    in_tail = of >= 0
+    up = np.maximum(of, 0)
+    tails = np.where(in_tail, tail[up], 0)
+    owns = np.where(is_child, own[child], 0)
+    counts = np.bincount(rnd, minlength=layout.depth + 1)
+    first = np.cumsum(counts) - counts
+    local = counting(len(rnd)) - first[rnd]  # each entry's sequence within its round
+    run_of = np.full(n_seg, -1, dtype=np.int64)  # shared segment -> its sequence in its level's round
+    run_of[child[is_child]] = local[is_child]
+    state = run_of[up]
+    bounds = np.cumsum(counts).tolist()
+    counts = counts.tolist()
+    states = [None] + [state[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    # round 0's entries are their own rows in the first piece (no tail in front): as first written
+    root = ~in_tail
+    tail_start = np.where(root, start[child], tail_begin[up])
+    tails = np.where(root, owns, tails)
+    own_start = np.where(root, 0, np.where(is_child, start[child], 0))
+    owns = np.where(root, 0, owns)
+    # the kept pieces tile the compact row: a child's own rows (round 0: its rows), a tail alone's tail;
+    # in compact order (zero-length pieces, which may share a start with another, hold no row)
+    kept_at = np.where(is_child, start[child], tail_begin[up])
+    kept = np.argsort(kept_at, kind="stable")
     return RoundPieces(
-        tail_start=np.concatenate(tail_start),
+        tail_start=tail_start,
         tails=tails,
-        own_start=np.concatenate(own_start),
+        own_start=own_start,
         owns=owns,
         lengths=tails + owns,
         counts=counts,
         states=states,
-        kept_len=np.concatenate(kept_len)[order],
-        kept_seq=np.concatenate(kept_seq)[order],
-        kept_off=np.concatenate(kept_off)[order],
+        kept_len=np.where(is_child, owns + root * tails, tails)[kept],
+        kept_seq=kept,
+        kept_off=np.where(is_child & ~root, tails, 0)[kept],
     )
 
 
