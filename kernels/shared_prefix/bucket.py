@@ -47,7 +47,7 @@ import numpy as np
 
 from .attention import attention_keys
 from .conv import look_back
-from .gdn import CHUNK, RoundPieces, RoundTables, chunk_indices, gdn_pieces
+from .gdn import CHUNK, RoundPieces, chunk_indices, gdn_pieces
 from .rows import Arena, boundaries, counting, interleave, ranges, ranges_into
 
 RATIO = (9, 8)  # the ladder's ratio: a bucket holds at most 12.5% more than the batch needs
@@ -390,9 +390,10 @@ def pad_gdn(pieces: RoundPieces, needs: Needs, calls: tuple, c: int, p: int, are
         first += counts[r] + len(pad)
     firsts = at
     joint = np.concatenate(parts)
-    tables = RoundTables.of(joint, [counts[r] + len(pads[r]) for r in range(rounds)], arena)
-    cu_joint = tables.cu_joint
+    cu_joint = arena.boundaries(joint)
     src = _cycled(arena.ranges(np.concatenate(starts), np.concatenate(sizes)), c, p)
+    chunks_joint = chunk_indices(joint, arena, np.int32)
+    offsets_joint = arena.boundaries(-(-joint // CHUNK))
     # each real sequence's place in the padded joint row: after the padding sequences of earlier rounds
     shift = np.repeat(np.array(firsts, dtype=np.int64) - np.cumsum([0, *counts[:-1]]), counts)
     real_start = cu_joint[pieces.kept_seq + shift[pieces.kept_seq]].astype(np.int64)
@@ -402,9 +403,18 @@ def pad_gdn(pieces: RoundPieces, needs: Needs, calls: tuple, c: int, p: int, are
     np.add(counting(p) % int(pads[0].sum()), round0_pad, out=out_index[c:])
     out = {"rounds": rounds}
     for r in range(rounds):
-        n = pieces.counts[r] + len(pads[r])
-        out |= tables.round(r, src)
-        out[f"export{r}"] = r + 1 < rounds
+        s0, s1 = firsts[r], firsts[r] + pieces.counts[r] + len(pads[r])
+        c0, c1 = int(offsets_joint[s0]), int(offsets_joint[s1])
+        n = s1 - s0
+        out |= {
+            f"src{r}": src[cu_joint[s0] : cu_joint[s1]],
+            f"cu{r}": np.subtract(cu_joint[s0 : s1 + 1], cu_joint[s0], out=arena.take(n + 1, np.int32)),
+            f"chunks{r}": np.subtract(
+                chunks_joint[c0:c1], np.array([s0, 0], np.int32), out=arena.take(2 * (c1 - c0), np.int32).reshape(-1, 2)
+            ),
+            f"offsets{r}": np.subtract(offsets_joint[s0 : s1 + 1], c0, out=arena.take(n + 1, np.int32)),
+            f"export{r}": r + 1 < rounds,
+        }
         if r:
             state = pieces.states[r]
             out[f"zero{r}"] = True
@@ -418,8 +428,8 @@ def pad_gdn(pieces: RoundPieces, needs: Needs, calls: tuple, c: int, p: int, are
         "out_index": out_index,
         "src": src,
         "cu_joint": cu_joint,
-        "chunks_joint": tables.chunks_joint,
-        "offsets_joint": tables.offsets_joint,
+        "chunks_joint": chunks_joint,
+        "offsets_joint": offsets_joint,
         # a padded plan always gathers: whether the rounds read the row in place depends on the layout
         "src_identity": False,
         "out_identity": False,

@@ -193,54 +193,6 @@ def gdn_pieces(layout: Layout) -> RoundPieces:
     )
 
 
-@dataclass(frozen=True, eq=False)
-class RoundTables:
-    """Boundaries and chunk tables of the joint call (every round's sequences in one varlen row) and of each
-    round, built once for all rounds: a round's are slices of arrays renumbered from its first sequence."""
-
-    cu_joint: np.ndarray  # int32 [n + 1]
-    chunks_joint: np.ndarray  # int32 [chunks, 2]
-    offsets_joint: np.ndarray  # int32 [n + 1]
-    first: list[int]  # each round's first sequence
-    counts: list[int]  # its sequences
-    local_cu: np.ndarray  # int32: per round its n_r + 1 boundaries from 0, round after round
-    local_offsets: np.ndarray  # int32: the same of its first chunks
-    local_chunks: np.ndarray  # int32 [chunks, 2]: the joint table with each round's sequences counted from 0
-
-    @classmethod
-    def of(cls, joint: np.ndarray, counts: list[int], arena: Arena) -> RoundTables:
-        """`joint`: every sequence's length, round after round; `counts`: each round's sequences."""
-        cu_joint = arena.boundaries(joint)
-        chunks = -(-joint // CHUNK)
-        chunks_joint = chunk_indices(joint, arena, np.int32)
-        offsets_joint = arena.boundaries(chunks)
-        first = np.cumsum([0, *counts[:-1]])
-        present = np.asarray(counts) > 0
-        # each present round's boundaries, n_r + 1 of them (a round's last is the next one's first)
-        at = ranges(first[present], np.asarray(counts)[present] + 1)
-        base = np.repeat(first[present], np.asarray(counts)[present] + 1)
-        local_cu = np.subtract(cu_joint[at], cu_joint[base], out=arena.take(len(at), np.int32))
-        local_offsets = np.subtract(offsets_joint[at], offsets_joint[base], out=arena.take(len(at), np.int32))
-        local_chunks = arena.take(2 * len(chunks_joint), np.int32).reshape(-1, 2)
-        local_chunks[:, 1] = chunks_joint[:, 1]
-        round_of_chunk = np.repeat(np.repeat(first, counts), chunks)  # each chunk's round's first sequence
-        np.subtract(chunks_joint[:, 0], round_of_chunk, out=local_chunks[:, 0], casting="unsafe")
-        return cls(cu_joint, chunks_joint, offsets_joint, first.tolist(), list(counts), local_cu, local_offsets,
-                   local_chunks)
-
-    def round(self, r: int, src: np.ndarray) -> dict:
-        """Round `r`'s rows (of the joint `src`), boundaries and chunk tables (a present round)."""
-        s0, n = self.first[r], self.counts[r]
-        at = s0 + sum(1 for c in self.counts[:r] if c)  # its boundaries' place in the local arrays
-        c0, c1 = int(self.offsets_joint[s0]), int(self.offsets_joint[s0 + n])
-        return {
-            f"src{r}": src[self.cu_joint[s0] : self.cu_joint[s0 + n]],
-            f"cu{r}": self.local_cu[at : at + n + 1],
-            f"chunks{r}": self.local_chunks[c0:c1],
-            f"offsets{r}": self.local_offsets[at : at + n + 1],
-        }
-
-
 def gdn_host_index(layout: Layout, arena: Arena | None = None, pieces: RoundPieces | None = None) -> dict:
     """Host arrays of every round (see `GDNIndex`), written into `arena` when given; uploaded by the plan builder."""
     arena = arena or Arena()
@@ -251,22 +203,32 @@ def gdn_host_index(layout: Layout, arena: Arena | None = None, pieces: RoundPiec
     # parent's tail then the child's own rows (round 0: its rows and an empty piece).
     joint = pieces.lengths
     src = arena.ranges(interleave(pieces.tail_start, pieces.own_start), interleave(pieces.tails, pieces.owns))
-    tables = RoundTables.of(joint, pieces.counts, arena)
-    cu_joint = tables.cu_joint
+    cu_joint = arena.boundaries(joint)
     # the kept pieces in compact order: their round rows are the out index
     out = arena.ranges(cu_joint[pieces.kept_seq] + pieces.kept_off, pieces.kept_len)
     host = {"out_index": out, "rounds": len(pieces.counts)}
-    rounds = len(pieces.counts)
+    chunks_joint = chunk_indices(joint, arena, np.int32)
+    offsets_joint = arena.boundaries(-(-joint // CHUNK))
+    first_seq = 0
     for r, (n, state) in enumerate(zip(pieces.counts, pieces.states)):
         if not n:
             continue
-        host |= tables.round(r, src)
-        host[f"export{r}"] = r + 1 < rounds  # not an array: stays on the host
+        s0, s1 = first_seq, first_seq + n
+        first_seq = s1
+        c0, c1 = int(offsets_joint[s0]), int(offsets_joint[s1])
+        host |= {
+            f"src{r}": src[cu_joint[s0] : cu_joint[s1]],
+            f"cu{r}": np.subtract(cu_joint[s0 : s1 + 1], cu_joint[s0], out=arena.take(n + 1, np.int32)),
+            f"chunks{r}": np.subtract(
+                chunks_joint[c0:c1], np.array([s0, 0], np.int32), out=arena.take(2 * (c1 - c0), np.int32).reshape(-1, 2)
+            ),
+            f"offsets{r}": np.subtract(offsets_joint[s0 : s1 + 1], c0, out=arena.take(n + 1, np.int32)),
+            f"export{r}": r + 1 < len(pieces.counts),  # not an array: stays on the host
+        }
         if state is not None:
             zero = bool((state < 0).any())
             host[f"zero{r}"] = zero
             host[f"state{r}"] = arena.put(np.where(state < 0, 0, state + zero))
-    cu_joint, chunks_joint, offsets_joint = tables.cu_joint, tables.chunks_joint, tables.offsets_joint
     # every round's rows in order: one gather per input serves all rounds (gdn_rounds)
     host |= {"src": src, "cu_joint": cu_joint, "chunks_joint": chunks_joint, "offsets_joint": offsets_joint}
     host["src_identity"] = _is_identity(src, layout.compact_length)
