@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from .layout import Layout
-from .rows import Arena
+from .rows import Arena, ranges_into
 
 
 @dataclass(frozen=True, eq=False)
@@ -41,10 +41,13 @@ def attention_host_index(layout: Layout, arena: Arena | None = None) -> dict:
     }
 
 
-def attention_keys(layout: Layout, segs, arena: Arena) -> np.ndarray:
-    """The compact rows of every key the segments `segs` read: per segment its ancestors' rows, root first, then its own."""
+def attention_keys(layout: Layout, segs, arena: Arena | None = None, out: np.ndarray | None = None) -> np.ndarray:
+    """The compact rows of every key the segments `segs` read: per segment its ancestors' rows, root first, then
+    its own; written into `out` when given (as many rows as the keys), else into `arena`."""
     path = layout.ancestry[segs]  # root .. each segment: every key its queries see, in order
     path = path[path >= 0]
+    if out is not None:
+        return ranges_into(out, layout.start[path], layout.length[path])
     return arena.ranges(layout.start[path], layout.length[path])
 
 

@@ -334,7 +334,7 @@ def padded_host(
         },
         "gdn": pad_gdn(pieces, needs, bucket[1], c, p, arena),
         "conv": _pad_conv(state_rows, kernel_size, needs, bucket[2], c, p, arena),
-        "attention": _pad_attention(attention_keys(layout, segs, arena), needs, bucket[3], c, p, arena),
+        "attention": _pad_attention(layout, segs, needs, bucket[3], c, p, arena),
         "lm": lm,
     }
     return host, bucket
@@ -459,7 +459,7 @@ def _pad_conv(state_rows: np.ndarray, width: int, needs: Needs, call: tuple, c: 
     }
 
 
-def _pad_attention(kv_src: np.ndarray, needs: Needs, call: tuple, c: int, p: int, arena: Arena) -> dict:
+def _pad_attention(layout, segs: np.ndarray, needs: Needs, call: tuple, c: int, p: int, arena: Arena) -> dict:
     """Padding segments split the `P` compact padding rows (queries) and read padding rows as keys:
     bottom-right causal, each padding query sees its own segment's keys only."""
     s_star, k_star, max_q, max_k = call
@@ -469,15 +469,14 @@ def _pad_attention(kv_src: np.ndarray, needs: Needs, call: tuple, c: int, p: int
     k_pad = _split(k_star - keys, count)  # >= q_pad part by part: both split the same way and k_star - keys >= p
     # each padding segment's keys: (k - q) padding rows (counting from the first again), then its own queries' rows
     q_start = c + np.cumsum(q_pad) - q_pad
-    all_kv = arena.take(len(kv_src) + k_star - keys)
-    all_kv[: len(kv_src)] = kv_src
-    ranges_into(all_kv[len(kv_src) :], interleave(np.full(count, _MARK, dtype=np.int64), q_start),
-                interleave(k_pad - q_pad, q_pad))
-    _cycled(all_kv[len(kv_src) :], c, p)
+    kv_src = arena.take(k_star)
+    attention_keys(layout, segs, out=kv_src[:keys])
+    ranges_into(kv_src[keys:], interleave(np.full(count, _MARK, dtype=np.int64), q_start), interleave(k_pad - q_pad, q_pad))
+    _cycled(kv_src[keys:], c, p)
     return {
         "max_q": max_q,
         "max_k": max_k,
-        "kv_src": all_kv,
+        "kv_src": kv_src,
         "cu_q": arena.boundaries(np.concatenate([needs.queries, q_pad])),
         "cu_k": arena.boundaries(np.concatenate([needs.keys, k_pad])),
     }

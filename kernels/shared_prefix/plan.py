@@ -185,7 +185,7 @@ def build_plan(
     if not nodes:
         return None
 
-    arena = _arena(nodes, cu, 1 if pos is None else len(pos), device)
+    arena = _arena(nodes, cu, 1 if pos is None else len(pos), device, padded=pad_to_bucket)
     layout = build_layout(nodes, cu, arena, by_level=chunk_aligned, cu_array=bounds)
     # the LM rows and the positions first: they read compact_src and expand_index, which the layout
     # has just written (still in the core's cache; the index arrays of a 64k-token plan are several
@@ -288,7 +288,7 @@ _TORCH_DTYPE = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32
 _NUMPY_DTYPE = {torch.int64: np.int64, torch.int32: np.int32}
 
 
-def _arena(nodes: list[Node], cu: list[int], position_rows: int, device: torch.device) -> Arena:
+def _arena(nodes: list[Node], cu: list[int], position_rows: int, device: torch.device, padded: bool = False) -> Arena:
     """Room for every index array of the plan: pinned (and cached by torch) when the plan goes to
     CUDA, so the builders write straight into the staging buffer of the one upload; ordinary
     memory of at least 4 MiB otherwise, which numpy backs with huge pages where the kernel offers
@@ -304,6 +304,12 @@ def _arena(nodes: list[Node], cu: list[int], position_rows: int, device: torch.d
     slots += 4 * segments + (c + 64 * segments) // 32  # the GDN rounds' joint chunk tables
     # the conv's state path: segment boundaries and chunk table, state rows and keep mask (W <= 8)
     slots += 17 * segments + c // 64 + 1
+    if padded:
+        # a padded plan builds no unpadded GDN or gathered-conv arrays, but copies the compact row's arrays to
+        # C* rows and adds padding rows and sequences to every mixer (a bucket is at most 9/8 of each count,
+        # plus padding sequences of whole chunks per round): a quarter more and a few chunks per round. An
+        # array that does not fit still gets memory of its own (the upload then packs)
+        slots += slots // 4 + 4096
     if device.type == "cuda":
         staging = torch.empty(slots, dtype=torch.int64, pin_memory=True)
         return Arena(staging.numpy(), owner=staging)
