@@ -40,6 +40,7 @@ fall between two held buckets, in one count or another, then replay.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -168,7 +169,7 @@ class Needs:
     def of(cls, layout, pieces: RoundPieces, lengths: np.ndarray, keys: np.ndarray) -> Needs:
         """From the GDN rounds' pieces and the non-empty segments' lengths and key counts (conv and
         attention run one sequence per non-empty segment)."""
-        bounds = np.cumsum([0, *pieces.counts]).tolist()
+        bounds = list(itertools.accumulate(pieces.counts, initial=0))
         rounds = tuple(pieces.lengths[a:b] for a, b in zip(bounds[:-1], bounds[1:]))
         return cls(
             compact=layout.compact_length,
@@ -373,16 +374,16 @@ def pad_gdn(pieces: RoundPieces, needs: Needs, calls: tuple, c: int, p: int, are
     real = np.empty((len(lengths), 2, 3), dtype=np.int64)  # [sequence, (start, size), piece]
     real[:, 0, 0], real[:, 0, 1] = pieces.tail_start, pieces.own_start
     real[:, 1, 0], real[:, 1, 1], real[:, 1, 2] = tails, owns, fill
-    before = np.cumsum(fill) - fill
+    before = fill.cumsum() - fill
     marks = _MARK * (2 * np.arange(rounds, dtype=np.int64) + 1) - before[np.minimum(firsts, max(len(fill) - 1, 0))]
-    real[:, 0, 2] = before + np.repeat(marks, counts)
+    real[:, 0, 2] = before + marks.repeat(counts)
     # per round: its real sequences' pieces, then one per padding sequence (counting from 0 again)
     pads, parts, starts, sizes, at = [], [], [], [], []
     first = 0  # a round's first sequence in the padded joint row
     for r, (real_filled, call) in enumerate(zip(needs.filled, calls)):
         pad = _pad_free(call, real_filled)
         s0, s1 = firsts[r], firsts[r] + counts[r]
-        starts += [real[s0:s1, 0].ravel(), _MARK * (2 * r + 2) + np.cumsum(pad) - pad]
+        starts += [real[s0:s1, 0].ravel(), _MARK * (2 * r + 2) + pad.cumsum() - pad]
         sizes += [real[s0:s1, 1].ravel(), pad]
         parts += [real_filled, pad]
         pads.append(pad)

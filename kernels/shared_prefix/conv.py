@@ -96,7 +96,7 @@ def look_back(layout: Layout, kernel_size: int):
     if short.any():
         raise AssertionError(f"a nested node shorter than the conv look-back (segment {int(segs[short][0])})")
     parent_end = layout.start[up] + layout.length[up]
-    if not np.array_equal(layout.start[segs], length.cumsum() - length):
+    if not (layout.start[segs] == length.cumsum() - length).all():
         raise AssertionError("the non-empty segments do not tile the compact row in order")
     # state slot w (of W) holds the row W - w before the segment's first row: parent_end - (W - w)
     slot = np.arange(kernel_size, dtype=np.int64)[None, :]

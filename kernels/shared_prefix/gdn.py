@@ -101,7 +101,7 @@ def chunk_indices(lengths, arena: Arena | None = None, dtype=np.int64) -> np.nda
     ends = counts.cumsum()
     total = int(ends[-1]) if len(ends) else 0
     out = (arena or Arena()).take(2 * total, dtype).reshape(-1, 2)
-    sequence = np.repeat(counting(len(counts)), counts)
+    sequence = counting(len(counts)).repeat(counts)
     out[:, 0] = sequence
     np.subtract(counting(total), (ends - counts)[sequence], out=out[:, 1], casting="unsafe")
     return out
@@ -150,7 +150,7 @@ def gdn_pieces(layout: Layout) -> RoundPieces:
     # every entry: its round, the segment it sorts by, its parent node (-1 in round 0), its own segment (-1 alone)
     rnd = np.concatenate([np.zeros(len(roots), np.int64), level[alone] + 1, level[children]])
     key = np.concatenate([roots, alone, children])
-    order = np.argsort(rnd * n_seg + key, kind="stable")
+    order = (rnd * n_seg + key).argsort(kind="stable")
     of = np.concatenate([np.full(len(roots), -1, np.int64), alone, up])[order]
     child = np.concatenate([roots, np.full(len(alone), -1, np.int64), children])[order]
     rnd = rnd[order]
@@ -161,12 +161,12 @@ def gdn_pieces(layout: Layout) -> RoundPieces:
     tails = np.where(in_tail, tail[up], 0)
     owns = np.where(is_child, own[child], 0)
     counts = np.bincount(rnd, minlength=layout.depth + 1)
-    first = np.cumsum(counts) - counts
+    first = counts.cumsum() - counts
     local = counting(len(rnd)) - first[rnd]  # each entry's sequence within its round
     run_of = np.full(n_seg, -1, dtype=np.int64)  # shared segment -> its sequence in its level's round
     run_of[child[is_child]] = local[is_child]
     state = run_of[up]
-    bounds = np.cumsum(counts).tolist()
+    bounds = counts.cumsum().tolist()
     counts = counts.tolist()
     states = [None] + [state[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
     # round 0's entries are their own rows in the first piece (no tail in front): as first written
@@ -178,7 +178,7 @@ def gdn_pieces(layout: Layout) -> RoundPieces:
     # the kept pieces tile the compact row: a child's own rows (round 0: its rows), a tail alone's tail;
     # in compact order (zero-length pieces, which may share a start with another, hold no row)
     kept_at = np.where(is_child, start[child], tail_begin[up])
-    kept = np.argsort(kept_at, kind="stable")
+    kept = kept_at.argsort(kind="stable")
     return RoundPieces(
         tail_start=tail_start,
         tails=tails,

@@ -160,7 +160,7 @@ def build_plan(
 
     bounds, ids, pos = _to_host(cu_seqlens, input_ids, pos_rows)
     cu = bounds.tolist()
-    if cu[0] != 0 or cu[-1] != length or bool((np.diff(bounds) < 0).any()):
+    if cu[0] != 0 or cu[-1] != length or bool((bounds[1:] < bounds[:-1]).any()):
         raise ValueError(f"cu_seqlens must rise from 0 to T={length}, got {cu[:4]}...{cu[-2:]}")
     grouped_by, kind = pos, None
     if pos is not None:
@@ -221,7 +221,7 @@ def build_plan(
         "compact_src": layout.compact_src,
         "expand_index": layout.expand_index,
         # one block per root with its subtree and per singleton
-        "cu_seqlens": arena.put(np.append(blocks, layout.compact_length), np.int32),
+        "cu_seqlens": _blocks(arena, blocks, layout.compact_length),
         "positions": positions,
     }
     bucket = None
@@ -258,6 +258,14 @@ def build_plan(
         level_cost=cost,
         bucket=bucket,
     )
+
+
+def _blocks(arena: Arena, starts: np.ndarray, compact_length: int) -> np.ndarray:
+    """int32 boundaries of the blocks that start at `starts`."""
+    out = arena.take(len(starts) + 1, np.int32)
+    out[:-1] = starts
+    out[-1] = compact_length
+    return out
 
 
 def _to_host(cu_seqlens, input_ids, pos_rows) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
