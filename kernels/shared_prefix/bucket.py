@@ -122,18 +122,19 @@ def _cycle(first: int, count: int, n: int) -> np.ndarray:
 def _split(total: int, parts: int) -> np.ndarray:
     """`total` in `parts` near-equal parts, the larger ones first."""
     base, extra = divmod(total, parts)
-    return base + (np.arange(parts) < extra).astype(np.int64)
+    return np.array([base + 1] * extra + [base] * (parts - extra), dtype=np.int64)
 
 
 def round_slots(layout) -> list[tuple[int, int]]:
     """Per GDN round, the sequences its structure allows and how many of them may end off a chunk boundary:
     round 0 every root (up to its last chunk boundary) and singleton (anywhere), round l every node of
     level l - 1 (its tail alone) and every segment of level l (the tail + child)."""
-    shared, level = layout.shared, layout.level
-    slots = [(int((level == 0).sum()), int(((level == 0) & ~shared).sum()))]
-    for lvl in range(1, layout.depth + 1):
-        n = int((shared & (level == lvl - 1)).sum() + (level == lvl).sum())
-        slots.append((n, n))
+    depth = layout.depth
+    level = layout.level
+    segments = np.bincount(level, minlength=depth + 1).tolist()  # per level
+    nodes = np.bincount(level[layout.node >= 0], minlength=depth + 1).tolist()
+    slots = [(segments[0], segments[0] - nodes[0])]
+    slots += [(nodes[lvl - 1] + segments[lvl],) * 2 for lvl in range(1, depth + 1)]
     return slots
 
 
