@@ -3,7 +3,7 @@
 A captured graph fixes every shape and host int its kernels read. In a shared-prefix step those come
 from a few counts per mixer, not from the lengths one by one: the compact row's length `C`; per GDN
 round its sequences, chunks of 64 and rows; the conv's segments, chunks and rows; attention's segments,
-gathered keys and `max_seqlen`s. `pad_host` rounds each count up to its bucket and adds padding that no
+gathered keys and `max_seqlen`s. `padded_host` rounds each count up to its bucket and adds padding that no
 real row reads, so two layouts of one bucket have equal shapes and host ints, and differ only in the
 contents of the index tensors (copied into a graph's static buffers per step):
 
