@@ -180,10 +180,10 @@ def padded_against_plain(shapes: str, repeats: int) -> None:
         plans = {pad: build_plan(ids, cu, pos, pad_to_bucket=pad, **kwargs) for pad in (False, True)}
         cpu = {False: [], True: []}
         for _ in range(repeats):
-            for pad in cpu:
+            for pad, times in cpu.items():
                 start = time.thread_time()
                 build_plan(ids, cu, pos, pad_to_bucket=pad, **kwargs)
-                cpu[pad].append(1e3 * (time.thread_time() - start))
+                times.append(1e3 * (time.thread_time() - start))
         plain, padded = statistics.median(cpu[False]), statistics.median(cpu[True])
         print(
             f"{shape.name:<60} {ids.shape[1]:>6} {plans[False].compact_length:>6} {plans[True].compact_length:>6}"

@@ -132,7 +132,7 @@ def shapes_ab(before, args) -> None:
         pos = positions_from_cu_seqlens(cu, ids.shape[1])
         kwargs = {"conv_kernel_size": 4, "min_prefix": 64, **tree_settings(shape)}
         for pad in pads:
-            def run(fn, pad=pad):
+            def run(fn, ids=ids, cu=cu, pos=pos, pad=pad, kwargs=kwargs):
                 return fn(ids, cu, pos, pad_to_bucket=pad, **kwargs)
 
             old, new = run(before), run(after)

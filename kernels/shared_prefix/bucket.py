@@ -49,7 +49,7 @@ import numpy as np
 from .attention import attention_keys
 from .conv import look_back
 from .gdn import CHUNK, RoundPieces, chunk_indices, gdn_pieces
-from .rows import Arena, boundaries, counting, interleave, ranges, ranges_into
+from .rows import Arena, counting, interleave, ranges_into
 
 RATIO = (9, 8)  # the ladder's ratio: a bucket holds at most 12.5% more than the batch needs
 COMPACT_RATIO = (17, 16)  # the compact row's ladder: at most 6.25% (its rows are the GEMMs', most of a step)
@@ -114,11 +114,6 @@ def _pad_free(call: tuple[int, int, int], lengths: np.ndarray) -> np.ndarray:
     return pad_lengths(sequences - len(lengths), rows - int(lengths.sum()), chunks - chunks_of(lengths))
 
 
-def _cycle(first: int, count: int, n: int) -> np.ndarray:
-    """`n` rows of the padding region `[first, first + count)`, repeated as needed."""
-    return first + np.arange(n, dtype=np.int64) % count
-
-
 def _split(total: int, parts: int) -> np.ndarray:
     """`total` in `parts` near-equal parts, the larger ones first."""
     base, extra = divmod(total, parts)
@@ -171,7 +166,7 @@ class Needs:
         """From the GDN rounds' pieces and the non-empty segments' lengths and key counts (conv and
         attention run one sequence per non-empty segment)."""
         bounds = list(itertools.accumulate(pieces.counts, initial=0))
-        rounds = tuple(pieces.lengths[a:b] for a, b in zip(bounds[:-1], bounds[1:]))
+        rounds = tuple(pieces.lengths[a:b] for a, b in itertools.pairwise(bounds))
         return cls(
             compact=layout.compact_length,
             rounds=rounds,
@@ -369,43 +364,43 @@ def pad_gdn(pieces: RoundPieces, needs: Needs, calls: tuple, c: int, p: int, are
     counts = pieces.counts
     lengths, tails, owns = pieces.lengths, pieces.tails, pieces.owns
     fill = CHUNK * -(-lengths // CHUNK) - lengths
-    firsts = np.cumsum([0, *counts[:-1]])  # each round's first real sequence
+    real_first = list(itertools.accumulate(counts[:-1], initial=0))  # each round's first real sequence
     # three pieces per real sequence (tail, own, fill); each round's fill rows count through the padding rows
-    # from 0 (a mark of their own per round, see `_cycled`)
+    # from 0: from a mark of their own (see `_cycled`), less the fill rows of earlier rounds
     real = np.empty((len(lengths), 2, 3), dtype=np.int64)  # [sequence, (start, size), piece]
     real[:, 0, 0], real[:, 0, 1] = pieces.tail_start, pieces.own_start
     real[:, 1, 0], real[:, 1, 1], real[:, 1, 2] = tails, owns, fill
-    before = fill.cumsum() - fill
-    marks = _MARK * (2 * np.arange(rounds, dtype=np.int64) + 1) - before[np.minimum(firsts, max(len(fill) - 1, 0))]
+    before = fill.cumsum() - fill  # fill rows of the sequences before each one
+    earlier = [int(before[f]) if n else 0 for f, n in zip(real_first, counts)]
+    marks = np.array([_MARK * (2 * r + 1) - e for r, e in enumerate(earlier)], dtype=np.int64)
     real[:, 0, 2] = before + marks.repeat(counts)
     # per round: its real sequences' pieces, then one per padding sequence (counting from 0 again)
-    pads, parts, starts, sizes, at = [], [], [], [], []
+    pads, parts, starts, sizes, padded_first = [], [], [], [], []
     first = 0  # a round's first sequence in the padded joint row
     for r, (real_filled, call) in enumerate(zip(needs.filled, calls)):
         pad = _pad_free(call, real_filled)
-        s0, s1 = firsts[r], firsts[r] + counts[r]
+        s0, s1 = real_first[r], real_first[r] + counts[r]
         starts += [real[s0:s1, 0].ravel(), _MARK * (2 * r + 2) + pad.cumsum() - pad]
         sizes += [real[s0:s1, 1].ravel(), pad]
         parts += [real_filled, pad]
         pads.append(pad)
-        at.append(first)
+        padded_first.append(first)
         first += counts[r] + len(pad)
-    firsts = at
     joint = np.concatenate(parts)
     cu_joint = arena.boundaries(joint)
     src = _cycled(arena.ranges(np.concatenate(starts), np.concatenate(sizes)), c, p)
     chunks_joint = chunk_indices(joint, arena, np.int32)
     offsets_joint = arena.boundaries(-(-joint // CHUNK))
     # each real sequence's place in the padded joint row: after the padding sequences of earlier rounds
-    shift = np.repeat(np.array(firsts, dtype=np.int64) - np.cumsum([0, *counts[:-1]]), counts)
+    shift = np.array([a - b for a, b in zip(padded_first, real_first)], dtype=np.int64).repeat(counts)
     real_start = cu_joint[pieces.kept_seq + shift[pieces.kept_seq]].astype(np.int64)
     out_index = arena.take(c + p)
     ranges_into(out_index[:c], real_start + pieces.kept_off, pieces.kept_len)
-    round0_pad = int(cu_joint[pieces.counts[0]])  # round 0's first padding row
+    round0_pad = int(cu_joint[counts[0]])  # round 0's first padding row
     np.add(counting(p) % int(pads[0].sum()), round0_pad, out=out_index[c:])
     out = {"rounds": rounds}
     for r in range(rounds):
-        s0, s1 = firsts[r], firsts[r] + pieces.counts[r] + len(pads[r])
+        s0, s1 = padded_first[r], padded_first[r] + counts[r] + len(pads[r])
         c0, c1 = int(offsets_joint[s0]), int(offsets_joint[s1])
         n = s1 - s0
         out |= {
@@ -424,7 +419,7 @@ def pad_gdn(pieces: RoundPieces, needs: Needs, calls: tuple, c: int, p: int, are
             if state is not None:
                 np.add(state, 1, out=padded_state[: len(state)])
                 np.maximum(padded_state[: len(state)], 0, out=padded_state[: len(state)])
-            padded_state[pieces.counts[r] :] = 0
+            padded_state[counts[r] :] = 0
             out[f"state{r}"] = padded_state
     out |= {
         "out_index": out_index,
@@ -449,8 +444,8 @@ def _pad_conv(state_rows: np.ndarray, width: int, needs: Needs, call: tuple, c: 
     rows = arena.take((s + len(pad)) * width).reshape(-1, width)
     rows[:s] = state_rows
     rows[s:] = -1
-    extra = arena.take(call[2] - c - p)
-    np.add(np.arange(len(extra), dtype=np.int64) % p, c, out=extra)
+    extra = arena.take(call[2] - c - p)  # copies of the padding rows, repeated as needed
+    np.add(counting(len(extra)) % p, c, out=extra)
     return {
         "kernel_size": width,
         # the gathered look-back rows: not built for a padded plan (shared_prefix_causal_conv1d refuses it)

@@ -20,6 +20,7 @@ any other backend takes the loop below, one public call per round.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +28,7 @@ import torch
 
 from ..errors import CudaGraphsUnavailable
 from .gdn_rounds import gated_delta_rule_rounds, round_kernels
-from .layout import Layout, ranges
+from .layout import Layout
 from .rows import Arena, counting, interleave
 
 CHUNK = 64  # chunk size of the chunked GDN kernels (fla, ours); the split aligns to it
@@ -168,7 +169,7 @@ def gdn_pieces(layout: Layout) -> RoundPieces:
     state = run_of[up]
     bounds = counts.cumsum().tolist()
     counts = counts.tolist()
-    states = [None] + [state[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    states = [None] + [state[a:b] for a, b in itertools.pairwise(bounds)]
     # round 0's entries are their own rows in the first piece (no tail in front): as first written
     root = ~in_tail
     tail_start = np.where(root, start[child], tail_begin[up])

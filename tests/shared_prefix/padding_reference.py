@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
 import torch
 from patchgen.kernels.shared_prefix.attention import attention_index
 from patchgen.kernels.shared_prefix.conv import conv_index
