@@ -117,3 +117,17 @@ def test_random_padded_plans_are_the_reference_padding(batch, depth, aligned, he
         if plan is not None:
             held.append(plan.bucket)
     assert_padded_as_reference(ids, cu, positions, tuple(held), **kwargs)
+
+
+@pytest.mark.parametrize("rows", ["int32", "mrope-int32", "mrope-offset"])
+def test_padded_positions_keep_their_rows_and_dtype(rows):
+    ids, cu = _row([(130, [40, 3, 77, 1]), (64, [12, 20])], (9, 70))
+    per = torch.cat([torch.arange(int(b - a)) for a, b in zip(cu[:-1], cu[1:])])
+    mrope = per.expand(3, -1).reshape(3, 1, -1)
+    positions = {
+        "int32": per.reshape(1, -1).to(torch.int32),
+        "mrope-int32": mrope.to(torch.int32).contiguous(),
+        "mrope-offset": (mrope + torch.tensor([0, 1, 2]).reshape(3, 1, 1)).contiguous(),  # rows off the offset
+    }[rows]
+    padded = assert_padded_as_reference(ids, cu, positions, max_depth=2, level_cost=0)
+    assert padded.position_ids.dtype == positions.dtype and padded.position_ids.shape[:-1] == positions.shape[:-1]
