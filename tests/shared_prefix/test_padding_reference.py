@@ -3,6 +3,7 @@ tensor (values, dtype, shape), every host int and flag, the bucket. The fast pad
 way it likes; what it builds must be exactly this."""
 
 import dataclasses
+import itertools
 
 import numpy as np
 import pytest
@@ -122,7 +123,7 @@ def test_random_padded_plans_are_the_reference_padding(batch, depth, aligned, he
 @pytest.mark.parametrize("rows", ["int32", "mrope-int32", "mrope-offset"])
 def test_padded_positions_keep_their_rows_and_dtype(rows):
     ids, cu = _row([(130, [40, 3, 77, 1]), (64, [12, 20])], (9, 70))
-    per = torch.cat([torch.arange(int(b - a)) for a, b in zip(cu[:-1], cu[1:])])
+    per = torch.cat([torch.arange(int(b - a)) for a, b in itertools.pairwise(cu.tolist())])
     mrope = per.expand(3, -1).reshape(3, 1, -1)
     positions = {
         "int32": per.reshape(1, -1).to(torch.int32),
