@@ -90,28 +90,44 @@ def pad_lengths(count: int, rows: int, chunks: int) -> np.ndarray:
 # whole chunks (`_fill_chunks`): no slack, b = 0, and one padding sequence (k >= 1) serves.
 
 
-def _slack(lengths: np.ndarray) -> int:
-    return CHUNK * chunks_of(lengths) - int(lengths.sum())
+@dataclass(frozen=True, eq=False)
+class Lengths:
+    """A varlen call's sequence lengths and the three counts the bucket rules read of them, summed once (the
+    rules run for the own bucket and again for every held bucket and merge they weigh)."""
+
+    values: np.ndarray
+    count: int  # sequences
+    rows: int
+    chunks: int  # chunks of 64
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> Lengths:
+        return cls(values, len(values), int(values.sum()), chunks_of(values))
+
+    @property
+    def slack(self) -> int:
+        """Rows short of whole last chunks."""
+        return CHUNK * self.chunks - self.rows
 
 
-def _own_free_call(lengths: np.ndarray, slots: int, slack_slots: int) -> tuple[int, int, int]:
+def _own_free_call(lengths: Lengths, slots: int, slack_slots: int) -> tuple[int, int, int]:
     b = rung(slack_slots) if slack_slots else 0
-    sequences = rung(max(slots, len(lengths))) + max(1, b)
-    chunks = rung(chunks_of(lengths) + sequences - len(lengths))
+    sequences = rung(max(slots, lengths.count)) + max(1, b)
+    chunks = rung(lengths.chunks + sequences - lengths.count)
     return sequences, chunks, CHUNK * chunks - (CHUNK - 1) * b
 
 
-def _fits_free(call: tuple[int, int, int], lengths: np.ndarray) -> bool:
+def _fits_free(call: tuple[int, int, int], lengths: Lengths) -> bool:
     sequences, chunks, rows = call
     b = (CHUNK * chunks - rows) // (CHUNK - 1)
-    k = sequences - len(lengths)
-    return k >= max(1, b) and chunks - chunks_of(lengths) >= k and _slack(lengths) <= (CHUNK - 1) * b
+    k = sequences - lengths.count
+    return k >= max(1, b) and chunks - lengths.chunks >= k and lengths.slack <= (CHUNK - 1) * b
 
 
-def _pad_free(call: tuple[int, int, int], lengths: np.ndarray) -> np.ndarray:
+def _pad_free(call: tuple[int, int, int], lengths: Lengths) -> np.ndarray:
     """The padding sequences' lengths that take a free-rows call of `lengths` to its bucket `call`."""
     sequences, chunks, rows = call
-    return pad_lengths(sequences - len(lengths), rows - int(lengths.sum()), chunks - chunks_of(lengths))
+    return pad_lengths(sequences - lengths.count, rows - lengths.rows, chunks - lengths.chunks)
 
 
 def _split(total: int, parts: int) -> np.ndarray:
@@ -154,12 +170,13 @@ class Needs:
 
     compact: int
     rounds: tuple[np.ndarray, ...]  # per GDN round, its sequences' lengths (empty when it has none)
-    filled: tuple[np.ndarray, ...]  # the same, each up to its last chunk's end (`_fill_chunks`)
+    filled: tuple[Lengths, ...]  # the same, each up to its last chunk's end (`_fill_chunks`)
     slots: tuple[tuple[int, int], ...]  # per GDN round, its structure's sequences and those with slack (`round_slots`)
-    conv: np.ndarray  # the conv's segment lengths (they tile the compact row)
+    conv: Lengths  # the conv's segment lengths (they tile the compact row)
     queries: np.ndarray  # attention's segment query and key lengths
     keys: np.ndarray
     max_k: int
+    total_keys: int
 
     @classmethod
     def of(cls, layout, pieces: RoundPieces, lengths: np.ndarray, keys: np.ndarray) -> Needs:
@@ -170,12 +187,13 @@ class Needs:
         return cls(
             compact=layout.compact_length,
             rounds=rounds,
-            filled=tuple(_fill_chunks(pieces, rounds)),
+            filled=tuple(Lengths.of(filled) for filled in _fill_chunks(pieces, rounds)),
             slots=tuple(round_slots(layout)),
-            conv=lengths,
+            conv=Lengths.of(lengths),
             queries=lengths,
             keys=keys,
             max_k=int(keys.max()),
+            total_keys=int(keys.sum()),
         )
 
 
@@ -188,14 +206,14 @@ def own_bucket(needs: Needs) -> tuple:
     rounds = tuple(_own_free_call(filled, slots, 0) for filled, (slots, _) in zip(needs.filled, needs.slots))
     # the conv's rows must cover C*: its chunks follow from C* (at least the compact padding rows' and one
     # per padding segment beyond the real segments' own)
-    conv_b = rung(len(needs.conv))  # every segment may end anywhere
+    conv_b = rung(needs.conv.count)  # every segment may end anywhere
     conv_sequences = 2 * conv_b
-    conv_chunks = rung(chunks_of(needs.conv) + -(-(c_star - needs.compact) // CHUNK) + conv_sequences - len(needs.conv))
+    conv_chunks = rung(needs.conv.chunks + -(-(c_star - needs.compact) // CHUNK) + conv_sequences - needs.conv.count)
     conv = (conv_sequences, conv_chunks, CHUNK * conv_chunks - (CHUNK - 1) * conv_b)
     p = c_star - needs.compact
-    k_star = rung(int(needs.keys.sum()) + p)
+    k_star = rung(needs.total_keys + p)
     count = s_star - s
-    max_k = rung(max(needs.max_k, -(-(k_star - int(needs.keys.sum())) // count)))
+    max_k = rung(max(needs.max_k, -(-(k_star - needs.total_keys) // count)))
     return (c_star, rounds, conv, (s_star, k_star, max_k, max_k))
 
 
@@ -204,7 +222,7 @@ def fits(bucket: tuple, needs: Needs) -> bool:
     c_star, rounds, conv, (s_star, k_star, max_q, max_k) = bucket
     p = c_star - needs.compact
     count = s_star - len(needs.queries)
-    extra_keys = k_star - int(needs.keys.sum())
+    extra_keys = k_star - needs.total_keys
     return (
         len(rounds) == len(needs.rounds)
         and 1 <= count <= p
@@ -379,6 +397,7 @@ def pad_gdn(pieces: RoundPieces, needs: Needs, calls: tuple, c: int, p: int, are
     first = 0  # a round's first sequence in the padded joint row
     for r, (real_filled, call) in enumerate(zip(needs.filled, calls)):
         pad = _pad_free(call, real_filled)
+        real_filled = real_filled.values
         s0, s1 = real_first[r], real_first[r] + counts[r]
         starts += [real[s0:s1, 0].ravel(), _MARK * (2 * r + 2) + pad.cumsum() - pad]
         sizes += [real[s0:s1, 1].ravel(), pad]
@@ -439,7 +458,7 @@ def _pad_conv(state_rows: np.ndarray, width: int, needs: Needs, call: tuple, c: 
     """Padding segments tile the compact padding rows and, past `C*`, `extra_src` rows gathered from them:
     the conv's rows are free, so its segments and chunks are bucketed as the GDN rounds' are."""
     pad = _pad_free(call, needs.conv)
-    all_lengths = np.concatenate([needs.conv, pad])
+    all_lengths = np.concatenate([needs.conv.values, pad])
     s = len(state_rows)
     rows = arena.take((s + len(pad)) * width).reshape(-1, width)
     rows[:s] = state_rows
@@ -461,7 +480,7 @@ def _pad_attention(layout, segs: np.ndarray, needs: Needs, call: tuple, c: int, 
     bottom-right causal, each padding query sees its own segment's keys only."""
     s_star, k_star, max_q, max_k = call
     count = s_star - len(needs.queries)
-    keys = int(needs.keys.sum())
+    keys = needs.total_keys
     q_pad = _split(p, count)
     k_pad = _split(k_star - keys, count)  # >= q_pad part by part: both split the same way and k_star - keys >= p
     # each padding segment's keys: (k - q) padding rows (counting from the first again), then its own queries' rows
