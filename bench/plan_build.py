@@ -1,6 +1,7 @@
 """Shared-prefix plan building on the host: time per micro-batch and the T/C each batch reaches.
 
     python bench/plan_build.py [--repeats 30] [--depth 4]
+    python bench/plan_build.py --pad [--shapes 4x2048x256,8x4096x256,system-tree,agentic,agentic-4]
 
 Prints the median and the largest plan-building time (wall clock) and the median CPU time of the
 building thread, for RL-like micro-batches of about 16k and 64k tokens: GRPO groups with short
@@ -11,6 +12,9 @@ as a prefix tree (`max_depth=--depth`, the config default); then T, C and T/C fo
 batches, the system-prompt control and a 3-turn agentic shape, one level against the tree (T / C
 is the bound of section 5 of shared_prefix.md: the token-wise work shrinks by that factor). On a
 host shared with other jobs the wall clock includes waiting for a core; the CPU time does not.
+`--pad`: instead, the GPU bench's shapes (`shared_prefix_shapes.py`, per-sequence positions on the host, their
+tree settings) built plain and padded to bucket counts (`pad_to_bucket=True`, a CUDA-graphed step's plan),
+alternating call by call, and the padded build's CPU time over the plain one's.
 """
 
 from __future__ import annotations
@@ -81,8 +85,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--device", default="cpu", help="where input_ids live (cuda: includes the copies)")
     parser.add_argument("--depth", type=int, default=DEFAULT_MAX_DEPTH, help="max_depth of the tree plans")
+    parser.add_argument("--pad", action="store_true", help="plain against padded plans at the GPU bench's shapes")
+    parser.add_argument("--shapes", default="4x2048x256,8x4096x256,system-tree,agentic,agentic-4",
+                        help="with --pad: shapes of shared_prefix_shapes.py, comma-separated")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.pad:
+        padded_against_plain(args.shapes, args.repeats)
+        return
 
     print(f"plan building (host: one thread; inputs on {args.device}; median of {args.repeats})")
     print(
@@ -153,6 +163,31 @@ def main() -> None:
         t, c1, c2 = one.packed_length, one.compact_length, tree.compact_length
         print(
             f"{name:<52} {t:>7} {c1:>7} {t / c1:>6.2f} {c2:>7} {t / c2:>6.2f} {tree.depth:>6} {tree.lm.length:>7}"
+        )
+
+
+def padded_against_plain(shapes: str, repeats: int) -> None:
+    """Median CPU ms of the plain and the padded build of each shape, alternating call by call."""
+    from patchgen.kernels.shared_prefix import positions_from_cu_seqlens
+    from shared_prefix_shapes import parse_shapes, shape_batch, tree_settings
+
+    print(f"plan building, plain and padded to bucket counts (host: one thread; median CPU ms of {repeats})")
+    print(f"{'shape':<60} {'T':>6} {'C':>6} {'C*':>6} {'plain':>6} {'padded':>6} {'ratio':>6}")
+    for shape in parse_shapes(shapes):
+        ids, cu, _, _ = shape_batch(shape, 512, "cpu")
+        pos = positions_from_cu_seqlens(cu, ids.shape[1])
+        kwargs = {"conv_kernel_size": 4, "min_prefix": 64, **tree_settings(shape)}
+        plans = {pad: build_plan(ids, cu, pos, pad_to_bucket=pad, **kwargs) for pad in (False, True)}
+        cpu = {False: [], True: []}
+        for _ in range(repeats):
+            for pad, times in cpu.items():
+                start = time.thread_time()
+                build_plan(ids, cu, pos, pad_to_bucket=pad, **kwargs)
+                times.append(1e3 * (time.thread_time() - start))
+        plain, padded = statistics.median(cpu[False]), statistics.median(cpu[True])
+        print(
+            f"{shape.name:<60} {ids.shape[1]:>6} {plans[False].compact_length:>6} {plans[True].compact_length:>6}"
+            f" {plain:>6.2f} {padded:>6.2f} {padded / plain:>6.2f}"
         )
 
 

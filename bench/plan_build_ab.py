@@ -2,12 +2,16 @@
 
     git archive <commit> kernels | tar -x -C /tmp/before && mv /tmp/before/kernels /tmp/before/kbase
     python bench/plan_build_ab.py --before /tmp/before [--repeats 60] [--positions none mrope shifted stepped stepped_compared]
+    python bench/plan_build_ab.py --before /tmp/before --shapes 4x2048x256,8x4096x256,system-tree,agentic,agentic-4 --pad
 
 On a host shared with other jobs the wall clock is mostly waiting for a core; the CPU time of the
 building thread, measured for both builders in the same conditions (alternating calls), is what
 compares them. Both plans are checked equal (nodes, compact and expand indices, positions) first.
 Prints the median and the smallest CPU ms and the median wall ms per batch (the 64k-token batches of
 `plan_build.py`) at max_depth 1 and 4, for each kind of position rows asked for, and the load average.
+`--shapes`: the GPU bench's shapes instead (`shared_prefix_shapes.py`: their batches, per-sequence positions
+on the host as the model builds them, their tree settings); `--pad`: each batch also padded to bucket counts
+(`pad_to_bucket=True`, as a CUDA-graphed step builds it), the padded plans of both builders checked equal too.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import numpy as np
 import torch
 from patchgen.kernels.shared_prefix import build_plan as after
 from plan_build import agentic_batch, grpo_batch, mrope
+from shared_prefix_shapes import parse_shapes, shape_batch, tree_settings
 
 BATCHES = {
     "64k: 8 prompts x 8, P~500, R~500": lambda: grpo_batch(8, 8, (400, 600), (256, 768), seed=2),
@@ -71,12 +76,17 @@ def main() -> None:
         "offset turned off in this builder, so they are grouped by comparing the rows (the path of rows "
         "that differ between prompts, e.g. image grids)",
     )
+    parser.add_argument("--shapes", help="shapes of shared_prefix_shapes.py (comma-separated) instead of the 64k batches")
+    parser.add_argument("--pad", action="store_true", help="also time the plans padded to bucket counts")
     args = parser.parse_args()
     sys.path.insert(0, args.before)
     before = importlib.import_module("kbase.shared_prefix").build_plan
     plan_module = importlib.import_module("patchgen.kernels.shared_prefix.plan")
     offset_rows = getattr(plan_module, "offset_rows", None)
     torch.set_num_threads(1)
+    if args.shapes:
+        shapes_ab(before, args)
+        return
     for kind in args.positions:
         print(f"median (smallest) CPU ms, median wall ms, of {args.repeats} alternating calls; positions {kind}")
         print("load average", " ".join(f"{v:.1f}" for v in os.getloadavg()))
@@ -108,6 +118,41 @@ def main() -> None:
                 )
                 print(f"{name:<44} max_depth {depth} levels {new.depth}  {shown}", flush=True)
         print("load average", " ".join(f"{v:.1f}" for v in os.getloadavg()))
+
+
+def shapes_ab(before, args) -> None:
+    """The GPU bench's shapes, unpadded (and padded with `--pad`), both builders alternating call by call."""
+    from patchgen.kernels.shared_prefix import positions_from_cu_seqlens
+
+    pads = (False, True) if args.pad else (False,)
+    print(f"median (smallest) CPU ms, median wall ms, of {args.repeats} alternating calls; per-sequence positions")
+    print("load average", " ".join(f"{v:.1f}" for v in os.getloadavg()))
+    for shape in parse_shapes(args.shapes):
+        ids, cu, _, _ = shape_batch(shape, 512, "cpu")
+        pos = positions_from_cu_seqlens(cu, ids.shape[1])
+        kwargs = {"conv_kernel_size": 4, "min_prefix": 64, **tree_settings(shape)}
+        for pad in pads:
+            def run(fn, ids=ids, cu=cu, pos=pos, pad=pad, kwargs=kwargs):
+                return fn(ids, cu, pos, pad_to_bucket=pad, **kwargs)
+
+            old, new = run(before), run(after)
+            if not same_plan(old, new):
+                raise SystemExit(f"{shape.name}, pad_to_bucket={pad}: the two builders disagree")
+            cpu, wall = {"before": [], "after": []}, {"before": [], "after": []}
+            for _ in range(args.repeats):
+                for label, fn in (("before", before), ("after", after)):
+                    start, start_cpu = time.perf_counter(), time.thread_time()
+                    run(fn)
+                    cpu[label].append(1e3 * (time.thread_time() - start_cpu))
+                    wall[label].append(1e3 * (time.perf_counter() - start))
+            shown = "  ".join(
+                f"{k} {statistics.median(cpu[k]):5.2f} ({min(cpu[k]):5.2f}) {statistics.median(wall[k]):6.2f}"
+                for k in cpu
+            )
+            ratio = statistics.median(cpu["before"]) / statistics.median(cpu["after"])
+            print(f"{shape.name:<52} T {ids.shape[1]:>6} {'padded' if pad else 'plain':>6}  {shown}  x{ratio:.2f}",
+                  flush=True)
+    print("load average", " ".join(f"{v:.1f}" for v in os.getloadavg()))
 
 
 if __name__ == "__main__":

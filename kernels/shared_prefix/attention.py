@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .layout import Layout
-from .rows import Arena
+from .rows import Arena, ranges_into
 
 
 @dataclass(frozen=True, eq=False)
@@ -31,15 +32,23 @@ def attention_host_index(layout: Layout, arena: Arena | None = None) -> dict:
     segs = (layout.length > 0).nonzero()[0]
     q_lengths = layout.length[segs]
     k_lengths = layout.offset[segs] + q_lengths
-    path = layout.ancestry[segs]  # root .. each segment: every key its queries see, in order
-    path = path[path >= 0]
     return {
         "max_q": int(q_lengths.max()),
         "max_k": int(k_lengths.max()),
-        "kv_src": arena.ranges(layout.start[path], layout.length[path]),
+        "kv_src": attention_keys(layout, segs, arena),
         "cu_q": arena.boundaries(q_lengths),
         "cu_k": arena.boundaries(k_lengths),
     }
+
+
+def attention_keys(layout: Layout, segs, arena: Arena | None = None, out: np.ndarray | None = None) -> np.ndarray:
+    """The compact rows of every key the segments `segs` read: per segment its ancestors' rows, root first, then
+    its own; written into `out` when given (as many rows as the keys), else into `arena`."""
+    path = layout.ancestry[segs]  # root .. each segment: every key its queries see, in order
+    path = path[path >= 0]
+    if out is not None:
+        return ranges_into(out, layout.start[path], layout.length[path])
+    return arena.ranges(layout.start[path], layout.length[path])
 
 
 def attention_index(host: dict, dev: dict) -> AttentionIndex:

@@ -3,7 +3,7 @@
 A captured graph fixes every shape and host int its kernels read. In a shared-prefix step those come
 from a few counts per mixer, not from the lengths one by one: the compact row's length `C`; per GDN
 round its sequences, chunks of 64 and rows; the conv's segments, chunks and rows; attention's segments,
-gathered keys and `max_seqlen`s. `pad_host` rounds each count up to its bucket and adds padding that no
+gathered keys and `max_seqlen`s. `padded_host` rounds each count up to its bucket and adds padding that no
 real row reads, so two layouts of one bucket have equal shapes and host ints, and differ only in the
 contents of the index tensors (copied into a graph's static buffers per step):
 
@@ -39,17 +39,23 @@ fall between two held buckets, in one count or another, then replay.
 
 from __future__ import annotations
 
+import functools
+import itertools
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from .gdn import CHUNK, chunk_indices
-from .rows import boundaries, counting, ranges
+from .attention import attention_keys
+from .conv import look_back
+from .gdn import CHUNK, RoundPieces, chunk_indices, gdn_pieces
+from .rows import Arena, counting, interleave, ranges_into
 
 RATIO = (9, 8)  # the ladder's ratio: a bucket holds at most 12.5% more than the batch needs
 COMPACT_RATIO = (17, 16)  # the compact row's ladder: at most 6.25% (its rows are the GEMMs', most of a step)
 
 
+@functools.lru_cache(maxsize=4096)
 def rung(x: int, ratio: tuple[int, int] | None = None) -> int:
     """The smallest ladder value >= x (ratio 9/8: 1, 2, ..., 8, 9, 11, 13, 15, 17, 20, ..., each about 9/8 of
     the last; ratio 17/16: 1, ..., 16, 17, 19, 21, ...)."""
@@ -68,11 +74,11 @@ def pad_lengths(count: int, rows: int, chunks: int) -> np.ndarray:
     """`count` sequence lengths, each >= 1, that sum to `rows` and make `chunks` chunks of 64 in all."""
     if not (1 <= count <= chunks and CHUNK * (chunks - count) + count <= rows <= CHUNK * chunks):
         raise AssertionError(f"no {count} padding sequences of {rows} rows make {chunks} chunks")
-    per = np.ones(count, dtype=np.int64)
-    per[0] += chunks - count
+    # plain ints: a handful of sequences, where numpy calls cost more than the arithmetic
     slack = CHUNK * chunks - rows  # rows short of whole chunks, at most CHUNK - 1 per sequence
-    short = np.minimum(CHUNK - 1, np.maximum(0, slack - (CHUNK - 1) * np.arange(count)))
-    return CHUNK * per - short
+    out = [CHUNK - min(CHUNK - 1, max(0, slack - (CHUNK - 1) * i)) for i in range(count)]
+    out[0] += CHUNK * (chunks - count)
+    return np.array(out, dtype=np.int64)
 
 
 # A varlen call whose rows are free (the GDN rounds gather theirs; the conv gathers rows past C*) is
@@ -84,65 +90,76 @@ def pad_lengths(count: int, rows: int, chunks: int) -> np.ndarray:
 # whole chunks (`_fill_chunks`): no slack, b = 0, and one padding sequence (k >= 1) serves.
 
 
-def _slack(lengths: np.ndarray) -> int:
-    return CHUNK * chunks_of(lengths) - int(lengths.sum())
+@dataclass(frozen=True, eq=False)
+class Lengths:
+    """A varlen call's sequence lengths and the three counts the bucket rules read of them, summed once (the
+    rules run for the own bucket and again for every held bucket and merge they weigh)."""
+
+    values: np.ndarray
+    count: int  # sequences
+    rows: int
+    chunks: int  # chunks of 64
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> Lengths:
+        return cls(values, len(values), int(values.sum()), chunks_of(values))
+
+    @property
+    def slack(self) -> int:
+        """Rows short of whole last chunks."""
+        return CHUNK * self.chunks - self.rows
 
 
-def _own_free_call(lengths: np.ndarray, slots: int, slack_slots: int) -> tuple[int, int, int]:
+def _own_free_call(lengths: Lengths, slots: int, slack_slots: int) -> tuple[int, int, int]:
     b = rung(slack_slots) if slack_slots else 0
-    sequences = rung(max(slots, len(lengths))) + max(1, b)
-    chunks = rung(chunks_of(lengths) + sequences - len(lengths))
+    sequences = rung(max(slots, lengths.count)) + max(1, b)
+    chunks = rung(lengths.chunks + sequences - lengths.count)
     return sequences, chunks, CHUNK * chunks - (CHUNK - 1) * b
 
 
-def _fits_free(call: tuple[int, int, int], lengths: np.ndarray) -> bool:
+def _fits_free(call: tuple[int, int, int], lengths: Lengths) -> bool:
     sequences, chunks, rows = call
     b = (CHUNK * chunks - rows) // (CHUNK - 1)
-    k = sequences - len(lengths)
-    return k >= max(1, b) and chunks - chunks_of(lengths) >= k and _slack(lengths) <= (CHUNK - 1) * b
+    k = sequences - lengths.count
+    return k >= max(1, b) and chunks - lengths.chunks >= k and lengths.slack <= (CHUNK - 1) * b
 
 
-def _pad_free(call: tuple[int, int, int], lengths: np.ndarray) -> np.ndarray:
+def _pad_free(call: tuple[int, int, int], lengths: Lengths) -> np.ndarray:
     """The padding sequences' lengths that take a free-rows call of `lengths` to its bucket `call`."""
     sequences, chunks, rows = call
-    return pad_lengths(sequences - len(lengths), rows - int(lengths.sum()), chunks - chunks_of(lengths))
-
-
-def _cycle(first: int, count: int, n: int) -> np.ndarray:
-    """`n` rows of the padding region `[first, first + count)`, repeated as needed."""
-    return first + np.arange(n, dtype=np.int64) % count
+    return pad_lengths(sequences - lengths.count, rows - lengths.rows, chunks - lengths.chunks)
 
 
 def _split(total: int, parts: int) -> np.ndarray:
     """`total` in `parts` near-equal parts, the larger ones first."""
     base, extra = divmod(total, parts)
-    return base + (np.arange(parts) < extra).astype(np.int64)
+    return np.array([base + 1] * extra + [base] * (parts - extra), dtype=np.int64)
 
 
 def round_slots(layout) -> list[tuple[int, int]]:
     """Per GDN round, the sequences its structure allows and how many of them may end off a chunk boundary:
     round 0 every root (up to its last chunk boundary) and singleton (anywhere), round l every node of
     level l - 1 (its tail alone) and every segment of level l (the tail + child)."""
-    shared, level = layout.shared, layout.level
-    slots = [(int((level == 0).sum()), int(((level == 0) & ~shared).sum()))]
-    for lvl in range(1, layout.depth + 1):
-        n = int((shared & (level == lvl - 1)).sum() + (level == lvl).sum())
-        slots.append((n, n))
+    depth = layout.depth
+    level = layout.level
+    segments = np.bincount(level, minlength=depth + 1).tolist()  # per level
+    nodes = np.bincount(level[layout.node >= 0], minlength=depth + 1).tolist()
+    slots = [(segments[0], segments[0] - nodes[0])]
+    slots += [(nodes[lvl - 1] + segments[lvl],) * 2 for lvl in range(1, depth + 1)]
     return slots
 
 
-def _fill_chunks(gdn: dict, rounds) -> list[np.ndarray]:
+def _fill_chunks(pieces: RoundPieces, rounds) -> list[np.ndarray]:
     """Per GDN round, its sequences' lengths up to whole chunks. A sequence whose final state a later round
     reads (a root up to its last chunk boundary, a nested node's segment) already ends on one; the others
     (singletons, the last round's segments, tails alone) end anywhere and nothing reads their final state,
     so rows appended after their last real row change no real output (the recurrence is causal) and get no
     gradient. Checked here: a read state of a sequence that does not end on a chunk boundary is an error."""
     for r in range(1, len(rounds)):
-        state = gdn.get(f"state{r}")
+        state = pieces.states[r]
         if state is None or not len(rounds[r - 1]):
             continue
-        read = state - (1 if gdn.get(f"zero{r}") else 0)
-        if (rounds[r - 1][read[read >= 0]] % CHUNK).any():
+        if (rounds[r - 1][state[state >= 0]] % CHUNK).any():
             raise AssertionError(f"GDN round {r} reads the final state of a round {r - 1} sequence that ends mid-chunk")
     return [CHUNK * -(-lengths // CHUNK) for lengths in rounds]
 
@@ -153,29 +170,30 @@ class Needs:
 
     compact: int
     rounds: tuple[np.ndarray, ...]  # per GDN round, its sequences' lengths (empty when it has none)
-    filled: tuple[np.ndarray, ...]  # the same, each up to its last chunk's end (`_fill_chunks`)
+    filled: tuple[Lengths, ...]  # the same, each up to its last chunk's end (`_fill_chunks`)
     slots: tuple[tuple[int, int], ...]  # per GDN round, its structure's sequences and those with slack (`round_slots`)
-    conv: np.ndarray  # the conv's segment lengths (they tile the compact row)
+    conv: Lengths  # the conv's segment lengths (they tile the compact row)
     queries: np.ndarray  # attention's segment query and key lengths
     keys: np.ndarray
     max_k: int
+    total_keys: int
 
     @classmethod
-    def of(cls, host: dict, layout) -> Needs:
-        gdn, att = host["gdn"], host["attention"]
-        rounds = tuple(
-            np.diff(gdn[f"cu{r}"]).astype(np.int64) if f"cu{r}" in gdn else np.zeros(0, dtype=np.int64)
-            for r in range(gdn["rounds"])
-        )
+    def of(cls, layout, pieces: RoundPieces, lengths: np.ndarray, keys: np.ndarray) -> Needs:
+        """From the GDN rounds' pieces and the non-empty segments' lengths and key counts (conv and
+        attention run one sequence per non-empty segment)."""
+        bounds = list(itertools.accumulate(pieces.counts, initial=0))
+        rounds = tuple(pieces.lengths[a:b] for a, b in itertools.pairwise(bounds))
         return cls(
             compact=layout.compact_length,
             rounds=rounds,
-            filled=tuple(_fill_chunks(gdn, rounds)),
+            filled=tuple(Lengths.of(filled) for filled in _fill_chunks(pieces, rounds)),
             slots=tuple(round_slots(layout)),
-            conv=np.diff(host["conv"]["segment_cu"]).astype(np.int64),
-            queries=np.diff(att["cu_q"]).astype(np.int64),
-            keys=np.diff(att["cu_k"]).astype(np.int64),
-            max_k=int(att["max_k"]),
+            conv=Lengths.of(lengths),
+            queries=lengths,
+            keys=keys,
+            max_k=int(keys.max()),
+            total_keys=int(keys.sum()),
         )
 
 
@@ -188,14 +206,14 @@ def own_bucket(needs: Needs) -> tuple:
     rounds = tuple(_own_free_call(filled, slots, 0) for filled, (slots, _) in zip(needs.filled, needs.slots))
     # the conv's rows must cover C*: its chunks follow from C* (at least the compact padding rows' and one
     # per padding segment beyond the real segments' own)
-    conv_b = rung(len(needs.conv))  # every segment may end anywhere
+    conv_b = rung(needs.conv.count)  # every segment may end anywhere
     conv_sequences = 2 * conv_b
-    conv_chunks = rung(chunks_of(needs.conv) + -(-(c_star - needs.compact) // CHUNK) + conv_sequences - len(needs.conv))
+    conv_chunks = rung(needs.conv.chunks + -(-(c_star - needs.compact) // CHUNK) + conv_sequences - needs.conv.count)
     conv = (conv_sequences, conv_chunks, CHUNK * conv_chunks - (CHUNK - 1) * conv_b)
     p = c_star - needs.compact
-    k_star = rung(int(needs.keys.sum()) + p)
+    k_star = rung(needs.total_keys + p)
     count = s_star - s
-    max_k = rung(max(needs.max_k, -(-(k_star - int(needs.keys.sum())) // count)))
+    max_k = rung(max(needs.max_k, -(-(k_star - needs.total_keys) // count)))
     return (c_star, rounds, conv, (s_star, k_star, max_k, max_k))
 
 
@@ -204,7 +222,7 @@ def fits(bucket: tuple, needs: Needs) -> bool:
     c_star, rounds, conv, (s_star, k_star, max_q, max_k) = bucket
     p = c_star - needs.compact
     count = s_star - len(needs.queries)
-    extra_keys = k_star - int(needs.keys.sum())
+    extra_keys = k_star - needs.total_keys
     return (
         len(rounds) == len(needs.rounds)
         and 1 <= count <= p
@@ -295,83 +313,139 @@ def _worth(merged: tuple | None, own: tuple, needs: Needs, budget: float) -> boo
     return fits(merged, needs) and cost(merged) <= budget
 
 
-def pad_host(host: dict, layout, held=()) -> tuple[dict, tuple]:
-    """The plan's host arrays (`build_plan`'s `host`) padded to a bucket (`choose_bucket`), and the bucket."""
-    needs = Needs.of(host, layout)
+def padded_host(
+    layout, plan: dict, lm: dict, kernel_size: int, held=(), arena: Arena | None = None
+) -> tuple[dict, tuple]:
+    """Every host array of the plan (`build_plan`'s `host`) padded to a bucket (`choose_bucket`), and the
+    bucket. `plan`: the plan's own arrays (compact_src, expand_index, cu_seqlens, positions), `lm` the LM
+    rows' (nothing pads those); the mixers' arrays are built here, padded from the start."""
+    arena = arena or Arena()
+    pieces = gdn_pieces(layout)
+    segs, lengths, _, _, state_rows = look_back(layout, kernel_size)
+    keys = layout.offset[segs] + lengths
+    needs = Needs.of(layout, pieces, lengths, keys)
     bucket = choose_bucket(needs, held)
     c = needs.compact
     c_star = bucket[0]
     p = c_star - c
-    plan = dict(host["plan"])
-    plan["compact_src"] = np.concatenate([plan["compact_src"], np.zeros(p, dtype=np.int64)])
+    compact_src = arena.take(c_star)
+    compact_src[:c] = plan["compact_src"]
+    compact_src[c:] = 0
     positions = plan["positions"]
-    pad_pos = np.broadcast_to(counting(p).astype(positions.dtype), (*positions.shape[:-1], p))
-    plan["positions"] = np.ascontiguousarray(np.concatenate([positions, pad_pos], axis=-1))
-    plan["cu_seqlens"] = np.append(plan["cu_seqlens"], np.int32(c_star)).astype(np.int32)
-    out = {
-        **host,
-        "plan": plan,
-        "gdn": _pad_gdn(host["gdn"], needs, bucket[1], c, p),
-        "conv": _pad_conv(host["conv"], needs, bucket[2], c, p),
-        "attention": _pad_attention(host["attention"], needs, bucket[3], c, p),
+    shape = (*positions.shape[:-1], c_star)
+    padded_positions = arena.take(math.prod(shape), positions.dtype).reshape(shape)
+    padded_positions[..., :c] = positions
+    padded_positions[..., c:] = counting(p)
+    cu = plan["cu_seqlens"]
+    cu_seqlens = arena.take(len(cu) + 1, np.int32)
+    cu_seqlens[:-1] = cu
+    cu_seqlens[-1] = c_star
+    host = {
+        "plan": {
+            "compact_src": compact_src,
+            "expand_index": plan["expand_index"],
+            "cu_seqlens": cu_seqlens,
+            "positions": padded_positions,
+        },
+        "gdn": pad_gdn(pieces, needs, bucket[1], c, p, arena),
+        "conv": _pad_conv(state_rows, kernel_size, needs, bucket[2], c, p, arena),
+        "attention": _pad_attention(layout, segs, needs, bucket[3], c, p, arena),
+        "lm": lm,
     }
-    return out, bucket
+    return host, bucket
 
 
-def _pad_gdn(host: dict, needs: Needs, calls: tuple, c: int, p: int) -> dict:
+_MARK = 1 << 48  # ranges starting here count rows of a padding cycle, not compact rows (see `_cycled`)
+
+
+def _cycled(index: np.ndarray, c: int, p: int) -> np.ndarray:
+    """`index` with each value `_MARK * j + k` (k < _MARK, j >= 1) replaced by the padding row `c + k % p`: runs
+    of padding rows built by `ranges` beside real ones, each counting from 0 where it starts at a mark."""
+    marked = index >= _MARK
+    index[marked] = c + (index[marked] % _MARK) % p
+    return index
+
+
+def pad_gdn(pieces: RoundPieces, needs: Needs, calls: tuple, c: int, p: int, arena: Arena | None = None) -> dict:
     """Every real sequence is filled to whole chunks, and every round (round 0 too, when it had no rows) gets
     padding sequences; fill and padding rows read the compact padding rows (repeated as needed). The compact
     padding rows keep round 0's first padding outputs (repeated when round 0 has fewer padding rows: those
     outputs are never read and their gradient is zero, so the backward's `index_copy_` of repeated indices
     writes zeros either way). From round 1 on, padding sequences start from the zero state (so every round
-    picks from zeros: `zero` is always set)."""
-    out = {"rounds": host["rounds"]}
-    real_rows, pad_rows, parts, moved = [], [], [], []
-    for r, (lengths, filled, call) in enumerate(zip(needs.rounds, needs.filled, calls)):
-        pad = _pad_free(call, filled)
-        real = int(filled.sum())
-        # each real sequence's rows, then padding rows up to its last chunk's end (`_fill_chunks`)
-        fill = filled - lengths
-        fill_src = _cycle(c, p, int(fill.sum()))
-        at = boundaries(filled)[:-1] + lengths  # where each sequence's fill rows go
-        src = np.empty(real, dtype=np.int64)
-        is_fill = np.zeros(real, dtype=bool)
-        is_fill[ranges(at, fill)] = True
-        src[is_fill] = fill_src
-        if f"src{r}" in host:
-            src[~is_fill] = host[f"src{r}"]
-        moved.append(np.flatnonzero(~is_fill))  # a real row's place among the round's filled rows
-        src = np.concatenate([src, _cycle(c, p, int(pad.sum()))])
-        all_lengths = np.concatenate([filled, pad])
+    picks from zeros: `zero` is always set).
+
+    Per round, its real sequences, each its parent's tail, its own rows and its fill rows, then its padding
+    sequences: the fill rows of a round count through the padding rows from `c` on, and so do its padding
+    sequences' (each from `c` again per round)."""
+    arena = arena or Arena()
+    rounds = len(calls)
+    counts = pieces.counts
+    lengths, tails, owns = pieces.lengths, pieces.tails, pieces.owns
+    fill = CHUNK * -(-lengths // CHUNK) - lengths
+    real_first = list(itertools.accumulate(counts[:-1], initial=0))  # each round's first real sequence
+    # three pieces per real sequence (tail, own, fill); each round's fill rows count through the padding rows
+    # from 0: from a mark of their own (see `_cycled`), less the fill rows of earlier rounds
+    real = np.empty((len(lengths), 2, 3), dtype=np.int64)  # [sequence, (start, size), piece]
+    real[:, 0, 0], real[:, 0, 1] = pieces.tail_start, pieces.own_start
+    real[:, 1, 0], real[:, 1, 1], real[:, 1, 2] = tails, owns, fill
+    before = fill.cumsum() - fill  # fill rows of the sequences before each one
+    earlier = [int(before[f]) if n else 0 for f, n in zip(real_first, counts)]
+    marks = np.array([_MARK * (2 * r + 1) - e for r, e in enumerate(earlier)], dtype=np.int64)
+    real[:, 0, 2] = before + marks.repeat(counts)
+    # per round: its real sequences' pieces, then one per padding sequence (counting from 0 again)
+    pads, parts, starts, sizes, padded_first = [], [], [], [], []
+    first = 0  # a round's first sequence in the padded joint row
+    for r, (real_filled, call) in enumerate(zip(needs.filled, calls)):
+        pad = _pad_free(call, real_filled)
+        real_filled = real_filled.values
+        s0, s1 = real_first[r], real_first[r] + counts[r]
+        starts += [real[s0:s1, 0].ravel(), _MARK * (2 * r + 2) + pad.cumsum() - pad]
+        sizes += [real[s0:s1, 1].ravel(), pad]
+        parts += [real_filled, pad]
+        pads.append(pad)
+        padded_first.append(first)
+        first += counts[r] + len(pad)
+    joint = np.concatenate(parts)
+    cu_joint = arena.boundaries(joint)
+    src = _cycled(arena.ranges(np.concatenate(starts), np.concatenate(sizes)), c, p)
+    chunks_joint = chunk_indices(joint, arena, np.int32)
+    offsets_joint = arena.boundaries(-(-joint // CHUNK))
+    # each real sequence's place in the padded joint row: after the padding sequences of earlier rounds
+    shift = np.array([a - b for a, b in zip(padded_first, real_first)], dtype=np.int64).repeat(counts)
+    real_start = cu_joint[pieces.kept_seq + shift[pieces.kept_seq]].astype(np.int64)
+    out_index = arena.take(c + p)
+    ranges_into(out_index[:c], real_start + pieces.kept_off, pieces.kept_len)
+    round0_pad = int(cu_joint[counts[0]])  # round 0's first padding row
+    np.add(counting(p) % int(pads[0].sum()), round0_pad, out=out_index[c:])
+    out = {"rounds": rounds}
+    for r in range(rounds):
+        s0, s1 = padded_first[r], padded_first[r] + counts[r] + len(pads[r])
+        c0, c1 = int(offsets_joint[s0]), int(offsets_joint[s1])
+        n = s1 - s0
         out |= {
-            f"src{r}": src,
-            f"cu{r}": boundaries(all_lengths).astype(np.int32),
-            f"chunks{r}": chunk_indices(all_lengths, dtype=np.int32),
-            f"offsets{r}": boundaries(-(-all_lengths // CHUNK)).astype(np.int32),
-            f"export{r}": r + 1 < host["rounds"],
+            f"src{r}": src[cu_joint[s0] : cu_joint[s1]],
+            f"cu{r}": np.subtract(cu_joint[s0 : s1 + 1], cu_joint[s0], out=arena.take(n + 1, np.int32)),
+            f"chunks{r}": np.subtract(
+                chunks_joint[c0:c1], np.array([s0, 0], np.int32), out=arena.take(2 * (c1 - c0), np.int32).reshape(-1, 2)
+            ),
+            f"offsets{r}": np.subtract(offsets_joint[s0 : s1 + 1], c0, out=arena.take(n + 1, np.int32)),
+            f"export{r}": r + 1 < rounds,
         }
         if r:
-            state = host.get(f"state{r}")
-            real_state = np.zeros(0, np.int64) if state is None else state + (0 if host.get(f"zero{r}") else 1)
+            state = pieces.states[r]
             out[f"zero{r}"] = True
-            out[f"state{r}"] = np.concatenate([real_state, np.zeros(len(pad), dtype=np.int64)])
-        real_rows.append(real)
-        pad_rows.append(int(pad.sum()))
-        parts.append(all_lengths)
-    # rows of cat(every round's rows): each round's real rows, then its padding rows
-    round_start = np.cumsum([0] + [a + b for a, b in zip(real_rows, pad_rows)])[:-1]
-    real_start = np.cumsum([0] + [int(lengths.sum()) for lengths in needs.rounds])[:-1]
-    index = host["out_index"]
-    of = np.searchsorted(real_start, index, side="right") - 1
-    # `moved` of every round, concatenated, is indexed by the unpadded rows of cat(every round's rows)
-    shifted = np.concatenate(moved)[index] + round_start[of]
-    out["out_index"] = np.concatenate([shifted, _cycle(round_start[0] + real_rows[0], pad_rows[0], p)])
-    out["src"] = np.concatenate([out[f"src{r}"] for r in range(host["rounds"])])
-    joint = np.concatenate(parts)
+            padded_state = arena.take(n)
+            if state is not None:
+                np.add(state, 1, out=padded_state[: len(state)])
+                np.maximum(padded_state[: len(state)], 0, out=padded_state[: len(state)])
+            padded_state[counts[r] :] = 0
+            out[f"state{r}"] = padded_state
     out |= {
-        "cu_joint": boundaries(joint).astype(np.int32),
-        "chunks_joint": chunk_indices(joint, dtype=np.int32),
-        "offsets_joint": boundaries(-(-joint // CHUNK)).astype(np.int32),
+        "out_index": out_index,
+        "src": src,
+        "cu_joint": cu_joint,
+        "chunks_joint": chunks_joint,
+        "offsets_joint": offsets_joint,
         # a padded plan always gathers: whether the rounds read the row in place depends on the layout
         "src_identity": False,
         "out_identity": False,
@@ -380,40 +454,45 @@ def _pad_gdn(host: dict, needs: Needs, calls: tuple, c: int, p: int) -> dict:
     return out
 
 
-def _pad_conv(host: dict, needs: Needs, call: tuple, c: int, p: int) -> dict:
+def _pad_conv(state_rows: np.ndarray, width: int, needs: Needs, call: tuple, c: int, p: int, arena: Arena) -> dict:
     """Padding segments tile the compact padding rows and, past `C*`, `extra_src` rows gathered from them:
     the conv's rows are free, so its segments and chunks are bucketed as the GDN rounds' are."""
     pad = _pad_free(call, needs.conv)
-    all_lengths = np.concatenate([needs.conv, pad])
-    width = host["kernel_size"]
+    all_lengths = np.concatenate([needs.conv.values, pad])
+    s = len(state_rows)
+    rows = arena.take((s + len(pad)) * width).reshape(-1, width)
+    rows[:s] = state_rows
+    rows[s:] = -1
+    extra = arena.take(call[2] - c - p)  # copies of the padding rows, repeated as needed
+    np.add(counting(len(extra)) % p, c, out=extra)
     return {
         "kernel_size": width,
         # the gathered look-back rows: not built for a padded plan (shared_prefix_causal_conv1d refuses it)
-        "segment_cu": boundaries(all_lengths).astype(np.int32),
-        "segment_chunks": chunk_indices(all_lengths, dtype=np.int32),
-        "state_rows": np.concatenate([host["state_rows"], np.full((len(pad), width), -1, dtype=np.int64)]),
-        "extra_src": _cycle(c, p, call[2] - c - p),
+        "segment_cu": arena.boundaries(all_lengths),
+        "segment_chunks": chunk_indices(all_lengths, arena, np.int32),
+        "state_rows": rows,
+        "extra_src": extra,
     }
 
 
-def _pad_attention(host: dict, needs: Needs, call: tuple, c: int, p: int) -> dict:
+def _pad_attention(layout, segs: np.ndarray, needs: Needs, call: tuple, c: int, p: int, arena: Arena) -> dict:
     """Padding segments split the `P` compact padding rows (queries) and read padding rows as keys:
     bottom-right causal, each padding query sees its own segment's keys only."""
     s_star, k_star, max_q, max_k = call
     count = s_star - len(needs.queries)
-    keys = int(needs.keys.sum())
+    keys = needs.total_keys
     q_pad = _split(p, count)
     k_pad = _split(k_star - keys, count)  # >= q_pad part by part: both split the same way and k_star - keys >= p
-    # each padding segment's keys: (k - q) padding rows, then its own queries' rows
+    # each padding segment's keys: (k - q) padding rows (counting from the first again), then its own queries' rows
     q_start = c + np.cumsum(q_pad) - q_pad
-    pad_kv = np.concatenate([
-        np.concatenate([_cycle(c, p, int(k - q)), ranges(np.array([s0]), np.array([q]))])
-        for k, s0, q in zip(k_pad.tolist(), q_start.tolist(), q_pad.tolist())
-    ])
+    kv_src = arena.take(k_star)
+    attention_keys(layout, segs, out=kv_src[:keys])
+    ranges_into(kv_src[keys:], interleave(np.full(count, _MARK, dtype=np.int64), q_start), interleave(k_pad - q_pad, q_pad))
+    _cycled(kv_src[keys:], c, p)
     return {
         "max_q": max_q,
         "max_k": max_k,
-        "kv_src": np.concatenate([host["kv_src"], pad_kv]),
-        "cu_q": boundaries(np.concatenate([needs.queries, q_pad])).astype(np.int32),
-        "cu_k": boundaries(np.concatenate([needs.keys, k_pad])).astype(np.int32),
+        "kv_src": kv_src,
+        "cu_q": arena.boundaries(np.concatenate([needs.queries, q_pad])),
+        "cu_k": arena.boundaries(np.concatenate([needs.keys, k_pad])),
     }

@@ -67,6 +67,24 @@ class ConvIndex:
 def conv_host_index(layout: Layout, kernel_size: int, arena: Arena | None = None) -> dict:
     """Host arrays of the one conv call, written into `arena` when given; uploaded by the plan builder."""
     arena = arena or Arena()
+    segs, length, back, parent_end, rows = look_back(layout, kernel_size)
+    seq_lengths = back + length
+    kept_from = seq_lengths.cumsum() - seq_lengths + back  # conv output row of each segment's first row
+    starts = interleave(parent_end - back, layout.start[segs])
+    return {
+        "kernel_size": kernel_size,
+        "src": arena.ranges(starts, interleave(back, length)),
+        "cu": arena.boundaries(seq_lengths),
+        "out_index": arena.ranges(kept_from, length),  # non-empty segments tile the compact row in order
+        "segment_cu": arena.boundaries(length),
+        "segment_chunks": chunk_indices(length, arena, np.int32),
+        "state_rows": arena.put(rows),
+    }
+
+
+def look_back(layout: Layout, kernel_size: int):
+    """Per non-empty segment (they tile the compact row in order): the segments, their lengths, look-back
+    rows, the compact row past their parent's last row, and the `[S, W]` state rows (see `ConvIndex`)."""
     segs = (layout.length > 0).nonzero()[0]
     length, offset, parent = layout.length[segs], layout.offset[segs], layout.parent[segs]
     has_parent = parent >= 0
@@ -78,24 +96,13 @@ def conv_host_index(layout: Layout, kernel_size: int, arena: Arena | None = None
     if short.any():
         raise AssertionError(f"a nested node shorter than the conv look-back (segment {int(segs[short][0])})")
     parent_end = layout.start[up] + layout.length[up]
-    seq_lengths = back + length
-    kept_from = seq_lengths.cumsum() - seq_lengths + back  # conv output row of each segment's first row
-    starts = interleave(parent_end - back, layout.start[segs])
-    if not np.array_equal(layout.start[segs], length.cumsum() - length):
+    if not (layout.start[segs] == length.cumsum() - length).all():
         raise AssertionError("the non-empty segments do not tile the compact row in order")
     # state slot w (of W) holds the row W - w before the segment's first row: parent_end - (W - w)
     slot = np.arange(kernel_size, dtype=np.int64)[None, :]
     keep = (slot >= kernel_size - back[:, None]) & (slot > 0)
     rows = np.where(keep, parent_end[:, None] - kernel_size + slot, -1)
-    return {
-        "kernel_size": kernel_size,
-        "src": arena.ranges(starts, interleave(back, length)),
-        "cu": arena.boundaries(seq_lengths),
-        "out_index": arena.ranges(kept_from, length),  # non-empty segments tile the compact row in order
-        "segment_cu": arena.boundaries(length),
-        "segment_chunks": chunk_indices(length, arena, np.int32),
-        "state_rows": arena.put(rows),
-    }
+    return segs, length, back, parent_end, rows
 
 
 def conv_index(host: dict, dev: dict) -> ConvIndex:

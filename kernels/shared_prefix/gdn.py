@@ -20,6 +20,7 @@ any other backend takes the loop below, one public call per round.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +28,7 @@ import torch
 
 from ..errors import CudaGraphsUnavailable
 from .gdn_rounds import gated_delta_rule_rounds, round_kernels
-from .layout import Layout, ranges
+from .layout import Layout
 from .rows import Arena, counting, interleave
 
 CHUNK = 64  # chunk size of the chunked GDN kernels (fla, ours); the split aligns to it
@@ -98,83 +99,119 @@ class GDNIndex:
 def chunk_indices(lengths, arena: Arena | None = None, dtype=np.int64) -> np.ndarray:
     """[chunks, 2]: (sequence, chunk within it) for chunks of 64, flash-linear-attention's layout."""
     counts = -(-np.asarray(lengths, dtype=np.int64) // CHUNK)
-    out = (arena or Arena()).take(2 * int(counts.sum()), dtype).reshape(-1, 2)
-    out[:, 0] = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
-    out[:, 1] = ranges(np.zeros(len(counts), dtype=np.int64), counts)
+    ends = counts.cumsum()
+    total = int(ends[-1]) if len(ends) else 0
+    out = (arena or Arena()).take(2 * total, dtype).reshape(-1, 2)
+    sequence = counting(len(counts)).repeat(counts)
+    out[:, 0] = sequence
+    np.subtract(counting(total), (ends - counts)[sequence], out=out[:, 1], casting="unsafe")
     return out
 
 
-def gdn_host_index(layout: Layout, arena: Arena | None = None) -> dict:
+@dataclass(frozen=True, eq=False)
+class RoundPieces:
+    """The GDN rounds of a layout at the segment level (host, numpy): each round's sequences as two pieces
+    of compact rows (the parent's tail, then the segment's own rows; round 0: its rows and an empty piece),
+    the state each starts from, and which rows of which sequence hold each compact row's output. The
+    unpadded index (`gdn_host_index`) and the padded one (`bucket.pad_gdn`) are both made from it."""
+
+    tail_start: np.ndarray  # [n] per sequence of every round, in round order: first compact row of its tail
+    tails: np.ndarray  # [n] the tail's rows
+    own_start: np.ndarray  # [n] first compact row of its own rows
+    owns: np.ndarray  # [n] its own rows
+    lengths: np.ndarray  # [n] tails + owns
+    counts: list[int]  # sequences per round
+    states: list[np.ndarray | None]  # per round, its sequences' previous-round sequence (-1: zero state)
+    # the kept pieces, in compact order: each a run of compact rows whose outputs are rows of one sequence
+    kept_len: np.ndarray  # rows of each piece
+    kept_seq: np.ndarray  # the sequence (numbered over every round) that holds it
+    kept_off: np.ndarray  # its first row's place inside that sequence
+
+
+def gdn_pieces(layout: Layout) -> RoundPieces:
+    """Every round's sequences and kept pieces (see `RoundPieces`), for every round at once.
+
+    A sequence is a round-0 entry (a root up to its last chunk boundary, a singleton whole), a node's
+    tail alone (in the round after the node's level) or a child with its parent's tail in front (in the
+    round of the child's level). A round holds its entries by segment, a node's tail alone before its
+    children (a parent comes before its subtree): one sort by (round, segment) orders them all."""
+    start, length, offset = layout.start, layout.length, layout.offset
+    end = offset + length
+    shared, level, parent = layout.node >= 0, layout.level, layout.parent
+    n_seg = len(start)
+    aligned_end = (end // CHUNK) * CHUNK  # a shared segment's state is exported there
+    own = np.where(shared, aligned_end - offset, length)  # the rows a segment runs itself
+    tail = end - aligned_end  # of every segment; read at parents
+    tail_begin = start + aligned_end - offset
+    has_parent = parent >= 0
+    roots = (~has_parent & (own > 0)).nonzero()[0]  # round 0
+    alone = (shared & (tail > 0)).nonzero()[0]  # a node's tail alone, the round after its level
+    children = has_parent.nonzero()[0]
+    up = parent[children]
+    # every entry: its round, the segment it sorts by, its parent node (-1 in round 0), its own segment (-1 alone)
+    rnd = np.concatenate([np.zeros(len(roots), np.int64), level[alone] + 1, level[children]])
+    key = np.concatenate([roots, alone, children])
+    order = (rnd * n_seg + key).argsort(kind="stable")
+    of = np.concatenate([np.full(len(roots), -1, np.int64), alone, up])[order]
+    child = np.concatenate([roots, np.full(len(alone), -1, np.int64), children])[order]
+    rnd = rnd[order]
+    is_child = child >= 0
+    child = np.maximum(child, 0)
+    in_tail = of >= 0
+    up = np.maximum(of, 0)
+    tails = np.where(in_tail, tail[up], 0)
+    owns = np.where(is_child, own[child], 0)
+    counts = np.bincount(rnd, minlength=layout.depth + 1)
+    first = counts.cumsum() - counts
+    local = counting(len(rnd)) - first[rnd]  # each entry's sequence within its round
+    run_of = np.full(n_seg, -1, dtype=np.int64)  # shared segment -> its sequence in its level's round
+    run_of[child[is_child]] = local[is_child]
+    state = run_of[up]
+    bounds = counts.cumsum().tolist()
+    counts = counts.tolist()
+    states = [None] + [state[a:b] for a, b in itertools.pairwise(bounds)]
+    # round 0's entries are their own rows in the first piece (no tail in front): as first written
+    root = ~in_tail
+    tail_start = np.where(root, start[child], tail_begin[up])
+    tails = np.where(root, owns, tails)
+    own_start = np.where(root, 0, np.where(is_child, start[child], 0))
+    owns = np.where(root, 0, owns)
+    # the kept pieces tile the compact row: a child's own rows (round 0: its rows), a tail alone's tail;
+    # in compact order (zero-length pieces, which may share a start with another, hold no row)
+    kept_at = np.where(is_child, start[child], tail_begin[up])
+    kept = kept_at.argsort(kind="stable")
+    return RoundPieces(
+        tail_start=tail_start,
+        tails=tails,
+        own_start=own_start,
+        owns=owns,
+        lengths=tails + owns,
+        counts=counts,
+        states=states,
+        kept_len=np.where(is_child, owns + root * tails, tails)[kept],
+        kept_seq=kept,
+        kept_off=np.where(is_child & ~root, tails, 0)[kept],
+    )
+
+
+def gdn_host_index(layout: Layout, arena: Arena | None = None, pieces: RoundPieces | None = None) -> dict:
     """Host arrays of every round (see `GDNIndex`), written into `arena` when given; uploaded by the plan builder."""
     arena = arena or Arena()
-    start, length, offset, end = layout.start, layout.length, layout.offset, layout.end
-    shared, level, parent = layout.shared, layout.level, layout.parent
-    aligned_end = (end // CHUNK) * CHUNK  # a shared segment's state is exported there
-    run_of = np.full(len(start), -1, dtype=np.int64)  # shared segment -> its sequence in its level's round
-    kept_at, kept_from, kept_len = [], [], []  # compact rows whose output a round row holds
-    row = 0
-    rounds = []
-
-    # round 0: roots up to their last chunk boundary, singletons whole
-    own = np.where(shared, aligned_end - offset, length)
-    first = ((parent < 0) & (own > 0)).nonzero()[0]
-    lengths = own[first]
-    run_of[first] = np.arange(len(first))
-    rows = row + lengths.cumsum() - lengths
-    kept_at.append(start[first])
-    kept_from.append(rows)
-    kept_len.append(lengths)
-    row += int(lengths.sum())
-    none = np.zeros(len(first), np.int64)  # round 0: no parent's tail in front
-    rounds.append((start[first], lengths, none, none, lengths, None))
-
-    tail = end - aligned_end  # of every segment; read at parents
-    tail_start = start + aligned_end - offset
-    for lvl in range(1, layout.depth + 1):
-        # per node of level lvl - 1: its tail [B, E) alone, then tail + child for each child, from
-        # the node's exported state; entries ordered by segment (a node comes before its subtree)
-        parents = (shared & (level == lvl - 1)).nonzero()[0]
-        alone = parents[tail[parents] > 0]
-        children = (level == lvl).nonzero()[0]
-        of = np.concatenate([alone, parent[children]])
-        order = np.argsort(np.concatenate([alone, children]), kind="stable")
-        of = of[order]
-        child = np.concatenate([np.full(len(alone), -1, np.int64), children])[order]
-        is_child = child >= 0
-        child = np.maximum(child, 0)
-        tails = tail[of]
-        owns = np.where(is_child, own[child], 0)
-        seq_lengths = tails + owns
-        rows = row + seq_lengths.cumsum() - seq_lengths
-        kept_at.append(np.where(is_child, start[child], tail_start[of]))
-        kept_from.append(np.where(is_child, rows + tails, rows))
-        kept_len.append(np.where(is_child, owns, tails))
-        row += int(seq_lengths.sum())
-        state = run_of[of]
-        nested = is_child & shared[child]
-        run_of[child[nested]] = nested.nonzero()[0]
-        rounds.append((tail_start[of], tails, np.where(is_child, start[child], 0), owns, seq_lengths, state))
-
-    # the kept pieces tile the compact row: in compact order, their round rows are the out index
-    kept_at, kept_from, kept_len = (np.concatenate(x) for x in (kept_at, kept_from, kept_len))
-    order = np.argsort(kept_at, kind="stable")
-    out = arena.ranges(kept_from[order], kept_len[order])
-    host = {"out_index": out, "rounds": len(rounds)}
+    pieces = pieces or gdn_pieces(layout)
     # Every round's rows, boundaries and chunk tables are built once for all rounds together (the
     # joint call's), and each round's are slices of them, renumbered from the round's first
     # sequence: a handful of array calls however many rounds. Per sequence two pieces, the
     # parent's tail then the child's own rows (round 0: its rows and an empty piece).
-    joint = np.concatenate([seq_lengths for *_, seq_lengths, _ in rounds])
-    src = arena.ranges(
-        interleave(np.concatenate([r[0] for r in rounds]), np.concatenate([r[2] for r in rounds])),
-        interleave(np.concatenate([r[1] for r in rounds]), np.concatenate([r[3] for r in rounds])),
-    )
+    joint = pieces.lengths
+    src = arena.ranges(interleave(pieces.tail_start, pieces.own_start), interleave(pieces.tails, pieces.owns))
     cu_joint = arena.boundaries(joint)
+    # the kept pieces in compact order: their round rows are the out index
+    out = arena.ranges(cu_joint[pieces.kept_seq] + pieces.kept_off, pieces.kept_len)
+    host = {"out_index": out, "rounds": len(pieces.counts)}
     chunks_joint = chunk_indices(joint, arena, np.int32)
     offsets_joint = arena.boundaries(-(-joint // CHUNK))
     first_seq = 0
-    for r, (*_, seq_lengths, state) in enumerate(rounds):
-        n = len(seq_lengths)
+    for r, (n, state) in enumerate(zip(pieces.counts, pieces.states)):
         if not n:
             continue
         s0, s1 = first_seq, first_seq + n
@@ -187,7 +224,7 @@ def gdn_host_index(layout: Layout, arena: Arena | None = None) -> dict:
                 chunks_joint[c0:c1], np.array([s0, 0], np.int32), out=arena.take(2 * (c1 - c0), np.int32).reshape(-1, 2)
             ),
             f"offsets{r}": np.subtract(offsets_joint[s0 : s1 + 1], c0, out=arena.take(n + 1, np.int32)),
-            f"export{r}": r + 1 < len(rounds),  # not an array: stays on the host
+            f"export{r}": r + 1 < len(pieces.counts),  # not an array: stays on the host
         }
         if state is not None:
             zero = bool((state < 0).any())

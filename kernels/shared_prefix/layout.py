@@ -146,7 +146,7 @@ def build_layout(
     node_level = np.array(levels_of, dtype=np.int64)
     sizes = np.array(sizes, dtype=np.int64)
     flat_members = np.array(flat, dtype=np.int64)
-    member_node = np.repeat(np.arange(n_nodes, dtype=np.int64), sizes)
+    member_node = np.arange(n_nodes, dtype=np.int64).repeat(sizes)
     node_first = flat_members[sizes.cumsum() - sizes]
     deepest = np.full(n_seq, -1, dtype=np.int64)  # each sequence's deepest node (children follow parents)
     np.maximum.at(deepest, flat_members, member_node)
@@ -155,7 +155,7 @@ def build_layout(
     seq = np.arange(n_seq, dtype=np.int64)
     in_node = deepest >= 0
     under = np.where(in_node, deepest, 0)
-    seq_len = np.diff(cu_arr)
+    seq_len = cu_arr[1:] - cu_arr[:-1]
     seq_offset = np.where(in_node, node_end[under] if n_nodes else 0, 0)
     u_length = np.concatenate([node_end - node_start, seq_len - seq_offset])
     u_offset = np.concatenate([node_start, seq_offset])

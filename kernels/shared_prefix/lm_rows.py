@@ -43,7 +43,7 @@ def lm_host_index(layout: Layout, arena: Arena | None = None) -> dict:
     first_child = np.full(len(parent), len(parent), dtype=np.int64)
     np.minimum.at(first_child, parent[has_parent], segment[has_parent])
     later = (has_parent & (segment != first_child[np.maximum(parent, 0)])).nonzero()[0]
-    later = later[np.argsort(parent[later], kind="stable")]
+    later = later[parent[later].argsort(kind="stable")]
     node_of = parent[later]
     entry_of = np.full(len(parent), -1, dtype=np.int64)
     entry_of[later] = c + np.arange(len(later), dtype=np.int64)

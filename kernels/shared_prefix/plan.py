@@ -17,7 +17,7 @@ import torch
 
 from .aligned import align_to_chunks
 from .attention import AttentionIndex, attention_host_index, attention_index
-from .bucket import pad_host
+from .bucket import padded_host
 from .conv import ConvIndex, conv_host_index, conv_index
 from .gdn import CHUNK, GDNIndex, gdn_host_index, gdn_index
 from .grouping import Group
@@ -163,7 +163,7 @@ def build_plan(
 
     bounds, ids, pos = _to_host(cu_seqlens, input_ids, pos_rows)
     cu = bounds.tolist()
-    if cu[0] != 0 or cu[-1] != length or bool((np.diff(bounds) < 0).any()):
+    if cu[0] != 0 or cu[-1] != length or bool((bounds[1:] < bounds[:-1]).any()):
         raise ValueError(f"cu_seqlens must rise from 0 to T={length}, got {cu[:4]}...{cu[-2:]}")
     grouped_by, kind = pos, None
     if pos is not None:
@@ -188,7 +188,7 @@ def build_plan(
     if not nodes:
         return None
 
-    arena = _arena(nodes, cu, 1 if pos is None else len(pos), device)
+    arena = _arena(nodes, cu, 1 if pos is None else len(pos), device, padded=pad_to_bucket)
     layout = build_layout(nodes, cu, arena, by_level=chunk_aligned, cu_array=bounds)
     # the LM rows and the positions first: they read compact_src and expand_index, which the layout
     # has just written (still in the core's cache; the index arrays of a 64k-token plan are several
@@ -220,24 +220,27 @@ def build_plan(
         # row by row: a 1-D take is several times faster than one along axis 1 of the block
         for row, out in zip(pos, positions.reshape(len(pos), -1)):
             np.take(row, layout.compact_src, out=out, mode="clip")  # compact_src indexes the packed row
-    host = {
-        "plan": {
-            "compact_src": layout.compact_src,
-            "expand_index": layout.expand_index,
-            # one block per root with its subtree and per singleton
-            "cu_seqlens": arena.put(np.append(blocks, layout.compact_length), np.int32),
-            "positions": positions,
-        },
-        "gdn": gdn_host_index(layout, arena),
-        "conv": conv_host_index(layout, conv_kernel_size, arena),
-        "attention": attention_host_index(layout, arena),
-        "lm": lm,
+    plan_host = {
+        "compact_src": layout.compact_src,
+        "expand_index": layout.expand_index,
+        # one block per root with its subtree and per singleton
+        "cu_seqlens": _blocks(arena, blocks, layout.compact_length),
+        "positions": positions,
     }
     bucket = None
     compact_length = layout.compact_length
     if pad_to_bucket:
-        host, bucket = pad_host(host, layout, held_buckets)
+        # the mixers' arrays built padded from the start (none of the unpadded ones is built)
+        host, bucket = padded_host(layout, plan_host, lm, conv_kernel_size, held_buckets, arena)
         compact_length = bucket[0]
+    else:
+        host = {
+            "plan": plan_host,
+            "gdn": gdn_host_index(layout, arena),
+            "conv": conv_host_index(layout, conv_kernel_size, arena),
+            "attention": attention_host_index(layout, arena),
+            "lm": lm,
+        }
     dev = _upload(host, device, arena=arena)
     compact_positions = dev["plan"]["positions"]
     if compact_positions.dtype != wanted:
@@ -258,6 +261,14 @@ def build_plan(
         level_cost=cost,
         bucket=bucket,
     )
+
+
+def _blocks(arena: Arena, starts: np.ndarray, compact_length: int) -> np.ndarray:
+    """int32 boundaries of the blocks that start at `starts`."""
+    out = arena.take(len(starts) + 1, np.int32)
+    out[:-1] = starts
+    out[-1] = compact_length
+    return out
 
 
 def _to_host(cu_seqlens, input_ids, pos_rows) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -288,7 +299,7 @@ _TORCH_DTYPE = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32
 _NUMPY_DTYPE = {torch.int64: np.int64, torch.int32: np.int32}
 
 
-def _arena(nodes: list[Node], cu: list[int], position_rows: int, device: torch.device) -> Arena:
+def _arena(nodes: list[Node], cu: list[int], position_rows: int, device: torch.device, padded: bool = False) -> Arena:
     """Room for every index array of the plan: pinned (and cached by torch) when the plan goes to
     CUDA, so the builders write straight into the staging buffer of the one upload; ordinary
     memory of at least 4 MiB otherwise, which numpy backs with huge pages where the kernel offers
@@ -304,6 +315,12 @@ def _arena(nodes: list[Node], cu: list[int], position_rows: int, device: torch.d
     slots += 4 * segments + (c + 64 * segments) // 32  # the GDN rounds' joint chunk tables
     # the conv's state path: segment boundaries and chunk table, state rows and keep mask (W <= 8)
     slots += 17 * segments + c // 64 + 1
+    if padded:
+        # a padded plan builds no unpadded GDN or gathered-conv arrays, but copies the compact row's arrays to
+        # C* rows and adds padding rows and sequences to every mixer (a bucket is at most 9/8 of each count,
+        # plus padding sequences of whole chunks per round): a quarter more and a few chunks per round. An
+        # array that does not fit still gets memory of its own (the upload then packs)
+        slots += slots // 4 + 4096
     if device.type == "cuda":
         staging = torch.empty(slots, dtype=torch.int64, pin_memory=True)
         return Arena(staging.numpy(), owner=staging)

@@ -51,7 +51,7 @@ def offset_rows(pos: np.ndarray, cu) -> str | None:
         for row in distinct:
             ref_row = row[ref_start:]
             for a, n in zip(bounds[:-1][full].tolist(), lengths[full].tolist()):
-                if not np.array_equal(row[a : a + n], ref_row[:n]):
+                if not (row[a : a + n] == ref_row[:n]).all():  # ref_row holds every offset: as long
                     return None
             per_sequence = per_sequence and np.array_equal(ref_row[: lengths[ref]], counting(int(lengths[ref])))
         return "per_sequence" if per_sequence else "offset"

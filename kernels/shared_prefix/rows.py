@@ -11,8 +11,10 @@ def ranges(starts, lengths) -> np.ndarray:
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.size == 0:
         return np.zeros(0, dtype=np.int64)
-    offsets = np.cumsum(lengths) - lengths
-    out = np.repeat(starts - offsets, lengths)
+    # ndarray methods, not numpy's functions: their wrappers cost more than the work at a few segments
+    offsets = lengths.cumsum()
+    offsets -= lengths
+    out = (starts - offsets).repeat(lengths)
     out += counting(len(out))
     return out
 
@@ -23,8 +25,9 @@ def ranges_into(out: np.ndarray, starts, lengths) -> np.ndarray:
     starts = np.asarray(starts, dtype=np.int64)
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.size:
-        offsets = np.cumsum(lengths) - lengths
-        np.add(np.repeat(starts - offsets, lengths), counting(len(out)), out=out)
+        offsets = lengths.cumsum()
+        offsets -= lengths
+        np.add((starts - offsets).repeat(lengths), counting(len(out)), out=out)
     return out
 
 
@@ -56,7 +59,7 @@ def interleave(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def boundaries(lengths) -> np.ndarray:
     """cu_seqlens of consecutive segments with these lengths."""
     out = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(np.asarray(lengths, dtype=np.int64), out=out[1:])
+    np.asarray(lengths, dtype=np.int64).cumsum(out=out[1:])
     return out
 
 
@@ -94,11 +97,21 @@ class Arena:
     def ranges(self, starts, lengths) -> np.ndarray:
         """`ranges(starts, lengths)` written into the arena."""
         lengths = np.asarray(lengths, dtype=np.int64)
-        return ranges_into(self.take(int(lengths.sum())), starts, lengths)
+        if not len(lengths):
+            return self.take(0)
+        offsets = lengths.cumsum()  # one pass gives the total and each run's first slot
+        out = self.take(int(offsets[-1]))
+        offsets -= lengths
+        np.add((np.asarray(starts, dtype=np.int64) - offsets).repeat(lengths), counting(len(out)), out=out)
+        return out
 
     def boundaries(self, lengths, dtype=np.int32) -> np.ndarray:
         """`boundaries(lengths)` written into the arena (int32, the varlen kernels' dtype)."""
-        return self.put(boundaries(lengths), dtype)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        out = self.take(len(lengths) + 1, dtype)
+        out[0] = 0
+        lengths.cumsum(out=out[1:])  # int32 boundaries of int64 lengths: they are row counts
+        return out
 
     def slot_of(self, array: np.ndarray) -> int | None:
         """First slot of a contiguous view into the buffer, or None when the array lives elsewhere."""

@@ -401,10 +401,12 @@ def test_batched_common_prefixes_equal_the_pairwise_ones(monkeypatch, with_posit
     assert batched.tolist() == grouping._common_prefixes(ids, positions, cu, first, second).tolist()
 
 
+@pytest.mark.parametrize("padded", [False, True], ids=["plain", "padded"])
 @pytest.mark.parametrize("tree", [False, True])
-def test_every_index_array_of_a_plan_goes_up_in_one_copy_of_the_arena(monkeypatch, tree):
+def test_every_index_array_of_a_plan_goes_up_in_one_copy_of_the_arena(monkeypatch, tree, padded):
     """Every device tensor of the plan is a view of one buffer (one host-to-device copy), and that
-    buffer is the arena the builders wrote into (no packing copy on the host)."""
+    buffer is the arena the builders wrote into (no packing copy on the host); a plan padded to bucket
+    counts too (its padded arrays are built in the arena, not packed beside it)."""
     real = plan_module._upload
     monkeypatch.setattr(plan_module, "_upload", lambda host, device, arena=None: real(host, device, pack=True, arena=arena))
     rng = random.Random(4)
@@ -416,10 +418,11 @@ def test_every_index_array_of_a_plan_goes_up_in_one_copy_of_the_arena(monkeypatc
     seqs.append([rng.randrange(1, 1000) for _ in range(20)])
     ids, cu = pack(seqs)
     positions = torch.cat([torch.arange(len(s)) for s in seqs]).expand(3, -1).reshape(3, 1, -1) + 1
-    plan = build_plan(ids, cu, positions, max_depth=4 if tree else 1, level_cost=0)
-    assert plan.depth == (2 if tree else 1)
+    plan = build_plan(ids, cu, positions, max_depth=4 if tree else 1, level_cost=0, pad_to_bucket=padded)
+    assert plan.depth == (2 if tree else 1) and (plan.bucket is not None) == padded
     tensors = [plan.compact_src, plan.expand_index, plan.position_ids, plan.cu_seqlens, plan.gdn.out_index, plan.gdn.src]
     tensors += [t for r in plan.gdn.rounds if r is not None for t in (r.src, r.cu_seqlens, r.chunk_indices)]
-    tensors += [plan.conv.src, plan.conv.state_rows, plan.attention.kv_src, plan.lm.rows, plan.lm.inverse]
+    tensors += [plan.conv.segment_cu, plan.conv.segment_chunks, plan.conv.state_rows, plan.attention.kv_src]
+    tensors += [plan.lm.rows, plan.lm.inverse] + ([plan.conv.extra_src] if padded else [plan.conv.src])
     assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1
-    assert plan.compact_src.data_ptr() == plan.layout.compact_src.ctypes.data
+    assert plan.expand_index.data_ptr() == plan.layout.expand_index.ctypes.data
