@@ -15,6 +15,8 @@ twice is safe; the kept plans hold their device indices (a few MB each at 64k to
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import torch
 
@@ -30,25 +32,29 @@ class PlanReuse:
         self.entries: list[tuple[tuple, tuple, object]] = []
         self.hits = 0
         self.misses = 0
+        self._lock = threading.Lock()  # one table for the process: models may run in several threads
 
     def find(self, knobs: tuple, arrays: tuple) -> tuple[bool, object]:
         """(True, the kept plan, None included) for a batch equal in every array and knob, else (False, None)."""
-        for i, (kept_knobs, kept_arrays, plan) in enumerate(self.entries):
-            if kept_knobs == knobs and _same(kept_arrays, arrays):
-                self.entries.insert(0, self.entries.pop(i))
-                self.hits += 1
-                return True, plan
-        self.misses += 1
-        return False, None
+        with self._lock:
+            for i, (kept_knobs, kept_arrays, plan) in enumerate(self.entries):
+                if kept_knobs == knobs and _same(kept_arrays, arrays):
+                    self.entries.insert(0, self.entries.pop(i))
+                    self.hits += 1
+                    return True, plan
+            self.misses += 1
+            return False, None
 
     def keep(self, knobs: tuple, arrays: tuple, plan) -> None:
         # copies: on the CPU the host arrays are views of the caller's tensors, which may be refilled later
         owned = tuple(None if a is None else np.array(a, copy=True) for a in arrays)
-        self.entries.insert(0, (knobs, owned, plan))
-        del self.entries[self.size :]
+        with self._lock:
+            self.entries.insert(0, (knobs, owned, plan))
+            del self.entries[self.size :]
 
     def clear(self) -> None:
-        self.entries.clear()
+        with self._lock:
+            self.entries.clear()
 
 
 def _same(kept: tuple, arrays: tuple) -> bool:

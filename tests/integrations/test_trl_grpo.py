@@ -72,15 +72,19 @@ def test_losses_rewards_grad_norms_and_weights_equal_stock_grpo(tmp_path):
 
 def test_old_log_prob_pass_is_packed_and_shared(tmp_path):
     """num_iterations=2: TRL scores the old policy once per generation batch and reuses the batch."""
+    from patchgen.kernels.shared_prefix.plan_reuse import PLANS
     from trl import GRPOTrainer
 
     from patchgen.integrations.trl import SharedPrefixGRPOTrainer
 
     extra = dict(num_iterations=2)
     stock = _train(GRPOTrainer, False, tmp_path / "stock", **extra)
+    hits = PLANS.hits
     ours = _train(SharedPrefixGRPOTrainer, True, tmp_path / "ours", **extra)
     _assert_same_run(stock, ours)
     assert ours[0].packed_tokens["old"] > 0
+    # the second iteration trains on the buffered micro-batches again: their plans are handed out again
+    assert PLANS.hits - hits >= 2
 
 
 def test_reference_pass_is_a_patchgen_copy_and_shared(tmp_path):
