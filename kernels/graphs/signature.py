@@ -189,10 +189,10 @@ def module_state(modules, hooked: list | None = None) -> tuple:
             if tensor is not None:
                 append((tensor.data_ptr(), tensor.shape, tensor.dtype, tensor.requires_grad))
         if check and (
-            values["_forward_hooks"]
-            or values["_forward_pre_hooks"]
-            or values["_backward_hooks"]
-            or values["_backward_pre_hooks"]
+            values.get("_forward_hooks")
+            or values.get("_forward_pre_hooks")
+            or values.get("_backward_hooks")
+            or values.get("_backward_pre_hooks")
             or "_hf_hook" in values
         ):
             hooked.append(module)

@@ -127,11 +127,10 @@ FIX = "set shared_prefix_cuda_graphs=False (or PATCHGEN_SHARED_PREFIX_CUDA_GRAPH
 
 
 def _refuse(text_model, graphs: LayerGraphs, hidden, kwargs, training: bool) -> None:
-    fix = FIX
     if graphs.replay is CudaGraphReplay and hidden.device.type != "cuda":
         raise CudaGraphsUnavailable(
             f"shared_prefix_cuda_graphs is on, but the model runs on {hidden.device} ({hidden.device.type}): CUDA "
-            f"graphs need a CUDA device; {fix} on this device"
+            f"graphs need a CUDA device; {FIX} on this device"
         )
     checkpointed = [i for i, layer in enumerate(text_model.layers) if getattr(layer, "gradient_checkpointing", False)]
     if training and text_model.training and (checkpointed or getattr(text_model, "gradient_checkpointing", False)):
@@ -139,15 +138,17 @@ def _refuse(text_model, graphs: LayerGraphs, hidden, kwargs, training: bool) -> 
             "shared_prefix_cuda_graphs is on together with activation checkpointing (layers "
             f"{checkpointed[:4]}{'...' if len(checkpointed) > 4 else ''}): the graphs keep the whole stack's "
             "activations in their memory pool, so a recompute would save no memory and cost time. Turn one off: "
-            f"model.gradient_checkpointing_disable() (or TrainingArguments(gradient_checkpointing=False)), or {fix}"
+            f"model.gradient_checkpointing_disable() (or TrainingArguments(gradient_checkpointing=False)), or {FIX}"
         )
     asked = _asked_outputs(text_model, kwargs)
     if asked:
         raise CudaGraphsUnavailable(
             f"shared_prefix_cuda_graphs is on and this forward asks for {', '.join(asked)}: per-layer outputs are "
             "recorded by hooks, which do not run when a graph replays (an MoE model's router logits for the "
-            f"load-balancing loss among them). Do not ask for them in training steps, or {fix}"
+            f"load-balancing loss among them). Do not ask for them in training steps, or {FIX}"
         )
+
+
 def _refuse_hooks(layers, candidates: list) -> None:
     """Refuse a stack with hooks a replay would skip. `candidates` are the modules the key's walk found holding
     any hook (`signature.module_state`): the stack is walked again, for the names, only when there are some."""
