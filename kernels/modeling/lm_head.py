@@ -160,7 +160,11 @@ def causal_lm_head(
     targets = _targets(labels, kwargs.get("shift_labels"), input_ids, cu, logits_to_keep, want_values, batch, length)
     # Scoring logits / t is scoring the hidden rows / t: the head is a bias-free linear map.
     scale = None if request.temperature == 1.0 else 1.0 / request.temperature
-    scored = targets is not None and (labels is not None or kwargs.get("shift_labels") is not None or want_values)
+    labelled = labels is not None or kwargs.get("shift_labels") is not None
+    scored = targets is not None and (labelled or want_values)
+    # targets read off input_ids ignore only each sequence's last position: counting the rest to skip those few
+    # rows would cost a host sync after the layers, with the device idle while the head is launched
+    skip = request.skips_unlabelled_rows and (labelled or request.entropy)
     # Entropy is asked per call (RL trainers want it on some passes only): a backend without it
     # (liger's fused head) hands those calls to the first backend of the device's order that has it.
     cross_entropy = table.serving("cross_entropy", ENTROPY) if request.entropy else table.cross_entropy
@@ -176,7 +180,7 @@ def causal_lm_head(
             return HeadOutputs(logits, None, None, None)
         flat = hidden_states.reshape(-1, hidden_states.shape[-1])
         nll, entropy = _score_rows(
-            cross_entropy, _rows_of(flat, None), weight, targets.reshape(-1).to(hidden_states.device), scale, request
+            cross_entropy, _rows_of(flat, None), weight, targets.reshape(-1).to(hidden_states.device), scale, request, skip
         )
         nll = nll.view(targets.shape)
         entropy = entropy.view(targets.shape) if entropy is not None else None
@@ -188,7 +192,7 @@ def causal_lm_head(
         # reshape, not [0]: a view whose backward is a view (select's backward writes a zero-filled copy)
         flat = hidden_states.reshape(-1, hidden_states.shape[-1])
         nll_rows, entropy_rows = _score_rows(
-            cross_entropy, _rows_of(flat, rows.rows), weight, rows.labels, scale, request
+            cross_entropy, _rows_of(flat, rows.rows), weight, rows.labels, scale, request, skip
         )
         # A position whose own label is ignored scores nothing, even if its shared entry was scored
         # for another member of the group.
@@ -220,19 +224,19 @@ def _rows_of(flat: torch.Tensor, entries: torch.Tensor | None):
     return rows
 
 
-def _score_rows(cross_entropy, rows, weight, labels, scale, request: HeadRequest):
+def _score_rows(cross_entropy, rows, weight, labels, scale, request: HeadRequest, skip: bool):
     """``(nll [N], entropy [N] or None)`` of the hidden rows ``rows(keep)`` (see ``_rows_of``) against
     ``labels``, through the slot.
 
     The head's cost is per row (a ``[rows, vocab]`` product), and RL and SFT rows are mostly prompt,
     whose labels are ignored: when nothing is owed to those rows they are left out, at the price of
-    one sync to count the rest. Their nll is 0 either way; their entropy, when asked for with
+    one sync to count the rest (``skip``). Their nll is 0 either way; their entropy, when asked for with
     ``labelled_only``, is 0 by that request's contract.
     """
     scored = (lambda r, y: cross_entropy(
         r if scale is None else r * scale, weight, y, ignore_index=IGNORE_INDEX, return_entropy=request.entropy
     ))
-    if request.skips_unlabelled_rows:
+    if skip:
         keep = (labels != IGNORE_INDEX).nonzero().squeeze(1)
         if 0 < keep.numel() < labels.numel():
             nll, entropy = scored(rows(keep), labels.index_select(0, keep))

@@ -56,5 +56,48 @@ def test_shared_head_gathers_the_scored_rows_once(prompt_labels):
     entries = plan.lm_rows(next_token_labels(ids if labels is None else labels, cu, -100))
     scored = int((entries.labels != -100).sum())
     assert scored < entries.length  # some deduplicated rows are owed nothing (each sequence's last token)
-    # one gather of exactly the rows scored: not every deduplicated row, then the labelled ones again
-    assert rows == [scored]
+    if prompt_labels:
+        # targets read off the ids ignore only each sequence's last token: every row in one gather, no count
+        assert rows == [entries.length]
+    else:
+        # one gather of exactly the rows scored: not every deduplicated row, then the labelled ones again
+        assert rows == [scored]
+
+
+class Counts(TorchDispatchMode):
+    """Counts `nonzero` (a host sync: its output's size is read back)."""
+
+    def __init__(self):
+        super().__init__()
+        self.nonzero = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.nonzero += func.overloadpacket is torch.ops.aten.nonzero
+        return func(*args, **(kwargs or {}))
+
+
+def _nonzero_calls(net, ids, cu, labels, never_skip=False):
+    """`nonzero` calls of one log-prob pass; `never_skip`: with the head's row count turned off (what the rest
+    of the forward, its plan and its boundaries, counts on its own)."""
+    from patchgen.kernels.modeling import lm_head
+
+    counts, real = Counts(), lm_head._score_rows
+    if never_skip:
+        lm_head._score_rows = lambda *args: real(*args[:-1], False)
+    try:
+        with torch.no_grad(), counts:
+            net(input_ids=ids, labels=labels, return_log_probs=True, return_logits=False, **tiny.packed_kwargs(cu))
+    finally:
+        lm_head._score_rows = real
+    return counts.nonzero
+
+
+@pytest.mark.parametrize("flag", [False, True], ids=["packed", "shared"])
+def test_a_log_prob_pass_without_labels_does_not_count_its_rows_on_the_host(flag):
+    """After the layers, a count of the labelled rows waits for the device, which then idles while the head is
+    launched: worth it when labels mask the prompts (most rows skipped), not for the few sequence ends of ids."""
+    ids, cu, prompt = tiny.grpo_batch(GROUPS, SINGLES, seed=7)
+    net = tiny.build("qwen3_5", "gpu", shared_prefix_training=flag)
+    for labels, head_counts in ((None, 0), (ids.masked_fill(prompt, -100), 1)):
+        own = _nonzero_calls(net, ids, cu, labels) - _nonzero_calls(net, ids, cu, labels, never_skip=True)
+        assert own == head_counts, "labels" if labels is not None else "ids"
