@@ -182,7 +182,9 @@ def causal_lm_head(
         nll, entropy = _score_rows(
             cross_entropy, _rows_of(flat, None), weight, targets.reshape(-1).to(hidden_states.device), scale, request, skip
         )
-        nll = nll.view(targets.shape)
+        # an ignored position scores nothing whatever the backend returns for it (rows are no longer always
+        # skipped: see `skip`)
+        nll = nll.view(targets.shape).masked_fill(targets.to(nll.device) == IGNORE_INDEX, 0.0)
         entropy = entropy.view(targets.shape) if entropy is not None else None
     else:
         logits = plan.expand(lm_head(hidden_states), dim=1) if request.logits else None
