@@ -84,12 +84,15 @@ def build_or_reuse(reuse: PlanReuse | None, input_ids, cu_seqlens, position_ids=
     device = input_ids.device
     deep = knobs.get("max_depth", 1) > 1
     cost = resolve_level_cost(device, knobs.get("level_cost")).rows if deep else None
-    key = (device, None if position_ids is None else tuple(position_ids.shape), tuple(sorted(knobs.items())), cost)
+    # the compact positions keep the dtype of the batch's: equal values of another dtype are another plan
+    shape = None if position_ids is None else (tuple(position_ids.shape), position_ids.dtype)
+    key = (device, shape, tuple(sorted(knobs.items())), cost)
     arrays = (bounds, ids, pos)
     found, plan = reuse.find(key, arrays)
     if found:
         return plan
-    host_positions = None if pos is None else torch.from_numpy(pos).reshape(position_ids.shape)
+    # the host copy is int64; the plan's compact positions take the batch's own dtype, as a direct build's do
+    host_positions = None if pos is None else torch.from_numpy(pos).reshape(position_ids.shape).to(position_ids.dtype)
     plan = build(torch.from_numpy(ids).reshape(1, -1), torch.from_numpy(bounds), host_positions, device=device, **knobs)
     reuse.keep(key, arrays, plan)
     return plan

@@ -8,6 +8,7 @@ import pytest
 import torch
 from patchgen.kernels.shared_prefix import build_plan
 from patchgen.kernels.shared_prefix.plan_reuse import PlanReuse, build_or_reuse
+from patchgen.kernels.shared_prefix.positions import positions_from_cu_seqlens
 
 from tests.models import tiny
 
@@ -19,12 +20,19 @@ def _batch(seed=3):
     return ids, cu
 
 
-def _fields(plan):
-    out = {}
-    for f in dataclasses.fields(plan):
-        value = getattr(plan, f.name)
-        out[f.name] = value.tolist() if isinstance(value, torch.Tensor) else repr(value)
-    return out
+def _fields(value):
+    """A plan as plain values, every nested index tensor as its dtype and list (a repr would elide long ones)."""
+    if isinstance(value, torch.Tensor):
+        return (str(value.dtype), value.tolist())
+    if isinstance(value, np.ndarray):
+        return (str(value.dtype), value.tolist())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _fields(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_fields(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _fields(v) for k, v in value.items()}
+    return value if isinstance(value, (int, float, bool, str, type(None))) else repr(value)
 
 
 def test_the_same_batch_gets_the_same_plan_and_it_equals_a_fresh_build():
@@ -34,6 +42,15 @@ def test_the_same_batch_gets_the_same_plan_and_it_equals_a_fresh_build():
     again = build_or_reuse(reuse, ids.clone(), cu.clone(), None, **KNOBS)  # new tensors, same values
     assert again is first and (reuse.hits, reuse.misses) == (1, 1)
     assert _fields(first) == _fields(build_plan(ids, cu, None, **KNOBS))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_a_plan_built_from_the_host_copy_equals_a_direct_build_with_positions(dtype):
+    ids, cu = _batch()
+    positions = positions_from_cu_seqlens(cu, ids.shape[1]).to(dtype)
+    reused = build_or_reuse(PlanReuse(), ids, cu, positions, **KNOBS)
+    assert _fields(reused) == _fields(build_plan(ids, cu, positions, **KNOBS))
+    assert reused.position_ids.dtype == dtype
 
 
 def test_a_batch_refilled_in_place_builds_anew():
@@ -53,9 +70,11 @@ def test_other_boundaries_or_positions_build_anew():
     moved = cu.clone()
     moved[-2] += 1
     build_or_reuse(reuse, ids, moved, None, **KNOBS)
-    positions = torch.arange(ids.shape[1]).reshape(1, -1)
+    positions = positions_from_cu_seqlens(cu, ids.shape[1])
     build_or_reuse(reuse, ids, cu, positions, **KNOBS)
-    assert (reuse.hits, reuse.misses) == (0, 3)
+    narrow = build_or_reuse(reuse, ids, cu, positions.int(), **KNOBS)  # equal values, another dtype
+    assert (reuse.hits, reuse.misses) == (0, 4)
+    assert narrow.position_ids.dtype == torch.int32
 
 
 @pytest.mark.parametrize(
