@@ -1,7 +1,6 @@
 """Plan reuse (`shared_prefix/plan_reuse.py`): a micro-batch equal by value to a recent one gets its plan again;
 anything else (a token refilled in place, another knob, another level cost) builds anew."""
 
-import dataclasses
 
 import numpy as np
 import pytest
@@ -11,6 +10,7 @@ from patchgen.kernels.shared_prefix.plan_reuse import PlanReuse, build_or_reuse
 from patchgen.kernels.shared_prefix.positions import positions_from_cu_seqlens
 
 from tests.models import tiny
+from tests.shared_prefix.plan_differences import differences
 
 KNOBS = dict(conv_kernel_size=4, min_prefix=64, max_depth=4, level_cost=None, chunk_aligned=False, pad_to_bucket=False, held_buckets=())
 
@@ -20,28 +20,13 @@ def _batch(seed=3):
     return ids, cu
 
 
-def _fields(value):
-    """A plan as plain values, every nested index tensor as its dtype and list (a repr would elide long ones)."""
-    if isinstance(value, torch.Tensor):
-        return (str(value.dtype), value.tolist())
-    if isinstance(value, np.ndarray):
-        return (str(value.dtype), value.tolist())
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _fields(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, (list, tuple)):
-        return [_fields(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _fields(v) for k, v in value.items()}
-    return value if isinstance(value, (int, float, bool, str, type(None))) else repr(value)
-
-
 def test_the_same_batch_gets_the_same_plan_and_it_equals_a_fresh_build():
     reuse = PlanReuse()
     ids, cu = _batch()
     first = build_or_reuse(reuse, ids, cu, None, **KNOBS)
     again = build_or_reuse(reuse, ids.clone(), cu.clone(), None, **KNOBS)  # new tensors, same values
     assert again is first and (reuse.hits, reuse.misses) == (1, 1)
-    assert _fields(first) == _fields(build_plan(ids, cu, None, **KNOBS))
+    assert not differences(first, build_plan(ids, cu, None, **KNOBS))
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
@@ -49,7 +34,7 @@ def test_a_plan_built_from_the_host_copy_equals_a_direct_build_with_positions(dt
     ids, cu = _batch()
     positions = positions_from_cu_seqlens(cu, ids.shape[1]).to(dtype)
     reused = build_or_reuse(PlanReuse(), ids, cu, positions, **KNOBS)
-    assert _fields(reused) == _fields(build_plan(ids, cu, positions, **KNOBS))
+    assert not differences(reused, build_plan(ids, cu, positions, **KNOBS))
     assert reused.position_ids.dtype == dtype
 
 
@@ -60,7 +45,7 @@ def test_a_batch_refilled_in_place_builds_anew():
     ids[0, 40] = (ids[0, 40] + 1) % tiny.VOCAB  # inside the first prompt: the same object, another batch
     second = build_or_reuse(reuse, ids, cu, None, **KNOBS)
     assert second is not first and reuse.misses == 2
-    assert _fields(second) == _fields(build_plan(ids, cu, None, **KNOBS))
+    assert not differences(second, build_plan(ids, cu, None, **KNOBS))
 
 
 def test_other_boundaries_or_positions_build_anew():
