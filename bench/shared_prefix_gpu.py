@@ -136,6 +136,10 @@ def run_arm(model, arm, row, inputs, args, device, timer, cost_us):
             (m.median, m.low, m.high) if m else (nan,) * 3
         )
         row[f"{key}_peak_gib"], row[f"{key}_step_gib"] = (m.peak_gib, m.step_gib) if m else (nan, nan)
+        # the step's own memory: what it holds at its peak beyond the weights and its gradients (activations,
+        # workspaces, the plan); weights and gradients are the same in every arm
+        row[f"{key}_grads_gib"] = m.grads_gib if m else nan
+        row[f"{key}_activation_gib"] = m.step_gib - m.grads_gib if m else nan
         row[f"{key}_repeats"] = m.count if m else 0
     if flag is not None:
         model.config.shared_prefix_training = False
@@ -197,7 +201,8 @@ def speed(model, shapes, rows, args, device, timer, vocab, cost_us, save):
             f"logprob {get('packed_logprob_ms'):.0f} -> {get('shared_logprob_ms'):.0f} ms (eff "
             f"{get('efficiency_logprob'):.2f}), host/GPU ms packed {get('packed_host_ms'):.0f}/{get('packed_gpu_ms'):.0f}"
             f" shared {get('shared_host_ms'):.0f}/{get('shared_gpu_ms'):.0f}, peak {get('packed_train_peak_gib'):.1f} -> "
-            f"{get('shared_train_peak_gib'):.1f} GiB, loss/log-probs bit-equal {row['loss_bitequal']}/"
+            f"{get('shared_train_peak_gib'):.1f} GiB (activations {get('packed_train_activation_gib'):.2f} -> "
+            f"{get('shared_train_activation_gib'):.2f} GiB, gradients {get('shared_train_grads_gib'):.2f}), loss/log-probs bit-equal {row['loss_bitequal']}/"
             f"{row['logprobs_bitequal']}, syncs {row.get('syncs_packed_train')}/{row.get('syncs_shared_train')}",
             flush=True,
         )

@@ -27,6 +27,10 @@ def ratios(row):
     if "shared_train_peak_gib" in row and "packed_train_peak_gib" in row:
         row["memory_ratio_train"] = row["shared_train_peak_gib"] / row["packed_train_peak_gib"]
         row["step_memory_ratio_train"] = row["shared_train_step_gib"] / row["packed_train_step_gib"]
+    if "shared_train_activation_gib" in row and "packed_train_activation_gib" in row:
+        # weights and gradients are the same in both arms and set a floor under the total peak; the activations
+        # (and workspaces) are what prefix sharing can cut
+        row["activation_memory_ratio_train"] = row["shared_train_activation_gib"] / row["packed_train_activation_gib"]
 
 
 def write(rows, path: Path):

@@ -75,6 +75,7 @@ class Measurement:
     high: float
     peak_gib: float  # max_memory_allocated over the timed calls (weights and gradients included)
     step_gib: float  # the same above what was allocated when the timed calls began
+    grads_gib: float  # the gradients the last call left (a training step's; 0 for a no-grad pass)
     count: int
     syncs: int  # host syncs in the first timed call (torch's sync debug mode; -1 off CUDA)
     result: object  # what the last call returned (a loss, log-probs)
@@ -106,6 +107,7 @@ def measure(model, fn, args, timer, repeats: Repeats, device) -> Measurement:
         ms, result = timer(lambda: fn(model, *args))
         times.append(ms)
     peak = torch.cuda.max_memory_allocated() if cuda else float("nan")
+    grads = gradient_bytes(model)
     model.zero_grad(set_to_none=True)
     return Measurement(
         statistics.median(times),
@@ -113,10 +115,27 @@ def measure(model, fn, args, timer, repeats: Repeats, device) -> Measurement:
         max(times),
         peak / GIB,
         (peak - resident) / GIB if cuda else float("nan"),
+        grads / GIB,
         len(times),
         syncs[0],
         result,
     )
+
+
+def gradient_bytes(model) -> int:
+    """Bytes of the gradients the model holds (distinct storages once: tied weights share one)."""
+    seen = {}
+    for p in model.parameters():
+        if p.grad is not None:
+            seen[p.grad.untyped_storage().data_ptr()] = p.grad.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+def is_sync(message) -> bool:
+    """A sync debug mode warning about a sync, not its one-time notice that the mode is a prototype (whose text
+    says "synchronizing" too)."""
+    text = str(message)
+    return "synchroniz" in text and "prototype" not in text
 
 
 @contextlib.contextmanager
@@ -133,7 +152,28 @@ def counting_syncs(device):
             yield counter
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    counter[0] = sum("synchroniz" in str(w.message) for w in caught)
+    counter[0] = sum(is_sync(w.message) for w in caught)
+
+
+@contextlib.contextmanager
+def sync_sites(where):
+    """Each host sync torch reports inside the block (CUDA's sync debug mode), as `where()` names it: called
+    in the frame that synced, so it can read the Python stack. Yields the list it fills."""
+    found = []
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if is_sync(message):
+            found.append(where())
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield found
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
 
 
 def count_syncs(model, fn, ids, cu, max_len, device) -> int:

@@ -128,7 +128,8 @@ def test_merge_takes_each_column_once_per_depth_and_recomputes_the_ratios(tmp_pa
     shared_prefix_gpu.write([{"layers": 32, **shape, "packed_train_ms": 100.0, "shared_train_ms": 50.0,
                               "packed_logprob_ms": 30.0, "shared_logprob_ms": 15.0, "packed_train_peak_gib": 10.0,
                               "shared_train_peak_gib": 6.0, "packed_train_step_gib": 4.0,
-                              "shared_train_step_gib": 1.0}], ours)
+                              "shared_train_step_gib": 1.0, "packed_train_activation_gib": 3.0,
+                              "shared_train_activation_gib": 0.5}], ours)
     shared_prefix_gpu.write([{"layers": 32, **shape, "upstream_liger_train_ms": 150.0,
                               "upstream_liger_logprob_ms": 60.0}], upstream)
     shared_prefix_gpu.write([{**shape, "packed_train_ms": 80.0, "shared_train_ms": 80.0}], old)  # before `layers`
@@ -139,6 +140,7 @@ def test_merge_takes_each_column_once_per_depth_and_recomputes_the_ratios(tmp_pa
     assert thirty_two["packed_vs_upstream_liger_train"] == pytest.approx(1.5)
     assert thirty_two["packed_vs_upstream_liger_logprob"] == pytest.approx(2.0)
     assert thirty_two["memory_ratio_train"] == pytest.approx(0.6)
+    assert thirty_two["activation_memory_ratio_train"] == pytest.approx(0.5 / 3.0)
 
 
 def event(name, start_us, duration_us, host=True, kind=""):
@@ -237,3 +239,21 @@ def test_grpo_trl_bench_runs_the_three_arms_on_one_micro_batch(tmp_path, monkeyp
         # float32: TRL's fused head (stock) and ours sum in different orders
         assert float(rows[arm]["loss"]) == pytest.approx(float(rows["stock"]["loss"]), abs=1e-5)
         assert float(rows[arm]["logp_diff"]) < 1e-4
+
+
+def test_gradient_bytes_count_each_gradient_storage_once():
+    tied = torch.nn.Linear(4, 3, bias=True)
+    model = torch.nn.ModuleDict({"a": tied, "b": torch.nn.Linear(4, 3, bias=False)})
+    model["b"].weight = tied.weight  # tied: one parameter, one gradient
+    assert shared_prefix_timing.gradient_bytes(model) == 0
+    model["a"](torch.ones(2, 4)).sum().backward()
+    assert shared_prefix_timing.gradient_bytes(model) == (4 * 3 + 3) * 4
+    model["b"].weight.grad = None
+    assert shared_prefix_timing.gradient_bytes(model) == 3 * 4
+
+
+def test_the_sync_debug_modes_prototype_notice_is_not_a_sync():
+    notice = ("Synchronization debug mode is a prototype feature and does not yet detect all synchronizing "
+              "operations (Triggered internally at /pytorch/torch/csrc/cuda/Module.cpp:1003.)")
+    assert not shared_prefix_timing.is_sync(notice)
+    assert shared_prefix_timing.is_sync("called a synchronizing CUDA operation")
