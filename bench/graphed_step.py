@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from shared_prefix_arms import TINY, WIDTHS, checkpointed, our_model
 from shared_prefix_gpu import depths, names, set_tree
 from shared_prefix_shapes import TINY_SHAPES, parse_shapes, shape_batch
-from shared_prefix_timing import GIB, Repeats, Timer, measure, profiler_cost_us, split_step
+from shared_prefix_timing import GIB, Repeats, Timer, measure, profiler_cost_us, split_step, sync_sites
 from static_stack import (
     LayerStack,
     grads_of,
@@ -143,27 +143,15 @@ def stack_host_syncs(model, batch, device) -> str:
     hidden = sample_hidden(model, batch)
     if device.type == "cuda":
         import collections
-        import warnings
 
-        sites = collections.Counter()
-
-        def record(message, category, filename, lineno, file=None, line=None):
-            if "synchroniz" in str(message):
-                sites[caller_outside_torch()] += 1
-
-        torch.cuda.synchronize()
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            warnings.showwarning = record
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
+        try:
+            with sync_sites(caller_outside_torch) as found:
                 out = stack(hidden, batch.cos, batch.sin)
                 out.backward(torch.ones_like(out))
-                torch.cuda.set_sync_debug_mode("default")
-                torch.cuda.synchronize()
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-                model.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()  # outside the count: the backward's replayed warnings are in by now
+        finally:
+            model.zero_grad(set_to_none=True)
+        sites = collections.Counter(found)
         return "; ".join(f"{n}x at {site}" for site, n in sites.most_common()) or "none"
     from host_ops import HostReads
 

@@ -8,6 +8,9 @@ BOTTOM_RIGHT_CAUSAL = "bottom_right_causal"  # causal mask aligned bottom-right 
 GQA = "gqa"  # grouped query / value heads without materialised repeats
 NEEDS_GPU = "needs_gpu"
 ENTROPY = "entropy"  # cross_entropy: also returns the per-token entropy (return_entropy=True)
+# cross_entropy: reads nothing back to the host, so a loop of scoring calls queues the next call while the device
+# runs this one (liger's fused head counts its valid targets on the host first)
+SYNC_FREE = "sync_free"
 FLOAT64 = "float64"  # computes in float64 when given float64 (the references; used by the tests)
 
 # The floating dtypes a backend computes in, by torch name. A handle serves these unless it declares
@@ -26,6 +29,7 @@ ALL = frozenset(
         GQA,
         NEEDS_GPU,
         ENTROPY,
+        SYNC_FREE,
         FLOAT64,
     }
 )

@@ -67,7 +67,7 @@ AUTO_ORDER: dict[str, dict[str, tuple[str, ...]]] = {
             "sdpa",
             "eager",
         ),
-        "cross_entropy": ("liger", "chunked", "eager"),
+        "cross_entropy": ("liger", "triton", "chunked", "eager"),
         "moe_experts": ("grouped_mm", "eager"),
     },
     "npu": {
@@ -192,6 +192,11 @@ class OpTable:
                 found = self.by_capability.get((slot, capability)) or self._resolve_capability(slot, capability)
                 self.by_capability[(slot, capability)] = found
         return found[1]
+
+    def serving_choice(self, slot: str, capability: str) -> Choice:
+        """The backend `serving(slot, capability)` calls (resolved on first ask, as there)."""
+        self.serving(slot, capability)
+        return self.by_capability[(slot, capability)][0]
 
     def _capable(self, slot: str, extra: frozenset[str]) -> Choice:
         primary = self.choices[slot]

@@ -112,7 +112,7 @@ from transformers.models.auto import AutoModel
 from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeConfig, Qwen3_5MoeTextConfig, Qwen3_5MoeVisionConfig
 
 from patchgen.kernels import ops
-from patchgen.kernels.modeling import fields, layer_graphs, shared_prefix, verify
+from patchgen.kernels.modeling import fields, host_rows, layer_graphs, shared_prefix, verify
 from patchgen.kernels.modeling.boundaries import resolve_packed
 from patchgen.kernels.modeling.generation import routed_tokens_mask, slot_rows, starts_from_zero_state, use_cache_for
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
@@ -2042,22 +2042,26 @@ class Qwen3_5MoeForCausalLM(Qwen3_5MoePreTrainedModel, GenerationMixin):
         auxiliary loss over the packed tokens). `return_log_probs=True` and `return_entropy=True` add
         per-token `log_probs` and `entropy` (`[1, T]`); `return_logits=False` skips the logits.
         """
+        # a packed row handed over on the host is uploaded here; the plan reads the host copy (no sync)
+        input_ids, position_ids, attention_mask, labels, kwargs, uploaded = host_rows.upload(
+            self, input_ids, position_ids, attention_mask, labels, kwargs
+        )
         if verify.due(self, input_ids, position_ids, cache, use_cache, kwargs):
             # First use (or a longer row than verified): run shared and packed, compare, keep the checked result.
             return verify.run(self, dict(
                 input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
                 inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache, output_router_logits=output_router_logits, logits_to_keep=logits_to_keep, **kwargs,
             ))
-        request = HeadRequest.pop(kwargs)
+        request = HeadRequest.pop(kwargs, uploaded)
         output_router_logits = (
             output_router_logits if output_router_logits is not None else self.config.output_router_logits
         )
         kwargs = resolve_packed(
-            kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache, attention_mask=attention_mask
+            kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache, attention_mask=attention_mask, uploaded=uploaded
         )
         position_ids = shared_prefix.packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs)
         plan = None if not verify.sharing_allowed(self) else shared_prefix.plan_for(
-            self.config, ops.of(self), input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=use_cache, kwargs=kwargs
+            self.config, ops.of(self), input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=use_cache, kwargs=kwargs, uploaded=uploaded
         )
         model_kwargs = kwargs if plan is None else {**kwargs, "shared_prefix": plan}
         outputs: MoeModelOutputWithPast = self.model(
@@ -2188,6 +2192,10 @@ class Qwen3_5MoeForConditionalGeneration(Qwen3_5MoePreTrainedModel, GenerationMi
         As upstream, plus packed rows and shared-prefix training (text only: with media the ordinary
         path runs); `return_log_probs`, `return_entropy` and `return_logits` as in ForCausalLM.
         """
+        # a packed row handed over on the host is uploaded here; the plan reads the host copy (no sync)
+        input_ids, position_ids, attention_mask, labels, kwargs, uploaded = host_rows.upload(
+            self, input_ids, position_ids, attention_mask, labels, kwargs
+        )
         if verify.due(self, input_ids, position_ids, cache, kwargs.get("use_cache"), kwargs, pixel_values, pixel_values_videos):
             # First use (or a longer row than verified): run shared and packed, compare, keep the checked result.
             return verify.run(self, dict(
@@ -2196,14 +2204,14 @@ class Qwen3_5MoeForConditionalGeneration(Qwen3_5MoePreTrainedModel, GenerationMi
                 mm_token_type_ids=mm_token_type_ids, output_router_logits=output_router_logits, logits_to_keep=logits_to_keep,
                 mm_encoder_outputs=mm_encoder_outputs, **kwargs,
             ))
-        request = HeadRequest.pop(kwargs)
+        request = HeadRequest.pop(kwargs, uploaded)
         output_router_logits = (
             output_router_logits if output_router_logits is not None else self.config.text_config.output_router_logits
         )
         kwargs["use_cache"] = use_cache_for(kwargs.get("use_cache"), cache, self.config, self)
         if pixel_values is None and pixel_values_videos is None:
             kwargs = resolve_packed(
-                kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache, attention_mask=attention_mask
+                kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache, attention_mask=attention_mask, uploaded=uploaded
             )
             position_ids = shared_prefix.packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs)
         plan = None if not verify.sharing_allowed(self) else shared_prefix.plan_for(
@@ -2216,6 +2224,7 @@ class Qwen3_5MoeForConditionalGeneration(Qwen3_5MoePreTrainedModel, GenerationMi
             kwargs=kwargs,
             pixel_values=pixel_values,
             pixel_values_videos=pixel_values_videos,
+            uploaded=uploaded,
         )
         model_kwargs = kwargs if plan is None else {**kwargs, "shared_prefix": plan, "use_cache": False}
 

@@ -30,7 +30,7 @@ def text_positions(position_ids: torch.Tensor | None) -> torch.Tensor | None:
     )
 
 
-def resolve_packed(kwargs: dict, position_ids, tokens: torch.Tensor, cache=None, attention_mask=None) -> dict:
+def resolve_packed(kwargs: dict, position_ids, tokens: torch.Tensor, cache=None, attention_mask=None, uploaded=None) -> dict:
     """``kwargs`` with checked boundaries of the packed row, derived from ``position_ids`` when absent.
 
     ``tokens`` is ``input_ids`` or ``inputs_embeds`` (its first two dims are ``[B, T]``). Returns the
@@ -40,6 +40,9 @@ def resolve_packed(kwargs: dict, position_ids, tokens: torch.Tensor, cache=None,
     restart at 0 at every sequence start and count up by one within it, and a batch of several rows
     whose positions restart inside a row. Under a padding ``attention_mask`` only restarts on real
     tokens count: pads sit at 0 in a padded batch (``clip(cumsum(mask) - 1, 0)``).
+
+    ``uploaded``: the `host_rows.HostRow` of a row the top model uploaded; its boundaries and positions are
+    checked on that host copy, with no copy back from the device.
     """
     if kwargs.get(PACKED_ROW) is not None:
         return kwargs  # checked by the top model already
@@ -74,7 +77,8 @@ def resolve_packed(kwargs: dict, position_ids, tokens: torch.Tensor, cache=None,
             source = "from seq_idx" if seq_idx is not None else "restarting at 0, no cu_seq_lens_q"
             _check_positions(positions, cu_q, f"position_ids ({source})")
     else:
-        host = check_cu_seqlens(cu_q, "cu_seq_lens_q", batch, length)
+        host_cu = None if uploaded is None else uploaded.cu_seq_lens_q
+        host = check_cu_seqlens(cu_q if host_cu is None else host_cu, "cu_seq_lens_q", batch, length)
         if cu_k is not None and cu_k is not cu_q:
             check_cu_seqlens(cu_k, "cu_seq_lens_k", batch, length)
             if not torch.equal(cu_k.detach().cpu().long(), host.long()):
@@ -87,6 +91,8 @@ def resolve_packed(kwargs: dict, position_ids, tokens: torch.Tensor, cache=None,
                 "a packed row (cu_seq_lens_q) with a cache: the cached (generation) path runs one sequence per batch "
                 "row; pass no cache to score or train a packed row, or unpack the sequences into batch rows to generate"
             )
+        if uploaded is not None and uploaded.position_ids is not None:  # checked where they came from
+            position_ids, positions, cu_q = uploaded.position_ids, text_positions(uploaded.position_ids), host
         if positions is not None and (position_ids.ndim == 2 or position_ids.shape[0] == 4):
             _check_positions(positions, cu_q, "position_ids")
     row = packed_row({**kwargs, PACKED_ROW: None}, batch, length, tokens.device, host=host)

@@ -9,13 +9,15 @@ normalisation (mean over valid labels, or ``num_items_in_batch``), so it is exac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from transformers.modeling_utils import slice_logits_to_keep
 
-from ..capabilities import ENTROPY
+from ..capabilities import ENTROPY, SYNC_FREE
 from ..reference.cross_entropy import through_module
+from .host_rows import queue_upload
 from .packing import next_token_labels
 from .plain_modules import plain_linears
 
@@ -33,9 +35,11 @@ class HeadRequest:
     # ``labelled_positions_only=True``: log-probs and entropy wanted where a label is scored only
     # (0 elsewhere), so rows without a label skip the head even when entropy is asked for
     labelled_only: bool = False
+    # the host copy of a row the top model uploaded (`host_rows.HostRow`): the head counts its scored rows there
+    host: object = field(default=None, compare=False)
 
     @classmethod
-    def pop(cls, kwargs: dict) -> HeadRequest:
+    def pop(cls, kwargs: dict, uploaded=None) -> HeadRequest:
         temperature = kwargs.pop("temperature", None)
         temperature = 1.0 if temperature is None else float(temperature)
         if not temperature > 0:
@@ -46,6 +50,7 @@ class HeadRequest:
             logits=bool(kwargs.pop("return_logits", True)),
             temperature=temperature,
             labelled_only=bool(kwargs.pop("labelled_positions_only", False)),
+            host=uploaded,
         )
 
     @property
@@ -165,9 +170,7 @@ def causal_lm_head(
     # targets read off input_ids ignore only each sequence's last position: counting the rest to skip those few
     # rows would cost a host sync after the layers, with the device idle while the head is launched
     skip = request.skips_unlabelled_rows and (labelled or request.entropy)
-    # Entropy is asked per call (RL trainers want it on some passes only): a backend without it
-    # (liger's fused head) hands those calls to the first backend of the device's order that has it.
-    cross_entropy = table.serving("cross_entropy", ENTROPY) if request.entropy else table.cross_entropy
+    cross_entropy = head_backend(table, request)
     weight = lm_head.weight
     if not plain_linears(lm_head):
         # a wrapped head (LoRA on lm_head, quantised): scored through its own forward, never its bare weight
@@ -179,8 +182,10 @@ def causal_lm_head(
         if not scored:
             return HeadOutputs(logits, None, None, None)
         flat = hidden_states.reshape(-1, hidden_states.shape[-1])
+        keep = _kept_on_host(request.host, None, length, logits_to_keep, hidden_states.device) if skip else None
         nll, entropy = _score_rows(
-            cross_entropy, _rows_of(flat, None), weight, targets.reshape(-1).to(hidden_states.device), scale, request, skip
+            cross_entropy, _rows_of(flat, None), weight, targets.reshape(-1).to(hidden_states.device), scale, request, skip,
+            keep=keep,
         )
         # an ignored position scores nothing whatever the backend returns for it (rows are no longer always
         # skipped: see `skip`)
@@ -193,8 +198,9 @@ def causal_lm_head(
         rows = plan.lm_rows(targets.to(hidden_states.device))
         # reshape, not [0]: a view whose backward is a view (select's backward writes a zero-filled copy)
         flat = hidden_states.reshape(-1, hidden_states.shape[-1])
+        keep = _kept_on_host(request.host, plan, length, logits_to_keep, hidden_states.device) if skip else None
         nll_rows, entropy_rows = _score_rows(
-            cross_entropy, _rows_of(flat, rows.rows), weight, rows.labels, scale, request, skip
+            cross_entropy, _rows_of(flat, rows.rows), weight, rows.labels, scale, request, skip, keep=keep
         )
         # A position whose own label is ignored scores nothing, even if its shared entry was scored
         # for another member of the group.
@@ -208,6 +214,27 @@ def causal_lm_head(
         loss = reduce_loss(nll, targets.to(nll.device), kwargs.get("num_items_in_batch"))
     log_probs = -nll if request.log_probs else None
     return HeadOutputs(logits, loss, log_probs, entropy if request.entropy else None)
+
+
+def head_backend(table, request: HeadRequest):
+    """The `cross_entropy` backend of one head call.
+
+    Entropy is asked per call (RL trainers want it on some passes only): a backend without it (liger's fused
+    head) hands those calls to the first backend of the device's order that has it. A scoring pass (no
+    gradients) goes to a backend that reads nothing back to the host, when the slot was chosen automatically:
+    liger counts its valid targets on the host, and that sync waits for the whole forward, so a loop of scoring
+    calls could not queue its next call while the device runs this one. An explicitly chosen backend stands.
+    """
+    chosen = table.serving("cross_entropy", ENTROPY) if request.entropy else table.cross_entropy
+    if torch.is_grad_enabled():
+        return chosen
+    bound = table.choices["cross_entropy"]
+    if bound.explicit or SYNC_FREE in bound.handle.capabilities:
+        return chosen
+    sync_free = table.serving_choice("cross_entropy", SYNC_FREE)
+    if request.entropy and ENTROPY not in sync_free.handle.capabilities:
+        return chosen
+    return table.serving("cross_entropy", SYNC_FREE)
 
 
 def _rows_of(flat: torch.Tensor, entries: torch.Tensor | None):
@@ -226,20 +253,38 @@ def _rows_of(flat: torch.Tensor, entries: torch.Tensor | None):
     return rows
 
 
-def _score_rows(cross_entropy, rows, weight, labels, scale, request: HeadRequest, skip: bool):
+def _kept_on_host(host, plan, length: int, logits_to_keep, device) -> torch.Tensor | None:
+    """The scored entries (a label is owed) counted on the host copy of an uploaded row, on `device`: what
+    `_score_rows` would count with `nonzero` on the device, a sync after the layers. None when there is no host
+    copy of the targets (no host row; labels whose boundaries came on the device; a `logits_to_keep` slice)."""
+    if host is None or not _keeps_all(logits_to_keep):
+        return None
+    if host.shift_labels is None and (host.labels is None or host.cu_seq_lens_q is None):
+        return None
+    targets = _targets(host.labels, host.shift_labels, None, host.cu_seq_lens_q, 0, False, 1, length)
+    owed = (targets.reshape(-1) != IGNORE_INDEX).numpy()
+    if plan is not None:  # an entry is owed when any member's position it serves is (the device's amax)
+        entries = np.zeros(plan.lm.length, dtype=bool)
+        entries[plan.lm.host_inverse[owed]] = True
+        owed = entries
+    return queue_upload(torch.from_numpy(np.flatnonzero(owed)), device)
+
+
+def _score_rows(cross_entropy, rows, weight, labels, scale, request: HeadRequest, skip: bool, keep=None):
     """``(nll [N], entropy [N] or None)`` of the hidden rows ``rows(keep)`` (see ``_rows_of``) against
     ``labels``, through the slot.
 
     The head's cost is per row (a ``[rows, vocab]`` product), and RL and SFT rows are mostly prompt,
     whose labels are ignored: when nothing is owed to those rows they are left out, at the price of
-    one sync to count the rest (``skip``). Their nll is 0 either way; their entropy, when asked for with
-    ``labelled_only``, is 0 by that request's contract.
+    one sync to count the rest (``skip``), or none when ``keep`` (those entries, counted on the host) is given.
+    Their nll is 0 either way; their entropy, when asked for with ``labelled_only``, is 0 by that request's
+    contract.
     """
     scored = (lambda r, y: cross_entropy(
         r if scale is None else r * scale, weight, y, ignore_index=IGNORE_INDEX, return_entropy=request.entropy
     ))
     if skip:
-        keep = (labels != IGNORE_INDEX).nonzero().squeeze(1)
+        keep = (labels != IGNORE_INDEX).nonzero().squeeze(1) if keep is None else keep
         if 0 < keep.numel() < labels.numel():
             nll, entropy = scored(rows(keep), labels.index_select(0, keep))
             nll = nll.new_zeros(labels.shape).index_copy(0, keep, nll)

@@ -39,6 +39,7 @@ from ..shared_prefix import (
     takes_ordinary_path,
 )
 from ..shared_prefix.plan_reuse import PLANS, build_or_reuse
+from .packing import PACKED_ROW
 
 _observers: list[Callable] = []
 
@@ -101,7 +102,10 @@ def packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs):
     return positions_from_cu_seqlens(cu, length)
 
 
-def plan_for(config, table, *, input_ids, position_ids, cache, use_cache, kwargs, pixel_values=None, pixel_values_videos=None):
+def plan_for(
+    config, table, *, input_ids, position_ids, cache, use_cache, kwargs, pixel_values=None, pixel_values_videos=None,
+    uploaded=None,
+):
     """The shared-prefix plan of this micro-batch, or None for the ordinary path.
 
     The flag means "share prefixes on packed training rows": generation, cached forwards
@@ -109,6 +113,9 @@ def plan_for(config, table, *, input_ids, position_ids, cache, use_cache, kwargs
     ``position_ids``) take the ordinary path, so one model trains and generates. On a packed row it
     raises ``NotImplementedError`` for MTP and sequence parallelism, and ``BackendUnavailable`` when a
     bound backend lacks what the compact row needs. Builds nothing when the flag is off or media are present.
+
+    The plan reads the row on the host: the host copy a row came in (``uploaded``, `host_rows.upload`), and the
+    boundaries `resolve_packed` already copied; only what came on the device alone is copied back (one sync).
     """
     cfg = text_config(config)
     if takes_ordinary_path(enabled(config), input_ids, pixel_values, pixel_values_videos):
@@ -121,11 +128,13 @@ def plan_for(config, table, *, input_ids, position_ids, cache, use_cache, kwargs
     check_gdn_backend(table.handle("gated_delta_rule"), working("gated_delta_rule", frozenset(GDN_NEEDS)))
     check_conv_backend(table.handle("causal_conv1d"), working("causal_conv1d", frozenset(CONV_NEEDS)))
     check_attention_backend(table.handle("attention"), working("attention", frozenset(ATTENTION_NEEDS)))
+    row = kwargs.get(PACKED_ROW)
     plan = build_or_reuse(
         PLANS if shared_prefix_plan_reuse(config) else None,
-        input_ids,
-        kwargs["cu_seq_lens_q"],
-        position_ids,
+        input_ids if uploaded is None else uploaded.input_ids,
+        kwargs["cu_seq_lens_q"] if row is None else row.cu_seqlens_cpu,
+        position_ids if uploaded is None or uploaded.position_ids is None else uploaded.position_ids,
+        device=input_ids.device,
         conv_kernel_size=getattr(cfg, "linear_conv_kernel_dim", 4),
         min_prefix=shared_prefix_min_length(config),
         max_depth=int_field(config, SHARED_PREFIX_MAX_DEPTH),

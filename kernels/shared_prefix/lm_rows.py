@@ -28,6 +28,7 @@ class LMIndex:
     label_src: torch.Tensor  # [L] packed position whose label the entry scores
     inverse: torch.Tensor  # [T] scored entry of each packed position
     length: int  # L
+    host_inverse: np.ndarray | None = None  # `inverse` on the host: the head counts its rows there for a host row
 
 
 def lm_host_index(layout: Layout, arena: Arena | None = None) -> dict:
@@ -65,7 +66,8 @@ def lm_host_index(layout: Layout, arena: Arena | None = None) -> dict:
 
 
 def lm_index(host: dict, dev: dict) -> LMIndex:
-    return LMIndex(dev["rows"], dev["label_src"], dev["inverse"], int(host["length"]))
+    # a copy: the host arrays live in the plan's upload buffer
+    return LMIndex(dev["rows"], dev["label_src"], dev["inverse"], int(host["length"]), np.array(host["inverse"], copy=True))
 
 
 @dataclass(frozen=True, eq=False)

@@ -68,20 +68,22 @@ def _same(kept: tuple, arrays: tuple) -> bool:
     return True
 
 
-def build_or_reuse(reuse: PlanReuse | None, input_ids, cu_seqlens, position_ids=None, build=build_plan, **knobs):
+def build_or_reuse(
+    reuse: PlanReuse | None, input_ids, cu_seqlens, position_ids=None, build=build_plan, device=None, **knobs
+):
     """`build(input_ids, cu_seqlens, position_ids, **knobs)` (`build_plan`), or the plan `reuse` kept for an equal
     batch.
 
     The batch is copied to the host once here (what `build_plan` would copy) and the plan is built from that
-    copy for the batch's device. The key holds the knobs and the level cost they resolve to (the environment
-    and the measured table can change it)."""
+    copy for `device` (default: the batch's). The key holds the knobs and the level cost they resolve to (the
+    environment and the measured table can change it)."""
+    device = input_ids.device if device is None else torch.device(device)
     if reuse is None:
-        return build(input_ids, cu_seqlens, position_ids, **knobs)
+        return build(input_ids, cu_seqlens, position_ids, device=device, **knobs)
     if input_ids.dim() != 2 or input_ids.shape[0] != 1 or (position_ids is not None and position_ids.shape[-1] != input_ids.shape[-1]):
-        return build(input_ids, cu_seqlens, position_ids, **knobs)  # its own error names the bad shape
+        return build(input_ids, cu_seqlens, position_ids, device=device, **knobs)  # its own error names the bad shape
     rows = None if position_ids is None else position_ids.reshape(-1, input_ids.shape[-1])
     bounds, ids, pos = _to_host(cu_seqlens, input_ids, rows)
-    device = input_ids.device
     deep = knobs.get("max_depth", 1) > 1
     cost = resolve_level_cost(device, knobs.get("level_cost")).rows if deep else None
     # the compact positions keep the dtype of the batch's: equal values of another dtype are another plan

@@ -12,19 +12,26 @@ from dataclasses import dataclass
 
 import torch
 
+from patchgen.kernels.modeling.host_rows import queue_upload
+
 IGNORE_INDEX = -100
 
 
 @dataclass(frozen=True)
 class PackedRows:
-    """One packed row built from padded rows, and where its scored positions go in ``[B, K]``."""
+    """One packed row built from padded rows, and where its scored positions go in ``[B, K]``.
 
-    input_ids: torch.Tensor  # [1, T]
-    cu_seqlens: torch.Tensor  # [N + 1] int32 (rows without a token are left out)
-    shift_labels: torch.Tensor  # [1, T]: the next token where it is a completion token, else -100
-    scored: torch.Tensor  # [T] bool: positions whose next token is scored
-    out_rows: torch.Tensor  # [S] row in [B, K] of each scored position
-    out_cols: torch.Tensor  # [S] column in [B, K]
+    The row (ids, boundaries, labels) is on the host: a patchgen model uploads it itself and plans from
+    that copy (`patchgen.kernels.modeling.host_rows`), so a scoring loop never waits for the device before
+    it queues the next micro-batch. The scatter indices are on the device the values come back on.
+    """
+
+    input_ids: torch.Tensor  # [1, T], host
+    cu_seqlens: torch.Tensor  # [N + 1] int32, host (rows without a token are left out)
+    shift_labels: torch.Tensor  # [1, T], host: the next token where it is a completion token, else -100
+    scored_at: torch.Tensor  # [S] packed positions whose next token is scored, on the device
+    out_rows: torch.Tensor  # [S] row in [B, K] of each scored position, on the device
+    out_cols: torch.Tensor  # [S] column in [B, K], on the device
     batch: int
     keep: int
     longest: int
@@ -41,19 +48,23 @@ class PackedRows:
         )
 
     def scatter(self, values: torch.Tensor) -> torch.Tensor:
-        """Per packed position ``[1, T]`` to the trainer's ``[B, K]`` layout (0 where nothing is scored)."""
-        picked = values[0][self.scored]
+        """Per packed position ``[1, T]`` to the trainer's ``[B, K]`` layout (0 where nothing is scored); by index,
+        with no host sync (a boolean mask would count its rows on the host)."""
+        picked = values[0].index_select(0, self.scored_at.to(values.device))
         out = picked.new_zeros(self.batch, self.keep)
-        return out.index_put((self.out_rows, self.out_cols), picked)
+        return out.index_put((self.out_rows.to(values.device), self.out_cols.to(values.device)), picked)
 
 
-def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int) -> PackedRows | None:
+def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int, device=None) -> PackedRows | None:
     """Pack the real tokens of each row (``attention_mask == 1``); the last ``keep`` columns are scored.
 
-    Returns None when a row's real tokens are not one contiguous run (a mask with holes): packing
-    would change what those tokens see, so the caller scores such a batch as it is.
+    Works on the host (rows given on the device are copied once); the scatter indices go to ``device``
+    (default: the device of ``input_ids``). Returns None when a row's real tokens are not one contiguous run
+    (a mask with holes): packing would change what those tokens see, so the caller scores such a batch as it is.
     """
-    batch, length = input_ids.shape
+    device = input_ids.device if device is None else torch.device(device)
+    ids = input_ids.detach().cpu()
+    batch, length = ids.shape
     host = attention_mask.detach().to("cpu", torch.bool)
     lengths = host.sum(1)
     first = host.to(torch.int8).argmax(1)
@@ -70,20 +81,15 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int) 
     scored = (next_cols < ends) & (next_cols >= length - keep)
     kept = lengths[lengths > 0]
     cu = torch.cat([torch.zeros(1, dtype=torch.long), kept.cumsum(0)]).to(torch.int32)
-
-    device = input_ids.device
-    rows_d, cols_d = rows.to(device), cols.to(device)
-    packed = input_ids[rows_d, cols_d].unsqueeze(0)
-    nxt = input_ids[rows_d, next_cols.clamp(max=length - 1).to(device)]
-    scored_d = scored.to(device)
-    shift_labels = torch.where(scored_d, nxt, torch.full_like(nxt, IGNORE_INDEX)).unsqueeze(0)
+    nxt = ids[rows, next_cols.clamp(max=length - 1)]
+    shift_labels = torch.where(scored, nxt, torch.full_like(nxt, IGNORE_INDEX)).unsqueeze(0)
     return PackedRows(
-        input_ids=packed,
-        cu_seqlens=cu.to(device),
+        input_ids=ids[rows, cols].unsqueeze(0),
+        cu_seqlens=cu,
         shift_labels=shift_labels,
-        scored=scored_d,
-        out_rows=rows[scored].to(device),
-        out_cols=(next_cols[scored] - (length - keep)).to(device),
+        scored_at=queue_upload(scored.nonzero().squeeze(1), device),
+        out_rows=queue_upload(rows[scored], device),
+        out_cols=queue_upload(next_cols[scored] - (length - keep), device),
         batch=batch,
         keep=keep,
         longest=int(kept.max()) if kept.numel() else 0,

@@ -104,9 +104,12 @@ class SharedPrefixGRPOTrainer(GRPOTrainer):
             )
         batch_size = batch_size or input_ids.size(0)
         chunks = []
+        # one copy to the host for every micro-batch: each is packed there and handed to the model on the host, so
+        # the loop queues micro-batch k + 1 while the device still runs k (no copy back waits for it)
+        ids_host, mask_host = input_ids.detach().cpu(), attention_mask.detach().cpu()
         for start in range(0, input_ids.size(0), batch_size):
             end = min(start + batch_size, input_ids.size(0))
-            packed = pack_rows(input_ids[start:end], attention_mask[start:end], logits_to_keep)
+            packed = pack_rows(ids_host[start:end], mask_host[start:end], logits_to_keep, device=input_ids.device)
             if packed is None or packed.tokens == 0:
                 self._warn_fallback("a row whose attention_mask is not one contiguous run of tokens")
                 return super()._get_per_token_logps_and_entropies(

@@ -11,7 +11,7 @@ from patchgen.kernels import capabilities as caps
 from patchgen.kernels import registry, selection
 from patchgen.kernels.errors import BackendUnavailable
 from patchgen.kernels.handles import KernelHandle
-from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
+from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head, head_backend
 from patchgen.kernels.reference import cross_entropy as ref_ce
 from patchgen.kernels.selection import resolve
 
@@ -82,3 +82,36 @@ def test_explicit_choice_without_the_capability_raises_naming_it_and_the_alterna
 def test_backend_with_the_capability_is_its_own_server():
     table = resolve({"cross_entropy": "eager"}, "cpu")
     assert table.serving("cross_entropy", caps.ENTROPY) is table.cross_entropy
+
+
+
+def _spy_on_losses_only(monkeypatch) -> list:
+    called, real = [], losses_only
+    monkeypatch.setitem(globals(), "losses_only", lambda *a, **k: called.append("losses_only") or real(*a, **k))
+    return called
+
+
+@pytest.mark.parametrize("entropy", [False, True])
+def test_scoring_calls_go_to_a_backend_that_reads_nothing_back(monkeypatch, entropy):
+    """liger's head (here its stand-in, which lacks `sync_free`) counts its targets on the host; a pass without
+    gradients goes to the first backend of the order that does not, so a scoring loop never waits on the device."""
+    called = _spy_on_losses_only(monkeypatch)
+    table = resolve(None, "cpu")  # loads the entry point now, through the spy
+    head, hidden, labels = head_inputs()
+    request = HeadRequest(log_probs=True, entropy=entropy)
+    with torch.no_grad():
+        scored = causal_lm_head(head, table, hidden, labels=labels, request=request)
+        assert head_backend(table, request) is table.serving("cross_entropy", caps.SYNC_FREE)
+    assert called == [] and table.serving_choice("cross_entropy", caps.SYNC_FREE).backend == "chunked"
+    trained = causal_lm_head(head, table, hidden.requires_grad_(), labels=labels, request=HeadRequest(log_probs=True))
+    assert called == ["losses_only"]  # control: with gradients the bound backend runs
+    torch.testing.assert_close(scored.log_probs, trained.log_probs.detach(), rtol=0, atol=1e-12)
+
+
+def test_an_explicit_backend_scores_without_gradients_too(monkeypatch):
+    called = _spy_on_losses_only(monkeypatch)
+    table = resolve({"cross_entropy": "losses_only"}, "cpu")
+    head, hidden, labels = head_inputs()
+    with torch.no_grad():
+        causal_lm_head(head, table, hidden, labels=labels, request=HeadRequest(log_probs=True))
+    assert called == ["losses_only"]

@@ -83,7 +83,7 @@ def _nonzero_calls(net, ids, cu, labels, never_skip=False):
 
     counts, real = Counts(), lm_head._score_rows
     if never_skip:
-        lm_head._score_rows = lambda *args: real(*args[:-1], False)
+        lm_head._score_rows = lambda *args, **kwargs: real(*args[:-1], False)
     try:
         with torch.no_grad(), counts:
             net(input_ids=ids, labels=labels, return_log_probs=True, return_logits=False, **tiny.packed_kwargs(cu))
@@ -101,3 +101,40 @@ def test_a_log_prob_pass_without_labels_does_not_count_its_rows_on_the_host(flag
     for labels, head_counts in ((None, 0), (ids.masked_fill(prompt, -100), 1)):
         own = _nonzero_calls(net, ids, cu, labels) - _nonzero_calls(net, ids, cu, labels, never_skip=True)
         assert own == head_counts, "labels" if labels is not None else "ids"
+
+
+def _head(flag: bool, host, labels, shift_labels, counts):
+    """One head call over a tiny model's last hidden states, under no_grad, with `host` as the request's host row."""
+    from patchgen.kernels import ops
+    from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
+
+    ids, cu, _ = tiny.grpo_batch(GROUPS, SINGLES, seed=7)
+    net = tiny.build("qwen3_5", "gpu", shared_prefix_training=flag)
+    plan = build_plan(ids, cu) if flag else None
+    hidden = torch.randn(1, plan.compact_length if flag else ids.shape[1], net.config.hidden_size, dtype=torch.float64)
+    kwargs = {**tiny.packed_kwargs(cu)} if shift_labels is None else {**tiny.packed_kwargs(cu), "shift_labels": shift_labels}
+    with torch.no_grad(), counts:
+        return causal_lm_head(
+            net.lm_head, ops.of(net), hidden, plan=plan, labels=labels, input_ids=ids, kwargs=kwargs,
+            request=HeadRequest(log_probs=True, logits=False, labelled_only=True, host=host),
+        )
+
+
+@pytest.mark.parametrize("flag", [False, True], ids=["packed", "shared"])
+@pytest.mark.parametrize("given", ["labels", "shift_labels"])
+def test_the_head_counts_the_rows_of_a_host_row_on_the_host(flag, given):
+    """A row that came on the host (`host_rows`) has its labels there too: the head counts the rows it owes a
+    log-prob there (no `nonzero` after the layers), and scores the same rows."""
+    from patchgen.kernels.modeling.host_rows import HostRow
+
+    ids, cu, prompt = tiny.grpo_batch(GROUPS, SINGLES, seed=7)
+    labels = ids.masked_fill(prompt, -100)
+    shift = next_token_labels(labels, cu)
+    args = (labels, None) if given == "labels" else (None, shift)
+    host = HostRow(ids, None, cu, *args)
+    counted = {}
+    for name, given_host in (("device", None), ("host", host)):
+        torch.manual_seed(0)  # the same hidden states
+        counted[name] = (counts := Counts(), _head(flag, given_host, *args, counts))
+    assert counted["host"][0].nonzero == 0 and counted["device"][0].nonzero == 1
+    assert torch.equal(counted["host"][1].log_probs, counted["device"][1].log_probs)

@@ -20,6 +20,7 @@ import torch
 conv = importlib.import_module("patchgen.kernels.triton.causal_conv1d")
 conv_state = importlib.import_module("patchgen.kernels.triton.causal_conv1d_state")
 norm = importlib.import_module("patchgen.kernels.triton.rms_norm_gated")
+log_probs = importlib.import_module("patchgen.kernels.triton.log_probs")
 common = importlib.import_module("patchgen.kernels.triton._common")
 varlen = importlib.import_module("patchgen.kernels.triton.gated_delta_rule.varlen")
 transposes = importlib.import_module("patchgen.kernels.triton.gated_delta_rule.transposes")
@@ -34,6 +35,7 @@ OTHER_DTYPES = (torch.float16, torch.float64)
 T, CONV_D, CONV_W = 1024, 1024, 4
 CU = (0, 100, 300, 301, 700, 1024)  # five sequences: the binary search loops (n_iter > 1)
 HEAD = 128  # GDN key / value head dim, and the gated norm's row
+VOCAB = 151936  # the LM head's rows (scoring head); the tests' 37 too
 H, HV = 2, 4  # grouped value heads (the models' layout)
 
 Case = tuple[str, Callable[[], None], bool]
@@ -104,6 +106,10 @@ def _norm_calls(dtype, tuning, d: int = HEAD) -> None:
     gate, weight = torch.empty_like(x), torch.empty(d, dtype=dtype)
     _, rstd = norm.norm_fwd(x, gate, weight, 1e-6, tuning=tuning)
     norm.norm_bwd(x, gate, weight, rstd, torch.empty_like(x), tuning=tuning)
+
+
+def _log_probs_calls(dtype, entropy: bool, vocab: int = VOCAB) -> None:
+    log_probs.row_log_probs(torch.empty(8, vocab, dtype=dtype), torch.zeros(8, dtype=torch.long), return_entropy=entropy)
 
 
 def _gdn_calls(dtype, design: str, *, l2norm: bool, h0: bool, heads=(H, HV), dims=(HEAD, HEAD)) -> None:
@@ -180,6 +186,11 @@ def cases() -> list[Case]:
                     out.append((label, lambda dtype=dtype, design=design, l2norm=l2norm, h0=h0:
                                 _gdn_calls(dtype, design, l2norm=l2norm, h0=h0),
                                 gpu_dtype and l2norm and design in runs["gated_delta_rule_transposes"]))
+        for entropy in (False, True):
+            out.append((f"log-probs{' entropy' if entropy else ''} {d}",
+                        lambda dtype=dtype, entropy=entropy: _log_probs_calls(dtype, entropy), gpu_dtype))
+            out.append((f"log-probs{' entropy' if entropy else ''} vocab 37 {d}",
+                        lambda dtype=dtype, entropy=entropy: _log_probs_calls(dtype, entropy, 37), False))
         if every_preset:
             out += _test_width_cases(dtype)
     return out

@@ -36,6 +36,7 @@ ENTRY_KERNELS = {f"{PACKAGE}.{name}" for name in (
     "causal_conv1d_state.causal_conv1d_state_bwd_kernel",
     "rms_norm_gated.rms_norm_gated_fwd_kernel",
     "rms_norm_gated.rms_norm_gated_bwd_kernel",
+    "log_probs.row_log_probs_kernel",
     "gated_delta_rule.varlen.chunk_offsets_kernel",
     "gated_delta_rule.l2norm.l2norm_fwd_kernel",
     "gated_delta_rule.l2norm.l2norm_bwd_kernel",

@@ -38,7 +38,7 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (
 )
 
 from patchgen.kernels import ops
-from patchgen.kernels.modeling import fields, layer_graphs, shared_prefix, verify
+from patchgen.kernels.modeling import fields, host_rows, layer_graphs, shared_prefix, verify
 from patchgen.kernels.modeling.boundaries import resolve_packed
 from patchgen.kernels.modeling.generation import slot_rows, starts_from_zero_state, use_cache_for
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
@@ -489,19 +489,23 @@ class Qwen3_5ForCausalLM(upstream.Qwen3_5ForCausalLM):
         `return_entropy=True` add per-token `log_probs` and `entropy` (`[1, T]`) to the output;
         `return_logits=False` skips the logits.
         """
+        # a packed row handed over on the host is uploaded here; the plan reads the host copy (no sync)
+        input_ids, position_ids, attention_mask, labels, kwargs, uploaded = host_rows.upload(
+            self, input_ids, position_ids, attention_mask, labels, kwargs
+        )
         if verify.due(self, input_ids, position_ids, cache, use_cache, kwargs):
             # First use (or a longer row than verified): run shared and packed, compare, keep the checked result.
             return verify.run(self, dict(
                 input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
                 inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs,
             ))
-        request = HeadRequest.pop(kwargs)
+        request = HeadRequest.pop(kwargs, uploaded)
         kwargs = resolve_packed(
-            kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache, attention_mask=attention_mask
+            kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache, attention_mask=attention_mask, uploaded=uploaded
         )
         position_ids = shared_prefix.packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs)
         plan = None if not verify.sharing_allowed(self) else shared_prefix.plan_for(
-            self.config, ops.of(self), input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=use_cache, kwargs=kwargs
+            self.config, ops.of(self), input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=use_cache, kwargs=kwargs, uploaded=uploaded
         )
         model_kwargs = kwargs if plan is None else {**kwargs, "shared_prefix": plan}
         outputs: BaseModelOutputWithPast = self.model(
@@ -558,6 +562,10 @@ class Qwen3_5ForConditionalGeneration(upstream.Qwen3_5ForConditionalGeneration):
         As upstream, plus packed rows and shared-prefix training (text only: with media the ordinary
         path runs); `return_log_probs`, `return_entropy` and `return_logits` as in ForCausalLM.
         """
+        # a packed row handed over on the host is uploaded here; the plan reads the host copy (no sync)
+        input_ids, position_ids, attention_mask, labels, kwargs, uploaded = host_rows.upload(
+            self, input_ids, position_ids, attention_mask, labels, kwargs
+        )
         if verify.due(self, input_ids, position_ids, cache, kwargs.get("use_cache"), kwargs, pixel_values, pixel_values_videos):
             # First use (or a longer row than verified): run shared and packed, compare, keep the checked result.
             return verify.run(self, dict(
@@ -566,12 +574,12 @@ class Qwen3_5ForConditionalGeneration(upstream.Qwen3_5ForConditionalGeneration):
                 mm_token_type_ids=mm_token_type_ids, logits_to_keep=logits_to_keep,
                 mm_encoder_outputs=mm_encoder_outputs, **kwargs,
             ))
-        request = HeadRequest.pop(kwargs)
+        request = HeadRequest.pop(kwargs, uploaded)
         asked_for_cache = kwargs.get("use_cache")  # the config's use_cache is no request to keep a packed row's cache
         kwargs["use_cache"] = use_cache_for(asked_for_cache, cache, self.config, self)
         if pixel_values is None and pixel_values_videos is None:
             kwargs = resolve_packed(
-                kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache, attention_mask=attention_mask
+                kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache, attention_mask=attention_mask, uploaded=uploaded
             )
             position_ids = shared_prefix.packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs)
         plan = None if not verify.sharing_allowed(self) else shared_prefix.plan_for(
@@ -584,6 +592,7 @@ class Qwen3_5ForConditionalGeneration(upstream.Qwen3_5ForConditionalGeneration):
             kwargs=kwargs,
             pixel_values=pixel_values,
             pixel_values_videos=pixel_values_videos,
+            uploaded=uploaded,
         )
         model_kwargs = kwargs if plan is None else {**kwargs, "shared_prefix": plan, "use_cache": False}
 

@@ -1,0 +1,148 @@
+"""The log-prob pass as an RL trainer runs it: a loop over micro-batches, with no wait between calls.
+
+    python bench/scoring_loop.py --layers 8 --shapes 4x2048x256,8x4096x256 --batches 8
+
+One call timed on its own leaves the device idle while the host prepares it (the plan, the graph key, the
+static load: `profile_shared_prefix.py --timeline`). In a trainer's scoring loop the host can prepare
+micro-batch k + 1 while the device still runs k, unless something in the call waits for the device. A row
+handed over on the device must be copied back to be planned, and that copy waits; a row handed over on the
+host (`kernels/modeling/host_rows.py`, as `SharedPrefixGRPOTrainer` passes it) need not.
+
+Per shape, `--batches` micro-batches of the shape, each with its own token ids (so no plan is reused), scored
+back to back, the device synchronized once at the end; ms per micro-batch (median of `--repeats` loops) for:
+
+- `packed` and `shared` (shared_prefix_cuda_graphs on, as for the scoring graph), each with the rows on the
+  device (`device rows`) and on the host (`host rows`);
+- efficiency = (packed ms / shared ms) / (T / C), packed and shared with the same rows;
+- whether host rows give the device rows' log-probs bit for bit, per arm, and shared the packed ones.
+
+Off CUDA (`--tiny`) the same loop runs at tiny widths: it checks the script, it measures nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import statistics
+import time
+
+import torch
+from shared_prefix_arms import MODULE, WIDTHS, config_for, packed_kwargs
+from shared_prefix_graphs import uncheckpointed
+from shared_prefix_shapes import parse_shapes, shape_batch, tree_settings
+
+TINY_WIDTHS = dict(
+    hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+    linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=32, linear_value_head_dim=32,
+    linear_conv_kernel_dim=4, vocab_size=1000,
+)
+
+
+def score(model, ids, cu, max_len):
+    """The log-prob pass (`shared_prefix_arms.logprob_pass`), whatever device its row is on."""
+    with torch.no_grad():
+        return model(input_ids=ids, return_log_probs=True, return_logits=False, **packed_kwargs(cu, max_len)).log_probs
+
+
+def loop_ms(model, batches, device) -> tuple[float, float, list]:
+    """ms per micro-batch of one loop over `batches` (the device synchronized at the end only), the host's ms
+    per micro-batch until the last call returned, and the log-probs. Host ms close to the loop's: the host sets
+    the pace (its own work, or a wait for the device inside a call); well below: the device does."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    begin = time.perf_counter()
+    out = [score(model, *b) for b in batches]
+    queued = time.perf_counter()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    end = time.perf_counter()
+    return (end - begin) * 1e3 / len(batches), (queued - begin) * 1e3 / len(batches), out
+
+
+def micro_batches(shape, count: int, vocab: int, device) -> tuple[list, list]:
+    """`count` batches of `shape`, each with its own ids: on the device, and the same on the host."""
+    on_device, on_host = [], []
+    for seed in range(count):
+        ids, cu, max_len, _ = shape_batch(shape, vocab, device, seed=seed)
+        on_device.append((ids, cu, max_len))
+        on_host.append((ids.cpu(), cu.cpu(), max_len))
+    return on_device, on_host
+
+
+def measure_shape(model, shape, args, device) -> dict:
+    from patchgen.kernels.modeling.layer_graphs import use_graphs
+    from patchgen.kernels.modeling.shared_prefix import observe_plans
+
+    tree = tree_settings(shape)
+    model.config.shared_prefix_max_depth = tree["max_depth"]
+    model.config.shared_prefix_level_cost = tree["level_cost"]
+    on_device, on_host = micro_batches(shape, args.batches, model.config.vocab_size, device)
+    rows = {"device rows": on_device, "host rows": on_host}
+    sizes = {}
+    result = {"shape": shape[0]}
+    outputs = {}
+    for arm, flag in (("packed", False), ("shared", True)):
+        model.config.shared_prefix_training = flag
+        model.config.shared_prefix_cuda_graphs = flag and device.type == "cuda"
+        for where, batches in rows.items():
+            with observe_plans(lambda plan, tokens: sizes.update(T=tokens, C=plan.layout.compact_length if plan else tokens)):
+                loop_ms(model, batches, device)  # warm: captures, tuning, first-use verification
+            times, host, out = [], [], None
+            for _ in range(args.repeats):
+                ms, queued, out = loop_ms(model, batches, device)
+                times.append(ms)
+                host.append(queued)
+            result[f"{arm} {where} ms"] = statistics.median(times)
+            result[f"{arm} {where} host ms"] = statistics.median(host)
+            outputs[(arm, where)] = out
+        result[f"{arm} host rows bit-equal"] = all(
+            torch.equal(a, b) for a, b in zip(outputs[(arm, "host rows")], outputs[(arm, "device rows")])
+        )
+        if flag:
+            use_graphs(model.model, None)
+        model.config.shared_prefix_training = False
+        model.config.shared_prefix_cuda_graphs = False
+    result["shared bit-equal to packed"] = all(
+        torch.equal(a, b) for a, b in zip(outputs[("shared", "host rows")], outputs[("packed", "host rows")])
+    )
+    result["T"], result["C"] = sizes["T"], sizes["C"]
+    bound = sizes["T"] / sizes["C"]
+    for where in rows:
+        result[f"efficiency {where}"] = result[f"packed {where} ms"] / result[f"shared {where} ms"] / bound
+    return result
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="4x2048x256,8x4096x256")
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--batches", type=int, default=8, help="micro-batches per loop")
+    parser.add_argument("--repeats", type=int, default=3, help="timed loops per arm (median)")
+    parser.add_argument("--tiny", action="store_true", help="tiny widths on the CPU: checks the script, measures nothing")
+    args = parser.parse_args(argv)
+    device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
+    module = importlib.import_module(MODULE)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = module.Qwen3_5ForCausalLM(config_for(TINY_WIDTHS if args.tiny else WIDTHS, args.layers))
+    model = (model if args.tiny else model.bfloat16()).eval()
+    uncheckpointed(model)
+    results = []
+    for shape in parse_shapes(args.shapes):
+        r = measure_shape(model, shape, args, device)
+        results.append(r)
+        print(
+            f"[{args.layers}L] {r['shape']}: T={r['T']} C={r['C']} bound {r['T'] / r['C']:.2f}, "
+            f"{args.batches} micro-batches a loop | device rows: packed {r.get('packed device rows ms'):.1f} / shared "
+            f"{r.get('shared device rows ms'):.1f} ms (host {r.get('shared device rows host ms'):.1f}), eff "
+            f"{r.get('efficiency device rows'):.2f} | host rows: packed {r.get('packed host rows ms'):.1f} / shared "
+            f"{r.get('shared host rows ms'):.1f} ms (host {r.get('shared host rows host ms'):.1f}), eff "
+            f"{r.get('efficiency host rows'):.2f} | host rows bit-equal: packed {r['packed host rows bit-equal']}, "
+            f"shared {r['shared host rows bit-equal']}; shared bit-equal to packed {r['shared bit-equal to packed']}",
+            flush=True,
+        )
+    return results
+
+
+if __name__ == "__main__":
+    main()
