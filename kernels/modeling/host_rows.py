@@ -24,13 +24,29 @@ ROW_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "shift_labels", "seq_idx")
 
 @dataclass(frozen=True)
 class HostRow:
-    """The host copies of an uploaded packed row (None: that part came on the device, or not at all)."""
+    """The host copies of an uploaded packed row (None: that part came on the device, or not at all).
+
+    `labels` is kept only when no `shift_labels` came (the head reads `shift_labels` first, wherever it is).
+    `positions_from_boundaries`: the caller gave no position_ids and the boundaries came on the host, so the
+    forward derives its positions from them, and the plan derives the same on the host (`positions`)."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor | None
     cu_seq_lens_q: torch.Tensor | None
     labels: torch.Tensor | None = None
     shift_labels: torch.Tensor | None = None
+    positions_from_boundaries: bool = False
+
+    def positions(self, device_positions: torch.Tensor | None) -> torch.Tensor | None:
+        """The row's positions on the host for the plan: the host copy given, else those the forward derived
+        from the host boundaries, else `device_positions` (the caller's, on the device: read back)."""
+        if self.position_ids is not None:
+            return self.position_ids
+        if self.positions_from_boundaries and self.cu_seq_lens_q is not None:
+            from ..shared_prefix import positions_from_cu_seqlens
+
+            return positions_from_cu_seqlens(self.cu_seq_lens_q, self.input_ids.shape[-1])
+        return device_positions
 
 
 def _on_host(value) -> bool:
@@ -42,7 +58,12 @@ def queue_upload(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     queued on the stream, where a plain `.to(device)` synchronizes the stream first."""
     if device.type == "cpu":
         return tensor
-    return tensor.pin_memory().to(device, non_blocking=True)
+    staged = tensor.pin_memory()
+    if staged is tensor:
+        # already pinned: `pin_memory()` hands back the caller's own buffer, and a caller refilling it before the
+        # queued copy ran would give the device other data than the plan read; copy it into a fresh one
+        staged = torch.empty_like(tensor, pin_memory=True).copy_(tensor)
+    return staged.to(device, non_blocking=True)
 
 
 def upload(model, input_ids, position_ids, attention_mask, labels, kwargs: dict):
@@ -64,18 +85,15 @@ def upload(model, input_ids, position_ids, attention_mask, labels, kwargs: dict)
         return uploaded[id(value)]
 
     cu = kwargs.get("cu_seq_lens_q")
-    if position_ids is None and _on_host(cu) and input_ids.dim() == 2:
-        # what the forward would derive on the device from the boundaries, derived here: the plan reads them
-        from ..shared_prefix import positions_from_cu_seqlens
-
-        position_ids = positions_from_cu_seqlens(cu, input_ids.shape[1])
     shift_labels = kwargs.get("shift_labels")
     host = HostRow(
         input_ids,
         position_ids if _on_host(position_ids) else None,
         cu if _on_host(cu) else None,
-        labels if _on_host(labels) else None,
+        labels if _on_host(labels) and shift_labels is None else None,
         shift_labels if _on_host(shift_labels) else None,
+        # positions are left as given (None: the forward derives them, or computes M-RoPE's for media rows)
+        positions_from_boundaries=position_ids is None and _on_host(cu),
     )
     kwargs = {key: up(value) if key in ROW_KWARGS else value for key, value in kwargs.items()}
     return up(input_ids), up(position_ids), up(attention_mask), up(labels), kwargs, host

@@ -182,7 +182,7 @@ def causal_lm_head(
         if not scored:
             return HeadOutputs(logits, None, None, None)
         flat = hidden_states.reshape(-1, hidden_states.shape[-1])
-        keep = _kept_on_host(request.host, None, length, logits_to_keep, hidden_states.device) if skip else None
+        keep = _kept_on_host(request.host, None, batch, length, logits_to_keep, hidden_states.device) if skip else None
         nll, entropy = _score_rows(
             cross_entropy, _rows_of(flat, None), weight, targets.reshape(-1).to(hidden_states.device), scale, request, skip,
             keep=keep,
@@ -198,7 +198,7 @@ def causal_lm_head(
         rows = plan.lm_rows(targets.to(hidden_states.device))
         # reshape, not [0]: a view whose backward is a view (select's backward writes a zero-filled copy)
         flat = hidden_states.reshape(-1, hidden_states.shape[-1])
-        keep = _kept_on_host(request.host, plan, length, logits_to_keep, hidden_states.device) if skip else None
+        keep = _kept_on_host(request.host, plan, 1, length, logits_to_keep, hidden_states.device) if skip else None
         nll_rows, entropy_rows = _score_rows(
             cross_entropy, _rows_of(flat, rows.rows), weight, rows.labels, scale, request, skip, keep=keep
         )
@@ -253,7 +253,7 @@ def _rows_of(flat: torch.Tensor, entries: torch.Tensor | None):
     return rows
 
 
-def _kept_on_host(host, plan, length: int, logits_to_keep, device) -> torch.Tensor | None:
+def _kept_on_host(host, plan, batch: int, length: int, logits_to_keep, device) -> torch.Tensor | None:
     """The scored entries (a label is owed) counted on the host copy of an uploaded row, on `device`: what
     `_score_rows` would count with `nonzero` on the device, a sync after the layers. None when there is no host
     copy of the targets (no host row; labels whose boundaries came on the device; a `logits_to_keep` slice)."""
@@ -261,7 +261,7 @@ def _kept_on_host(host, plan, length: int, logits_to_keep, device) -> torch.Tens
         return None
     if host.shift_labels is None and (host.labels is None or host.cu_seq_lens_q is None):
         return None
-    targets = _targets(host.labels, host.shift_labels, None, host.cu_seq_lens_q, 0, False, 1, length)
+    targets = _targets(host.labels, host.shift_labels, None, host.cu_seq_lens_q, 0, False, batch, length)
     owed = (targets.reshape(-1) != IGNORE_INDEX).numpy()
     if plan is not None:  # an entry is owed when any member's position it serves is (the device's amax)
         entries = np.zeros(plan.lm.length, dtype=bool)

@@ -133,7 +133,7 @@ def plan_for(
         PLANS if shared_prefix_plan_reuse(config) else None,
         input_ids if uploaded is None else uploaded.input_ids,
         kwargs["cu_seq_lens_q"] if row is None else row.cu_seqlens_cpu,
-        position_ids if uploaded is None or uploaded.position_ids is None else uploaded.position_ids,
+        position_ids if uploaded is None else uploaded.positions(position_ids),
         device=input_ids.device,
         conv_kernel_size=getattr(cfg, "linear_conv_kernel_dim", 4),
         min_prefix=shared_prefix_min_length(config),

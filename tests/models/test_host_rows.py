@@ -85,21 +85,45 @@ def _on(device: str):
     return SimpleNamespace(get_input_embeddings=lambda: SimpleNamespace(weight=SimpleNamespace(device=torch.device(device))))
 
 
-def test_a_host_row_for_a_gpu_model_is_uploaded_once_with_positions_derived_on_the_host(monkeypatch):
+def test_a_host_row_for_a_gpu_model_is_uploaded_once_and_its_positions_left_to_the_forward(monkeypatch):
     ids, cu = _row()
     labels = ids.clone()
     recorded = _Recorded()
     monkeypatch.setattr(host_rows, "queue_upload", recorded)
     kwargs = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "shift_labels": labels, "max_length_q": 80, "return_log_probs": True}
     out_ids, out_pos, mask, out_labels, out_kwargs, host = host_rows.upload(_on("cuda"), ids, None, None, labels, kwargs)
-    assert host.input_ids is ids and host.cu_seq_lens_q is cu
-    assert torch.equal(host.position_ids, positions_from_cu_seqlens(cu, ids.shape[1]))
+    assert host.input_ids is ids and host.cu_seq_lens_q is cu and host.shift_labels is labels
     # one copy per host tensor: cu_seq_lens_k stays the very tensor cu_seq_lens_q is (the checks read identity)
-    assert [id(t) for t in recorded.copies] == [id(cu), id(labels), id(ids), id(host.position_ids)]
+    assert [id(t) for t in recorded.copies] == [id(cu), id(labels), id(ids)]
     assert out_kwargs["cu_seq_lens_k"] is out_kwargs["cu_seq_lens_q"] and out_kwargs["cu_seq_lens_q"] is not cu
     assert out_labels is out_kwargs["shift_labels"] and mask is None
     assert out_kwargs["max_length_q"] == 80 and out_kwargs["return_log_probs"] is True
-    assert torch.equal(out_ids, ids) and out_ids is not ids and torch.equal(out_pos, host.position_ids)
+    assert torch.equal(out_ids, ids) and out_ids is not ids
+    # no positions made up here: the forward derives them from the boundaries (or M-RoPE's for a media row),
+    # and the plan derives the same on the host
+    assert out_pos is None and host.position_ids is None
+    assert torch.equal(host.positions(None), positions_from_cu_seqlens(cu, ids.shape[1]))
+
+
+def test_the_plan_reads_the_callers_own_positions_wherever_they_came(monkeypatch):
+    ids, cu = _row()
+    monkeypatch.setattr(host_rows, "queue_upload", _Recorded())
+    theirs = positions_from_cu_seqlens(cu, ids.shape[1]) * 2  # any positions the caller chose
+    *_, host = host_rows.upload(_on("cuda"), ids, theirs, None, None, {"cu_seq_lens_q": cu})
+    assert host.position_ids is theirs and host.positions(None) is theirs  # given on the host: that copy
+    on_device = theirs.clone()  # stands in for the caller's positions given on the device
+    host = host_rows.HostRow(ids, None, cu, positions_from_boundaries=False)
+    assert host.positions(on_device) is on_device  # read back, never replaced by ones derived from the boundaries
+
+
+def test_labels_on_the_host_are_not_counted_when_shift_labels_came_on_the_device(monkeypatch):
+    """The head reads shift_labels first wherever they are: host labels would count other rows."""
+    ids, cu = _row()
+    monkeypatch.setattr(host_rows, "queue_upload", _Recorded())
+    on_device = ids.clone()
+    monkeypatch.setattr(host_rows, "_on_host", lambda value: isinstance(value, torch.Tensor) and value is not on_device)
+    *_, host = host_rows.upload(_on("cuda"), ids, None, None, ids.clone(), {"cu_seq_lens_q": cu, "shift_labels": on_device})
+    assert host.labels is None and host.shift_labels is None
 
 
 @pytest.mark.parametrize("device", ["cpu", "meta"])

@@ -138,3 +138,23 @@ def test_the_head_counts_the_rows_of_a_host_row_on_the_host(flag, given):
         counted[name] = (counts := Counts(), _head(flag, given_host, *args, counts))
     assert counted["host"][0].nonzero == 0 and counted["device"][0].nonzero == 1
     assert torch.equal(counted["host"][1].log_probs, counted["device"][1].log_probs)
+
+
+def test_a_padded_batch_of_host_rows_counts_its_rows_on_the_host():
+    """Rows `[B > 1, T]` (no plan): the host count reads the batch's own shape."""
+    from patchgen.kernels import ops
+    from patchgen.kernels.modeling.host_rows import HostRow
+    from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
+
+    net = tiny.build("qwen3_5", "gpu")
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, net.config.vocab_size, (2, 9), generator=gen)
+    shift = ids.roll(-1, 1).masked_fill(torch.arange(9) < 4, -100)
+    hidden = torch.randn(2, 9, net.config.hidden_size, dtype=torch.float64, generator=gen)
+    outs = []
+    for host in (None, HostRow(ids, None, None, shift_labels=shift)):
+        with torch.no_grad(), (counts := Counts()):
+            out = causal_lm_head(net.lm_head, ops.of(net), hidden, input_ids=ids, kwargs={"shift_labels": shift},
+                                 request=HeadRequest(log_probs=True, logits=False, host=host))
+        outs.append((counts.nonzero, out.log_probs))
+    assert [n for n, _ in outs] == [1, 0] and torch.equal(outs[0][1], outs[1][1])
