@@ -16,6 +16,9 @@ back to back, the device synchronized once at the end; ms per micro-batch (media
 - efficiency = (packed ms / shared ms) / (T / C), packed and shared with the same rows;
 - whether host rows give the device rows' log-probs bit for bit, per arm, and shared the packed ones.
 
+`--labels` scores as `SharedPrefixGRPOTrainer` does: shift labels on the responses, log-probs there only (the
+head counts the labelled rows: on the host for host rows, with a sync for device rows). Shapes of whole groups.
+
 Off CUDA (`--tiny`) the same loop runs at tiny widths: it checks the script, it measures nothing.
 """
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import statistics
 import time
 
@@ -38,10 +42,25 @@ TINY_WIDTHS = dict(
 )
 
 
-def score(model, ids, cu, max_len):
-    """The log-prob pass (`shared_prefix_arms.logprob_pass`), whatever device its row is on."""
+def score(model, ids, cu, max_len, shift_labels=None):
+    """The log-prob pass (`shared_prefix_arms.logprob_pass`), whatever device its row is on; with `shift_labels`,
+    as `SharedPrefixGRPOTrainer` calls it (log-probs of the response tokens only)."""
+    labelled = {} if shift_labels is None else {"shift_labels": shift_labels, "labelled_positions_only": True}
     with torch.no_grad():
-        return model(input_ids=ids, return_log_probs=True, return_logits=False, **packed_kwargs(cu, max_len)).log_probs
+        return model(
+            input_ids=ids, return_log_probs=True, return_logits=False, **packed_kwargs(cu, max_len), **labelled
+        ).log_probs
+
+
+def response_labels(ids: torch.Tensor, cu: torch.Tensor, response: int) -> torch.Tensor:
+    """`shift_labels [1, T]`: the next token where it is one of a sequence's last `response` tokens, else -100
+    (what the trainer scores: completions, not prompts)."""
+    labels = torch.full_like(ids, -100)
+    bounds = cu.tolist()
+    for start, end in itertools.pairwise(bounds):
+        first = max(start, end - response - 1)
+        labels[0, first : end - 1] = ids[0, first + 1 : end]
+    return labels
 
 
 def loop_ms(model, batches, device) -> tuple[float, float, list]:
@@ -59,13 +78,15 @@ def loop_ms(model, batches, device) -> tuple[float, float, list]:
     return (end - begin) * 1e3 / len(batches), (queued - begin) * 1e3 / len(batches), out
 
 
-def micro_batches(shape, count: int, vocab: int, device) -> tuple[list, list]:
-    """`count` batches of `shape`, each with its own ids: on the device, and the same on the host."""
+def micro_batches(shape, count: int, vocab: int, device, labels: bool = False) -> tuple[list, list]:
+    """`count` batches of `shape`, each with its own ids: on the device, and the same on the host (with
+    `labels`, each with its responses' shift labels)."""
     on_device, on_host = [], []
     for seed in range(count):
-        ids, cu, max_len, _ = shape_batch(shape, vocab, device, seed=seed)
-        on_device.append((ids, cu, max_len))
-        on_host.append((ids.cpu(), cu.cpu(), max_len))
+        ids, cu, max_len, _ = shape_batch(shape, vocab, "cpu", seed=seed)
+        row = (ids, cu, max_len) + ((response_labels(ids, cu, shape[1][0][2]),) if labels else ())
+        on_host.append(row)
+        on_device.append(tuple(t.to(device) if torch.is_tensor(t) else t for t in row))
     return on_device, on_host
 
 
@@ -76,7 +97,7 @@ def measure_shape(model, shape, args, device) -> dict:
     tree = tree_settings(shape)
     model.config.shared_prefix_max_depth = tree["max_depth"]
     model.config.shared_prefix_level_cost = tree["level_cost"]
-    on_device, on_host = micro_batches(shape, args.batches, model.config.vocab_size, device)
+    on_device, on_host = micro_batches(shape, args.batches, model.config.vocab_size, device, args.labels)
     rows = {"device rows": on_device, "host rows": on_host}
     sizes = {}
     result = {"shape": shape[0]}
@@ -119,6 +140,8 @@ def main(argv=None):
     parser.add_argument("--batches", type=int, default=8, help="micro-batches per loop")
     parser.add_argument("--repeats", type=int, default=3, help="timed loops per arm (median)")
     parser.add_argument("--tiny", action="store_true", help="tiny widths on the CPU: checks the script, measures nothing")
+    parser.add_argument("--labels", action="store_true",
+                        help="score the responses only, with shift labels, as SharedPrefixGRPOTrainer calls the model")
     args = parser.parse_args(argv)
     device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
     module = importlib.import_module(MODULE)
