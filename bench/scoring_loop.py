@@ -12,7 +12,8 @@ Per shape, `--batches` micro-batches of the shape, each with its own token ids (
 back to back, the device synchronized once at the end; ms per micro-batch (median of `--repeats` loops) for:
 
 - `packed` and `shared` (shared_prefix_cuda_graphs on, as for the scoring graph), each with the rows on the
-  device (`device rows`) and on the host (`host rows`);
+  device (`device rows`) and on the host (`host rows`); with `--eager` also `shared eager` (graphs off, rows on
+  the host: no bucket padding, every kernel launched by the host);
 - efficiency = (packed ms / shared ms) / (T / C), packed and shared with the same rows;
 - whether host rows give the device rows' log-probs bit for bit, per arm, and shared the packed ones.
 
@@ -102,10 +103,17 @@ def measure_shape(model, shape, args, device) -> dict:
     sizes = {}
     result = {"shape": shape[0]}
     outputs = {}
-    for arm, flag in (("packed", False), ("shared", True)):
+    # (arm, shared-prefix flag, CUDA graphs); `shared eager` only with rows on the host: can a loop that never
+    # waits hide eager launching behind the device's work, and save the graphs' bucket padding?
+    arms = [("packed", False, False), ("shared", True, device.type == "cuda")]
+    if args.eager:
+        arms.append(("shared eager", True, False))
+    for arm, flag, graphs in arms:
         model.config.shared_prefix_training = flag
-        model.config.shared_prefix_cuda_graphs = flag and device.type == "cuda"
+        model.config.shared_prefix_cuda_graphs = graphs
         for where, batches in rows.items():
+            if arm == "shared eager" and where == "device rows":
+                continue
             with observe_plans(lambda plan, tokens: sizes.update(T=tokens, C=plan.layout.compact_length if plan else tokens)):
                 loop_ms(model, batches, device)  # warm: captures, tuning, first-use verification
             times, host, out = [], [], None
@@ -116,10 +124,11 @@ def measure_shape(model, shape, args, device) -> dict:
             result[f"{arm} {where} ms"] = statistics.median(times)
             result[f"{arm} {where} host ms"] = statistics.median(host)
             outputs[(arm, where)] = out
-        result[f"{arm} host rows bit-equal"] = all(
-            torch.equal(a, b) for a, b in zip(outputs[(arm, "host rows")], outputs[(arm, "device rows")])
-        )
-        if flag:
+        if (arm, "device rows") in outputs:
+            result[f"{arm} host rows bit-equal"] = all(
+                torch.equal(a, b) for a, b in zip(outputs[(arm, "host rows")], outputs[(arm, "device rows")])
+            )
+        if graphs:
             use_graphs(model.model, None)
         model.config.shared_prefix_training = False
         model.config.shared_prefix_cuda_graphs = False
@@ -130,6 +139,13 @@ def measure_shape(model, shape, args, device) -> dict:
     bound = sizes["T"] / sizes["C"]
     for where in rows:
         result[f"efficiency {where}"] = result[f"packed {where} ms"] / result[f"shared {where} ms"] / bound
+    if "shared eager host rows ms" in result:
+        result["efficiency eager host rows"] = result["packed host rows ms"] / result["shared eager host rows ms"] / bound
+        # the graphs run the plan padded to a bucket: equal to the eager pass up to the GEMMs' bf16 rounding over
+        # more rows (bit-equal where nothing is padded, as off CUDA)
+        result["shared eager bit-equal to shared"] = all(
+            torch.equal(a, b) for a, b in zip(outputs[("shared eager", "host rows")], outputs[("shared", "host rows")])
+        )
     return result
 
 
@@ -140,6 +156,8 @@ def main(argv=None):
     parser.add_argument("--batches", type=int, default=8, help="micro-batches per loop")
     parser.add_argument("--repeats", type=int, default=3, help="timed loops per arm (median)")
     parser.add_argument("--tiny", action="store_true", help="tiny widths on the CPU: checks the script, measures nothing")
+    parser.add_argument("--eager", action="store_true",
+                        help="also the shared arm without CUDA graphs (rows on the host): no bucket padding, eager launches")
     parser.add_argument("--labels", action="store_true",
                         help="score the responses only, with shift labels, as SharedPrefixGRPOTrainer calls the model")
     args = parser.parse_args(argv)
@@ -164,6 +182,10 @@ def main(argv=None):
             f"shared {r['shared host rows bit-equal']}; shared bit-equal to packed {r['shared bit-equal to packed']}",
             flush=True,
         )
+        if "efficiency eager host rows" in r:
+            print(f"    shared without graphs, host rows: {r['shared eager host rows ms']:.1f} ms (host "
+                  f"{r['shared eager host rows host ms']:.1f}), eff {r['efficiency eager host rows']:.2f}, bit-equal to "
+                  f"the graphed pass {r['shared eager bit-equal to shared']}", flush=True)
     return results
 
 

@@ -32,3 +32,11 @@ def test_the_labelled_loop_scores_as_the_trainer_does():
     (row,) = scoring_loop.main(["--tiny", "--layers", "4", "--shapes", "4x128x32", "--batches", "2", "--repeats", "1",
                                 "--labels"])
     assert row["packed host rows bit-equal"] is True and row["shared host rows bit-equal"] is True
+
+
+def test_the_eager_arm_scores_as_the_shared_one_off_cuda():
+    (row,) = scoring_loop.main(["--tiny", "--layers", "4", "--shapes", "4x128x32", "--batches", "2", "--repeats", "1",
+                                "--eager"])
+    assert row["shared eager host rows ms"] > 0 and "shared eager device rows ms" not in row
+    assert row["shared eager bit-equal to shared"] is True  # off CUDA neither arm graphs nor pads
+    assert row["efficiency eager host rows"] == row["packed host rows ms"] / row["shared eager host rows ms"] / (640 / 256)
