@@ -63,6 +63,22 @@ def _same(a, b) -> bool:
     return a == b
 
 
+def alternating_ms(builders: dict, call, repeats: int) -> tuple[dict, str]:
+    """`call(builder)` for each builder in turn, `repeats` rounds: CPU ms per builder, and a line of the median
+    (smallest) CPU ms and median wall ms of each."""
+    cpu, wall = {label: [] for label in builders}, {label: [] for label in builders}
+    for _ in range(repeats):
+        for label, fn in builders.items():
+            start, start_cpu = time.perf_counter(), time.thread_time()
+            call(fn)
+            cpu[label].append(1e3 * (time.thread_time() - start_cpu))
+            wall[label].append(1e3 * (time.perf_counter() - start))
+    shown = "  ".join(
+        f"{k} {statistics.median(cpu[k]):5.2f} ({min(cpu[k]):5.2f}) {statistics.median(wall[k]):6.2f}" for k in cpu
+    )
+    return cpu, shown
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", required=True, help="a folder holding the older `kernels` package as `kbase`")
@@ -105,16 +121,8 @@ def main() -> None:
                 old, new = before(ids, cu, pos, max_depth=depth), after(ids, cu, pos, max_depth=depth)
                 if not same_plan(old, new):
                     raise SystemExit(f"{name}, max_depth {depth}, positions {kind}: the two builders disagree")
-                cpu, wall = {"before": [], "after": []}, {"before": [], "after": []}
-                for _ in range(args.repeats):
-                    for label, fn in (("before", before), ("after", after)):
-                        start, start_cpu = time.perf_counter(), time.thread_time()
-                        fn(ids, cu, pos, max_depth=depth)
-                        cpu[label].append(1e3 * (time.thread_time() - start_cpu))
-                        wall[label].append(1e3 * (time.perf_counter() - start))
-                shown = "  ".join(
-                    f"{k} {statistics.median(cpu[k]):5.2f} ({min(cpu[k]):5.2f}) {statistics.median(wall[k]):6.2f}"
-                    for k in cpu
+                _, shown = alternating_ms(
+                    {"before": before, "after": after}, lambda fn, ids=ids, cu=cu, pos=pos, depth=depth: fn(ids, cu, pos, max_depth=depth), args.repeats
                 )
                 print(f"{name:<44} max_depth {depth} levels {new.depth}  {shown}", flush=True)
         print("load average", " ".join(f"{v:.1f}" for v in os.getloadavg()))
@@ -138,17 +146,7 @@ def shapes_ab(before, args) -> None:
             old, new = run(before), run(after)
             if not same_plan(old, new):
                 raise SystemExit(f"{shape.name}, pad_to_bucket={pad}: the two builders disagree")
-            cpu, wall = {"before": [], "after": []}, {"before": [], "after": []}
-            for _ in range(args.repeats):
-                for label, fn in (("before", before), ("after", after)):
-                    start, start_cpu = time.perf_counter(), time.thread_time()
-                    run(fn)
-                    cpu[label].append(1e3 * (time.thread_time() - start_cpu))
-                    wall[label].append(1e3 * (time.perf_counter() - start))
-            shown = "  ".join(
-                f"{k} {statistics.median(cpu[k]):5.2f} ({min(cpu[k]):5.2f}) {statistics.median(wall[k]):6.2f}"
-                for k in cpu
-            )
+            cpu, shown = alternating_ms({"before": before, "after": after}, run, args.repeats)
             ratio = statistics.median(cpu["before"]) / statistics.median(cpu["after"])
             print(f"{shape.name:<52} T {ids.shape[1]:>6} {'padded' if pad else 'plain':>6}  {shown}  x{ratio:.2f}",
                   flush=True)
