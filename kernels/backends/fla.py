@@ -63,16 +63,22 @@ def gated_delta_rule(
     return o, (final if output_final_state else None)
 
 
-def causal_conv1d(x, weight, bias=None, *, activation="silu", cu_seqlens=None, initial_state=None):
+def causal_conv1d(
+    x, weight, bias=None, *, activation="silu", cu_seqlens=None, initial_state=None, cu_seqlens_cpu=None,
+    chunk_indices=None,
+):
     """fla's varlen depthwise conv (Triton backend); the final conv state is dropped.
 
     ``initial_state: [N, W-1, D]`` (the slot's layout, rows in time order) goes to fla as its
-    ``[N, D, W]`` (slot 0 unread); fla returns its gradient.
+    ``[N, D, W]`` (slot 0 unread); fla returns its gradient. Without ``chunk_indices`` (its 64-row
+    chunks, the GDN slot's layout) fla derives them from ``cu_seqlens`` with a host sync, once per
+    boundaries tensor it has not seen.
     """
     if initial_state is not None:
         initial_state = F.pad(initial_state.transpose(1, 2), (1, 0))
     y, _ = _fla_causal_conv1d(
-        x, weight, bias, activation=activation, cu_seqlens=cu_seqlens, initial_state=initial_state
+        x, weight, bias, activation=activation, cu_seqlens=cu_seqlens, initial_state=initial_state,
+        cu_seqlens_cpu=cu_seqlens_cpu, chunk_indices=chunk_indices,
     )
     return y
 

@@ -15,13 +15,17 @@ from .varlen import compute_dtype
 ACTIVATIONS = (None, "silu", "swish")
 
 
-def causal_conv1d(x, weight, bias=None, *, activation="silu", cu_seqlens=None, initial_state=None):
+def causal_conv1d(
+    x, weight, bias=None, *, activation="silu", cu_seqlens=None, initial_state=None, cu_seqlens_cpu=None,
+    chunk_indices=None,
+):
     """``y[t] = act(bias + sum_j weight[:, W-1-j] * x[t-j])`` over taps that stay inside t's sequence.
 
     ``x: [B, T, D]``, ``weight: [D, W]``; ``initial_state: [N, W-1, D]`` (one per sequence, rows in time
     order: row ``W-1-j`` is the input ``j`` rows before the sequence's first) is read by the taps
     before a sequence's start, which otherwise read zeros; its gradient flows. Computed in fp32
-    (float64 for float64), returned in x's dtype.
+    (float64 for float64), returned in x's dtype. ``cu_seqlens_cpu`` and ``chunk_indices`` are accepted
+    for the slot's signature and unused (the taps are masked on the device, with no sync).
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")

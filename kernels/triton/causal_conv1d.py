@@ -427,9 +427,12 @@ def _batch_cu_seqlens(B: int, T: int, device: torch.device) -> torch.Tensor:
                            lambda: torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=device))
 
 
-def causal_conv1d(x, weight, bias=None, *, activation="silu", cu_seqlens=None, initial_state=None):
+def causal_conv1d(x, weight, bias=None, *, activation="silu", cu_seqlens=None, initial_state=None,
+                  cu_seqlens_cpu=None, chunk_indices=None):
     """Depthwise causal conv over x [B, T, D] with weight [D, W]; varlen through cu_seqlens (B == 1);
-    `initial_state [N, W-1, D]`: each sequence's W-1 input rows before its start (causal_conv1d_state.py)."""
+    `initial_state [N, W-1, D]`: each sequence's W-1 input rows before its start (causal_conv1d_state.py).
+    `cu_seqlens_cpu` and `chunk_indices` are the slot's sync-sparing extras: these kernels find each
+    row's sequence on the device and need neither."""
     if activation not in _ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(map(str, _ACTIVATIONS))}, got {activation!r}")
     B, T, D = x.shape

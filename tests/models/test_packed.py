@@ -55,11 +55,11 @@ def test_loss_log_probs_and_entropy_when_packed():
 
 @pytest.mark.parametrize("model", ["qwen3_5", "qwen3_5_moe"])
 def test_packed_metadata_is_built_once_per_micro_batch_not_per_layer(model, monkeypatch):
-    """The GDN slot gets host boundaries and chunk indices, so no layer syncs to derive them."""
+    """The GDN and conv slots get host boundaries and chunk indices, so no layer syncs to derive them."""
     mod = tiny.module(model, "gpu")
     from patchgen.kernels.modeling import packing
 
-    builds, gdn_calls = [], []
+    builds, gdn_calls, conv_calls = [], [], []
     real_row = packing.PackedRow
 
     def counting_row(*args):
@@ -75,13 +75,20 @@ def test_packed_metadata_is_built_once_per_micro_batch_not_per_layer(model, monk
         gdn_calls.append(kwargs)
         return real_gdn(*args, **kwargs)
 
+    real_conv = table.causal_conv1d
+
+    def conv_spy(*args, **kwargs):
+        conv_calls.append(kwargs)
+        return real_conv(*args, **kwargs)
+
     monkeypatch.setitem(table.__dict__, "gated_delta_rule", spy)  # the table is immutable by design
+    monkeypatch.setitem(table.__dict__, "causal_conv1d", conv_spy)
     ids, cu = tiny.packed_batch([40, 9, 70], seed=5)
     net(input_ids=ids, **tiny.packed_kwargs(cu))
     linear_layers = net.config.layer_types.count("linear_attention")
     assert len(builds) == 1
-    assert len(gdn_calls) == linear_layers
-    for kwargs in gdn_calls:
+    assert len(gdn_calls) == len(conv_calls) == linear_layers
+    for kwargs in gdn_calls + conv_calls:
         assert kwargs["cu_seqlens_cpu"].device.type == "cpu"
         assert kwargs["chunk_indices"].tolist() == [[0, 0], [1, 0], [2, 0], [2, 1]]  # 40, 9, 70 tokens
 

@@ -148,9 +148,12 @@ class Qwen3_5GatedDeltaNet(upstream.Qwen3_5GatedDeltaNet):
                 )
             else:
                 row = packed_row(kwargs, batch_size, seq_len, hidden_states.device)
+                # the host boundaries and chunk table spare both slots a host sync per layer
+                varlen = {} if row is None else dict(
+                    cu_seqlens=row.cu_seqlens, cu_seqlens_cpu=row.cu_seqlens_cpu, chunk_indices=row.chunk_indices
+                )
                 mixed_qkv = table.causal_conv1d(
-                    mixed_qkv, weight, self.conv1d.bias, activation=self.activation,
-                    cu_seqlens=None if row is None else row.cu_seqlens,
+                    mixed_qkv, weight, self.conv1d.bias, activation=self.activation, **varlen
                 )
             query, key, value = torch.split(mixed_qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
             query = query.reshape(1, batch_size * seq_len, -1, self.head_k_dim)
@@ -161,9 +164,6 @@ class Qwen3_5GatedDeltaNet(upstream.Qwen3_5GatedDeltaNet):
                     plan, table.gated_delta_rule, query, key, value, g, beta, use_qk_l2norm_in_kernel=True
                 )
             else:
-                varlen = {} if row is None else dict(
-                    cu_seqlens=row.cu_seqlens, cu_seqlens_cpu=row.cu_seqlens_cpu, chunk_indices=row.chunk_indices
-                )
                 core_attn_out, final_state = table.gated_delta_rule(
                     query, key, value, g, beta, use_qk_l2norm_in_kernel=True, output_final_state=prefill, **varlen
                 )
