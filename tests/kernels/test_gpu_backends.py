@@ -123,21 +123,22 @@ def test_liger_rms_norm():
     [
         ("rms_norm", "liger", 256),
         ("rms_norm", "liger", 2560),
-        ("rms_norm_gated", "fla", 128),
         ("rms_norm_gated", "triton", 128),
     ],
 )
 def test_a_row_of_a_token_wise_norm_has_the_same_bits_whatever_the_row_count(slot, name, width):
     """Shared-prefix training is bit-identical to packed in bf16 only if a token's output does not
-    depend on how many rows its call holds (C compact rows against T packed ones); 40960 rows cross
-    liger's 32768-row switch to its block kernel, 1000 do not."""
+    depend on how many rows its call holds (C compact rows against T packed ones); 140000 rows cross
+    liger's 32768-row switch to its block kernel and fla's tuning buckets of 65536 rows, 1000 do not.
+    fla's gated norm is not listed: it is tuned per bucket, and the result would hang on which
+    configurations the two buckets' tunings picked (bench/norm_config_bits.py)."""
     fn = backend(slot, name)
-    many = cuda(40960, width)
+    many = cuda(140000, width)
     weight = cuda(width, scale=0.1)
     if slot == "rms_norm":
         whole, part = fn(many, weight, 1e-6), fn(many[:1000].clone(), weight, 1e-6)
     else:
-        gate = cuda(40960, width)
+        gate = cuda(140000, width)
         whole, part = fn(many, gate, weight, 1e-6), fn(many[:1000].clone(), gate[:1000].clone(), weight, 1e-6)
     assert torch.equal(whole[:1000], part)
 

@@ -199,3 +199,10 @@ def test_table_survives_copy_and_pickle():
     assert copy.deepcopy(table) is table
     again = pickle.loads(pickle.dumps(table))
     assert again.backend("attention") == "eager" and again.device_target == "cpu"
+
+
+def test_gpu_gated_norm_defaults_to_one_launch_shape_for_every_row_count():
+    """fla tunes its gated norm per bucket of row count and its configurations round some rows apart
+    (bench/norm_config_bits.py, H200): a shared pass and packed would be bit-equal by luck. Ours is first."""
+    assert AUTO_ORDER["gpu"]["rms_norm_gated"][0] == "triton"
+    assert AUTO_ORDER["gpu"]["rms_norm_gated"].index("triton") < AUTO_ORDER["gpu"]["rms_norm_gated"].index("fla")
