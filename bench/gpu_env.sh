@@ -8,7 +8,8 @@
 # patchgen.kernels) and, when .whl-triton/triton371-slim.tar.xz was carried (bench/slim_triton.sh
 # makes it), unpacks Triton 3.7.1 into /tmp/t371 without putting it on the path:
 #   PYTHONPATH=$T371:$PYTHONPATH python ...   # this process under Triton 3.7.1
-# Safe to source again, from several shells at once: each step runs once per machine.
+# Safe to source again, from several shells at once: each step runs once per machine, except the staging of
+# the package, which runs again when the checkout's sources changed (a warm machine keeps /tmp/pg).
 set -e
 if [ -f .whl-site/site-py312.tar.xz ] && [ ! -d /tmp/site-xz ]; then
   rm -rf /tmp/site-xz.new && mkdir -p /tmp/site-xz.new && tar -C /tmp/site-xz.new -xJf .whl-site/site-py312.tar.xz \
@@ -17,13 +18,18 @@ fi
 if [ ! -d /tmp/site-xz ] && [ ! -f /tmp/site/.patchgen-installed ]; then
   pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && touch /tmp/site/.patchgen-installed
 fi
-if [ ! -d /tmp/pg/patchgen ]; then
+# staged again whenever the checkout's sources differ from what was staged: a warm machine keeps /tmp/pg
+# between calls, and a call after a change must not run the code of the call before it
+PG_STAMP=$(find patchgen kernels generated templates -type f -not -path '*/__pycache__/*' -print0 | sort -z \
+  | xargs -0 md5sum | md5sum | cut -d' ' -f1)
+if [ "$(cat /tmp/pg/.stamp 2>/dev/null)" != "$PG_STAMP" ]; then
   rm -rf /tmp/pg.new && mkdir -p /tmp/pg.new/patchgen
   cp -r patchgen/. /tmp/pg.new/patchgen/
   cp -r kernels /tmp/pg.new/patchgen/kernels
   cp -r generated /tmp/pg.new/patchgen/generated
   cp -r templates /tmp/pg.new/patchgen/templates
-  mv /tmp/pg.new /tmp/pg
+  echo "$PG_STAMP" > /tmp/pg.new/.stamp
+  rm -rf /tmp/pg && mv /tmp/pg.new /tmp/pg
 fi
 export T371=/tmp/t371
 if [ -f .whl-triton/triton371-slim.tar.xz ] && [ ! -d $T371/triton ]; then

@@ -53,8 +53,8 @@ def group():
     return ids, cu, labels
 
 
-def score(net, ids, cu, labels):
-    longest = int((cu[1:] - cu[:-1]).max())
+def score(net, ids, cu, labels, longest):
+    """`longest` from the host boundaries: read from a device `cu` it would be a sync of this script's own."""
     with torch.no_grad():
         return net(input_ids=ids, labels=labels, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest,
                    max_length_k=longest, return_log_probs=True, return_logits=False).log_probs
@@ -97,6 +97,7 @@ def main(argv=None):
         raise SystemExit("bench/scoring_syncs.py needs a CUDA device (it counts host syncs with torch's CUDA sync debug mode)")
     net = model()
     ids, cu, labels = group()
+    longest = int((cu[1:] - cu[:-1]).max())
     for shared in (False, True):
         net.config.shared_prefix_training = shared
         arms = {"on the device": lambda: [t.cuda() for t in (ids, cu, labels)],
@@ -104,10 +105,10 @@ def main(argv=None):
                 "on the host, no labels": lambda: [ids.clone(), cu.clone(), None]}
         for where, rows in arms.items():
             for _ in range(2):
-                score(net, *rows())  # warm: tuning, first-use verification
+                score(net, *rows(), longest)  # warm: tuning, first-use verification
             batch = rows()
             with sync_sites(ours_and_libraries) as sites:
-                score(net, *batch)
+                score(net, *batch, longest)
             print(f"{'shared' if shared else 'packed'}, row {where}: {len(sites)} syncs")
             for site in sites:
                 print(f"    {site}")

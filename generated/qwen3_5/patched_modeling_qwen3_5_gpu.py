@@ -27,7 +27,7 @@
 #   cross_entropy = liger
 #   gated_delta_rule = fla
 #   rms_norm = liger
-#   rms_norm_gated = fla
+#   rms_norm_gated = triton
 #
 #                🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨
 #           This file was automatically generated from src/transformers/models/qwen3_5/modular_qwen3_5.py.
@@ -119,7 +119,7 @@ PATCHGEN_OP_DEFAULTS = {
     "cross_entropy": "liger",
     "gated_delta_rule": "fla",
     "rms_norm": "liger",
-    "rms_norm_gated": "fla",
+    "rms_norm_gated": "triton",
 }
 
 

@@ -32,7 +32,7 @@
 #   gated_delta_rule = fla
 #   moe_experts = grouped_mm
 #   rms_norm = liger
-#   rms_norm_gated = fla
+#   rms_norm_gated = triton
 #
 #                🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨
 #           This file was automatically generated from src/transformers/models/qwen3_5_moe/modular_qwen3_5_moe.py.
@@ -126,7 +126,7 @@ PATCHGEN_OP_DEFAULTS = {
     "gated_delta_rule": "fla",
     "moe_experts": "grouped_mm",
     "rms_norm": "liger",
-    "rms_norm_gated": "fla",
+    "rms_norm_gated": "triton",
 }
 
 

@@ -201,8 +201,13 @@ def test_table_survives_copy_and_pickle():
     assert again.backend("attention") == "eager" and again.device_target == "cpu"
 
 
-def test_gpu_gated_norm_defaults_to_one_launch_shape_for_every_row_count():
+@pytest.mark.parametrize("model", ["qwen3_5", "qwen3_5_moe"])
+def test_gpu_gated_norm_defaults_to_one_launch_shape_for_every_row_count(model):
     """fla tunes its gated norm per bucket of row count and its configurations round some rows apart
-    (bench/norm_config_bits.py, H200): a shared pass and packed would be bit-equal by luck. Ours is first."""
+    (bench/norm_config_bits.py, H200): a shared pass and packed would be bit-equal by luck. Ours is the
+    generated GPU modules' default and first in `auto`."""
+    import importlib
+
+    generated = importlib.import_module(f"patchgen.generated.{model}.patched_modeling_{model}_gpu")
+    assert generated.PATCHGEN_OP_DEFAULTS["rms_norm_gated"] == "triton"
     assert AUTO_ORDER["gpu"]["rms_norm_gated"][0] == "triton"
-    assert AUTO_ORDER["gpu"]["rms_norm_gated"].index("triton") < AUTO_ORDER["gpu"]["rms_norm_gated"].index("fla")

@@ -48,8 +48,8 @@ def _row():
     return ids, cu.to(torch.int32), ids.masked_fill(prompt, -100)
 
 
-def _score(net, ids, cu, labels):
-    longest = int((cu[1:] - cu[:-1]).max())
+def _score(net, ids, cu, labels, longest):
+    """`longest` comes from the host boundaries: read from a device `cu` it would be a sync of the test's own."""
     with torch.no_grad():
         out = net(input_ids=ids, labels=labels, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest,
                   max_length_k=longest, return_log_probs=True, return_logits=False)
@@ -88,14 +88,15 @@ def test_a_row_handed_over_on_the_host_scores_as_on_the_device_with_fewer_syncs(
     net, module = model
     net.config.shared_prefix_training = shared
     ids, cu, labels = _row()
+    longest = int((cu[1:] - cu[:-1]).max())
     on_device = [t.cuda() for t in (ids, cu, labels)]
-    _score(net, *on_device)  # warm: plans, tuning, verification
-    _score(net, ids, cu, labels)
+    _score(net, *on_device, longest)  # warm: plans, tuning, verification
+    _score(net, ids, cu, labels, longest)
     # new tensors, as every micro-batch of a loop brings: fla's varlen conv keeps what it derived per boundaries
     # tensor, and a tensor it saw before would spare the device row a copy back that a real loop pays
     fresh = [t.clone() for t in on_device]
-    device_syncs, _, (lp_device, loss_device) = _syncs(net, module, lambda: _score(net, *fresh))
-    host_syncs, whole_call, (lp_host, loss_host) = _syncs(net, module, lambda: _score(net, ids, cu, labels))
+    device_syncs, _, (lp_device, loss_device) = _syncs(net, module, lambda: _score(net, *fresh, longest))
+    host_syncs, whole_call, (lp_host, loss_host) = _syncs(net, module, lambda: _score(net, ids, cu, labels, longest))
     assert torch.equal(lp_host, lp_device) and torch.equal(loss_host, loss_device)
     assert host_syncs < device_syncs  # the count sees the copies back a row on the device costs
     if shared:
