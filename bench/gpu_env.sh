@@ -4,12 +4,12 @@
 # installs our pinned transformers, fla-core and liger from the carried .whl/ into /tmp/site (or, when
 # .whl-site/site-py312.tar.xz was carried instead, unpacks it into /tmp/site-xz: the same pins plus
 # TRL, bench/slim_trl.sh makes it), stages
-# the package as plain folders under /tmp/pg (the image's setuptools editable install does not map
+# the package as plain folders under /tmp/pg-<md5 of its sources> ($PG_DIR; the image's setuptools editable install does not map
 # patchgen.kernels) and, when .whl-triton/triton371-slim.tar.xz was carried (bench/slim_triton.sh
 # makes it), unpacks Triton 3.7.1 into /tmp/t371 without putting it on the path:
 #   PYTHONPATH=$T371:$PYTHONPATH python ...   # this process under Triton 3.7.1
-# Safe to source again, from several shells at once: each step runs once per machine, except the staging of
-# the package, which runs again when the checkout's sources changed (a warm machine keeps /tmp/pg).
+# Safe to source again, from several shells at once: each step runs once per machine, the staging of the
+# package once per content of its sources.
 set -e
 if [ -f .whl-site/site-py312.tar.xz ] && [ ! -d /tmp/site-xz ]; then
   rm -rf /tmp/site-xz.new && mkdir -p /tmp/site-xz.new && tar -C /tmp/site-xz.new -xJf .whl-site/site-py312.tar.xz \
@@ -18,18 +18,22 @@ fi
 if [ ! -d /tmp/site-xz ] && [ ! -f /tmp/site/.patchgen-installed ]; then
   pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && touch /tmp/site/.patchgen-installed
 fi
-# staged again whenever the checkout's sources differ from what was staged: a warm machine keeps /tmp/pg
-# between calls, and a call after a change must not run the code of the call before it
+# staged per content: /tmp/pg-<md5 of the sources>, so a warm machine (which keeps /tmp between calls) runs the
+# checkout's code and not the call before's, and shells sourcing this at once never share a half-built folder
 PG_STAMP=$(find patchgen kernels generated templates -type f -not -path '*/__pycache__/*' -print0 | sort -z \
   | xargs -0 md5sum | md5sum | cut -d' ' -f1)
-if [ "$(cat /tmp/pg/.stamp 2>/dev/null)" != "$PG_STAMP" ]; then
-  rm -rf /tmp/pg.new && mkdir -p /tmp/pg.new/patchgen
-  cp -r patchgen/. /tmp/pg.new/patchgen/
-  cp -r kernels /tmp/pg.new/patchgen/kernels
-  cp -r generated /tmp/pg.new/patchgen/generated
-  cp -r templates /tmp/pg.new/patchgen/templates
-  echo "$PG_STAMP" > /tmp/pg.new/.stamp
-  rm -rf /tmp/pg && mv /tmp/pg.new /tmp/pg
+export PG_DIR=/tmp/pg-$PG_STAMP
+if [ ! -d "$PG_DIR/patchgen" ]; then
+  PG_NEW=$(mktemp -d /tmp/pg.XXXXXX)
+  # explicit checks, not set -e: callers source this inside `||`, where bash ignores set -e
+  if mkdir -p "$PG_NEW/patchgen" && cp -r patchgen/. "$PG_NEW/patchgen/" && cp -r kernels "$PG_NEW/patchgen/kernels" \
+    && cp -r generated "$PG_NEW/patchgen/generated" && cp -r templates "$PG_NEW/patchgen/templates"; then
+    mv -T "$PG_NEW" "$PG_DIR" 2>/dev/null || rm -rf "$PG_NEW"  # another shell staged the same sources first
+  else
+    rm -rf "$PG_NEW"
+    echo "gpu_env.sh: staging the package into $PG_DIR failed (disk full? run from the repository root)" >&2
+    return 1 2>/dev/null || exit 1
+  fi
 fi
 export T371=/tmp/t371
 if [ -f .whl-triton/triton371-slim.tar.xz ] && [ ! -d $T371/triton ]; then
@@ -37,7 +41,7 @@ if [ -f .whl-triton/triton371-slim.tar.xz ] && [ ! -d $T371/triton ]; then
 fi
 # the slim build has no AMD backend: drop its entry point, or backend discovery fails on import
 [ -d $T371/triton ] && sed -i '/triton.backends.amd/d' $T371/triton-*.dist-info/entry_points.txt
-export PYTHONPATH=/tmp/pg:/tmp/site-xz:/tmp/site
+export PYTHONPATH=$PG_DIR:/tmp/site-xz:/tmp/site
 python -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name(), 'x', torch.cuda.device_count())"
 [ -d $T371/triton ] && PYTHONPATH=$T371:$PYTHONPATH python -c "import triton; print('on request: triton', triton.__version__, 'from', triton.__file__)"
 # fla's tuned configurations from earlier runs on this GPU model (bench/fla_configs.py), read in

@@ -10,8 +10,8 @@
 #   sp8    the training-step bench at 8 layers: one-level shapes and the tree controls (system prompt,
 #          3-turn agentic), bf16 correctness of the seed case and the system tree (bench/shared_prefix_gpu.py)
 #   sp32   the same bench at 32 layers, two one-level shapes, with the upstream + liger baseline
-#   sp32t  sp32's shapes with our Triton GDN, conv and gated norm instead of fla's (ours costs less host
-#          per call; the step is host-bound)
+#   sp32t  sp32's shapes with our Triton GDN and conv instead of fla's (ours costs less host per call;
+#          the step is host-bound); the gated norm is ours in both since 2026-12-02
 #   cgraph  shared_prefix_cuda_graphs: its GPU test (graphed step == eager step), then the bench's --graphs
 #           arms (shared step without checkpointing, eager and graphed) at 8 and 32 layers, n=4 P=2048 R=256,
 #           and the same over CGRAPH_VARY (default 16) micro-batches of drawn lengths (--vary: captures vs replays);

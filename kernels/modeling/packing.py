@@ -45,8 +45,8 @@ PACKED_ROW = "packed_row"  # the keyword a PackedRow travels under, from the tex
 class PackedRow:
     """Recurrent-mixer metadata of one packed row, built once per micro-batch (one host copy).
 
-    Passing `cu_seqlens_cpu` and `chunk_indices` to the GDN slot spares every layer's call a host
-    sync to derive them from the device boundaries.
+    Passing `cu_seqlens_cpu` and `chunk_indices` to the GDN and conv slots spares every layer's calls a
+    host sync to derive them from the device boundaries.
     """
 
     cu_seqlens: torch.Tensor  # [N + 1] int32, on the device

@@ -37,6 +37,7 @@ from ..shared_prefix import (
     positions_from_cu_seqlens,
     reject_unsupported,
     takes_ordinary_path,
+    warn_row_count_dependent,
 )
 from ..shared_prefix.plan_reuse import PLANS, build_or_reuse
 from .packing import PACKED_ROW
@@ -128,6 +129,7 @@ def plan_for(
     check_gdn_backend(table.handle("gated_delta_rule"), working("gated_delta_rule", frozenset(GDN_NEEDS)))
     check_conv_backend(table.handle("causal_conv1d"), working("causal_conv1d", frozenset(CONV_NEEDS)))
     check_attention_backend(table.handle("attention"), working("attention", frozenset(ATTENTION_NEEDS)))
+    warn_row_count_dependent("rms_norm_gated", table.handle("rms_norm_gated"))
     row = kwargs.get(PACKED_ROW)
     plan = build_or_reuse(
         PLANS if shared_prefix_plan_reuse(config) else None,

@@ -14,6 +14,7 @@ from .guards import (
     ATTENTION_NEEDS,
     CONV_NEEDS,
     GDN_NEEDS,
+    BitIdentityNotGuaranteed,
     PackedMetadataMissing,
     check_attention_backend,
     check_conv_backend,
@@ -21,6 +22,7 @@ from .guards import (
     reject_unsupported,
     require_packed_metadata,
     takes_ordinary_path,
+    warn_row_count_dependent,
 )
 from .level_cost import ENV_LEVEL_COST, LEVEL_COST_TOKENS, LevelCost, resolve_level_cost
 from .lm_rows import LMIndex, LMRows, shared_prefix_loss
@@ -36,6 +38,7 @@ __all__ = [
     "GDN_NEEDS",
     "LEVEL_COST_TOKENS",
     "AttentionIndex",
+    "BitIdentityNotGuaranteed",
     "ConvIndex",
     "GDNIndex",
     "GDNRound",
@@ -60,4 +63,5 @@ __all__ = [
     "shared_prefix_gated_delta_rule",
     "shared_prefix_loss",
     "takes_ordinary_path",
+    "warn_row_count_dependent",
 ]

@@ -6,6 +6,7 @@ checked through any object with `.name` and `.capabilities` (a kernel handle).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 
 from .. import capabilities as caps
@@ -14,6 +15,18 @@ from ..errors import BackendUnavailable
 GDN_NEEDS = (caps.VARLEN, caps.INITIAL_STATE, caps.INITIAL_STATE_GRAD, caps.FINAL_STATE_GRAD)
 ATTENTION_NEEDS = (caps.VARLEN, caps.BOTTOM_RIGHT_CAUSAL)
 CONV_NEEDS = (caps.VARLEN,)
+
+
+# backends that may give a row other bits in a call of another size (shared runs C rows where packed runs T)
+ROW_COUNT_DEPENDENT = {
+    ("rms_norm_gated", "fla"): "fla tunes its gated norm per bucket of row count and some of its configurations "
+    "round rows apart, so a shared pass and packed are bit-equal only when the two tunings agree",
+}
+_WARNED: set[tuple[str, str]] = set()
+
+
+class BitIdentityNotGuaranteed(UserWarning):
+    """A backend of the shared-prefix path may round a row differently from packed: equal to bf16 rounding only."""
 
 
 class PackedMetadataMissing(ValueError):
@@ -51,6 +64,20 @@ def check_attention_backend(handle, working: Iterable = ()) -> None:
 def check_conv_backend(handle, working: Iterable = ()) -> None:
     """A conv backend must respect sequence boundaries (varlen), or look-back rows leak across segments."""
     _check("causal_conv1d", handle, CONV_NEEDS, working)
+
+
+def warn_row_count_dependent(slot: str, handle) -> None:
+    """Once per process and backend: shared training still runs, equal to packed within bf16 rounding."""
+    reason = ROW_COUNT_DEPENDENT.get((slot, handle.name))
+    if reason is None or (slot, handle.name) in _WARNED:
+        return
+    _WARNED.add((slot, handle.name))
+    warnings.warn(
+        f"shared-prefix training with {slot}={handle.name!r}: {reason}; set ops_implementation "
+        f"{slot}='triton' (one launch shape for every row count) for bit-identical results",
+        BitIdentityNotGuaranteed,
+        stacklevel=4,
+    )
 
 
 def require_packed_metadata(cu_seq_lens_q) -> None:

@@ -100,6 +100,27 @@ def test_causal_conv1d(name):
 
 
 @pytest.mark.parametrize("name", ["fla", "triton"])
+def test_causal_conv1d_with_the_packed_rows_chunk_table_equals_it_without(name):
+    """The packed path hands the conv the PackedRow's host boundaries and chunk table (fla's own layout, 64-row
+    chunks); output and gradients are those of the call that derives them, bit for bit."""
+    from patchgen.kernels.modeling.packing import packed_row
+
+    fn = backend("causal_conv1d", name)
+    cu = torch.tensor([0, 40, 49, 119, 119, 184], dtype=torch.int32, device="cuda")  # an empty sequence too
+    row = packed_row({"cu_seq_lens_q": cu}, 1, 184, cu.device)
+    x, weight, bias = cuda(1, 184, 256), cuda(256, 4), cuda(256)
+    grad = cuda(1, 184, 256)
+    results = []
+    for extras in ({}, {"cu_seqlens_cpu": row.cu_seqlens_cpu, "chunk_indices": row.chunk_indices}):
+        leaves = [t.clone().requires_grad_() for t in (x, weight, bias)]
+        y = fn(*leaves, cu_seqlens=cu.clone(), **extras)  # a tensor fla has not seen: it derives its own table
+        y.backward(grad)
+        results.append([y.detach(), *(t.grad for t in leaves)])
+    for plain, given in zip(*results):
+        assert torch.equal(plain, given)
+
+
+@pytest.mark.parametrize("name", ["fla", "triton"])
 def test_rms_norm_gated(name):
     fn = backend("rms_norm_gated", name)
     compare(

@@ -92,7 +92,7 @@ def test_a_row_handed_over_on_the_host_scores_as_on_the_device_with_fewer_syncs(
     on_device = [t.cuda() for t in (ids, cu, labels)]
     _score(net, *on_device, longest)  # warm: plans, tuning, verification
     _score(net, ids, cu, labels, longest)
-    # new tensors, as every micro-batch of a loop brings: fla's varlen conv keeps what it derived per boundaries
+    # new tensors, as every micro-batch of a loop brings: a backend may keep what it derived per boundaries
     # tensor, and a tensor it saw before would spare the device row a copy back that a real loop pays
     fresh = [t.clone() for t in on_device]
     device_syncs, _, (lp_device, loss_device) = _syncs(net, module, lambda: _score(net, *fresh, longest))

@@ -1,5 +1,6 @@
 """Section 4 guards provided to the model code: capability checks and refused features."""
 
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -7,6 +8,7 @@ import torch
 from patchgen.kernels import capabilities as caps
 from patchgen.kernels.errors import BackendUnavailable
 from patchgen.kernels.shared_prefix import (
+    BitIdentityNotGuaranteed,
     PackedMetadataMissing,
     check_attention_backend,
     check_conv_backend,
@@ -15,6 +17,7 @@ from patchgen.kernels.shared_prefix import (
     reject_unsupported,
     require_packed_metadata,
     takes_ordinary_path,
+    warn_row_count_dependent,
 )
 
 FLA = SimpleNamespace(
@@ -76,3 +79,15 @@ def test_ordinary_path_conditions():
 def test_positions_from_cu_seqlens_restart_per_sequence():
     cu = torch.tensor([0, 3, 3, 5, 9], dtype=torch.int32)
     assert positions_from_cu_seqlens(cu, 9).tolist() == [[0, 1, 2, 0, 1, 0, 1, 2, 3]]
+
+
+def test_a_gated_norm_tuned_per_row_count_warns_once_that_bits_may_differ(monkeypatch):
+    from patchgen.kernels.shared_prefix import guards
+
+    monkeypatch.setattr(guards, "_WARNED", set())
+    with pytest.warns(BitIdentityNotGuaranteed, match="rms_norm_gated='triton'"):
+        warn_row_count_dependent("rms_norm_gated", SimpleNamespace(name="fla"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_row_count_dependent("rms_norm_gated", SimpleNamespace(name="fla"))  # once per process
+        warn_row_count_dependent("rms_norm_gated", SimpleNamespace(name="triton"))  # one launch shape: silent

@@ -170,6 +170,11 @@ def test_a_third_layout_evicts_the_least_recently_used_graph(models):
     _check(models, [_batch(D, seed=9)], "D (capture, evicts)")
     assert (stats.captures, stats.evictions) == (before[0] + 1, before[1] + 1)
     assert len(graphs_of(graphed_model).cache) == 2
+    # the one evicted was A, the least recently used: C still replays, A captures again
+    _check(models, [_batch(C, seed=22)], "C (still held: replays)")
+    assert stats.captures == before[0] + 1
+    _check(models, [_batch(A, seed=23)], "A (evicted: captures again)")
+    assert stats.captures == before[0] + 2
 
 
 def test_a_backward_after_a_later_replay_of_the_same_graph_raises(models):
