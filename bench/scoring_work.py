@@ -277,7 +277,8 @@ def wrap_slots(model, tally: Tally, accountant: Accountant):
             tally.add(SLOT_GROUP[slot], slot, flops, nbytes)
             return out
 
-        for attr, value in vars(fn).items():
+        # attributes the slot's callers read (the conv's `look_back`); a dispatching object has no __dict__
+        for attr, value in getattr(fn, "__dict__", {}).items():
             setattr(call, attr, value)
         return call
 
