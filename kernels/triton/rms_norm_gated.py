@@ -81,6 +81,7 @@ class NormTuning:
     bwd_warps: int = 2
     bwd_programs_per_sm: int = 16
     bwd_stages: int | None = None  # pipelining depth of the persistent loop's loads; None or 1: not pipelined
+    max_rows: int = 64  # rows a block at most (a GPU's registers)
 
 
 # Candidates that bench/triton_tuning.py --sweep times; PATCHGEN_TRITON_NORM picks one for a process
@@ -95,6 +96,9 @@ PRESETS = {
     "bwd-512-1w": NormTuning(bwd_elements=512, bwd_warps=1, bwd_programs_per_sm=32),
 }
 DEFAULT = PRESETS["default"]
+# Triton's interpreter (the CPU) runs a program's block as numpy arrays and costs milliseconds per program
+# whatever its size: few, large blocks (the GPU module's gated norm on the CPU under TRITON_INTERPRET=1)
+INTERPRETER = NormTuning(fwd_elements=1 << 17, bwd_elements=1 << 17, max_rows=4096)
 # A process-wide choice (the environment variable, or a bench assigning it); None: per device, the
 # tuning table's entry, else DEFAULT.
 TUNING: NormTuning | None = config_from_env("PATCHGEN_TRITON_NORM", PRESETS, None, "rms_norm_gated launch")
@@ -102,12 +106,13 @@ TUNING: NormTuning | None = config_from_env("PATCHGEN_TRITON_NORM", PRESETS, Non
 
 def default_tuning(device: torch.device) -> NormTuning:
     """The configuration a call on `device` gets when it passes none."""
-    return TUNING or table_config("rms_norm_gated", PRESETS, DEFAULT, device, "rms_norm_gated launch")
+    fallback = INTERPRETER if device.type == "cpu" else DEFAULT
+    return TUNING or table_config("rms_norm_gated", PRESETS, fallback, device, "rms_norm_gated launch")
 _SM_COUNT: dict[int, int] = {}
 
 
-def _rows_per_block(d: int, elements: int) -> int:
-    return max(1, min(64, elements // next_pow2(d)))
+def _rows_per_block(d: int, elements: int, max_rows: int) -> int:
+    return max(1, min(max_rows, elements // next_pow2(d)))
 
 
 def _programs(device: torch.device, per_sm: int, n_blocks: int) -> int:
@@ -126,7 +131,7 @@ def _programs(device: torch.device, per_sm: int, n_blocks: int) -> int:
 
 @functools.lru_cache(maxsize=256)
 def _fwd_launch(n_rows, D, dtype, tuning):
-    br = _rows_per_block(D, tuning.fwd_elements)
+    br = _rows_per_block(D, tuning.fwd_elements, tuning.max_rows)
     return (triton.cdiv(n_rows, br),), dict(D=D, BD=next_pow2(D), BR=br, ACC=precision_for(dtype).acc,
                                             num_warps=tuning.fwd_warps)
 
@@ -143,7 +148,7 @@ def norm_fwd(x, gate, weight, eps, tuning: NormTuning | None = None):
 
 @functools.lru_cache(maxsize=256)
 def _bwd_launch(n_rows, D, dtype, device, tuning):
-    br = _rows_per_block(D, tuning.bwd_elements)
+    br = _rows_per_block(D, tuning.bwd_elements, tuning.max_rows)
     n_blocks = triton.cdiv(n_rows, br)
     P = _programs(device, tuning.bwd_programs_per_sm, n_blocks)
     meta = dict(D=D, BD=next_pow2(D), BR=br, ACC=precision_for(dtype).acc, STAGES=tuning.bwd_stages or 1,

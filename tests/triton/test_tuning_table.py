@@ -48,7 +48,8 @@ def test_the_table_picks_the_gdn_backwards_transposes_design(table):
 def test_a_device_model_not_in_the_table_gets_the_code_default(table):
     table.write_text(json.dumps({"NVIDIA H200": {"causal_conv1d": "window"}}))
     assert conv_module.default_tuning(CPU) == conv_module.DEFAULT
-    assert norm_module.default_tuning(CPU) == norm_module.DEFAULT
+    assert norm_module.default_tuning(CPU) == norm_module.INTERPRETER  # the code's default for the interpreter
+    assert norm_module.default_tuning(torch.device("meta")) == norm_module.DEFAULT
 
 
 def test_no_table_file_means_the_code_defaults(table):
