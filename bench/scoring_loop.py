@@ -168,6 +168,10 @@ def main(argv=None):
         model = module.Qwen3_5ForCausalLM(config_for(TINY_WIDTHS if args.tiny else WIDTHS, args.layers))
     model = (model if args.tiny else model.bfloat16()).eval()
     uncheckpointed(model)
+    # which code ran: the backends of every slot, and where the package was imported from (a warm machine once
+    # ran a previous call's staged copy)
+    table = module.ops.of(model)
+    print(f"{module.__file__}: " + ", ".join(f"{slot}={c.backend}" for slot, c in table.choices.items()), flush=True)
     results = []
     for shape in parse_shapes(args.shapes):
         r = measure_shape(model, shape, args, device)
