@@ -11,6 +11,9 @@ ENTROPY = "entropy"  # cross_entropy: also returns the per-token entropy (return
 # cross_entropy: reads nothing back to the host, so a loop of scoring calls queues the next call while the device
 # runs this one (liger's fused head counts its valid targets on the host first)
 SYNC_FREE = "sync_free"
+# a row's result has the same bits whatever the call's row count (one launch shape for every size): shared
+# (C rows) equals packed (T rows) bit for bit only through ops that have it; declared where it was checked
+ROW_INVARIANT = "row_invariant"
 FLOAT64 = "float64"  # computes in float64 when given float64 (the references; used by the tests)
 
 # The floating dtypes a backend computes in, by torch name. A handle serves these unless it declares
@@ -30,6 +33,7 @@ ALL = frozenset(
         NEEDS_GPU,
         ENTROPY,
         SYNC_FREE,
+        ROW_INVARIANT,
         FLOAT64,
     }
 )

@@ -17,11 +17,6 @@ ATTENTION_NEEDS = (caps.VARLEN, caps.BOTTOM_RIGHT_CAUSAL)
 CONV_NEEDS = (caps.VARLEN,)
 
 
-# backends that may give a row other bits in a call of another size (shared runs C rows where packed runs T)
-ROW_COUNT_DEPENDENT = {
-    ("rms_norm_gated", "fla"): "fla tunes its gated norm per bucket of row count and some of its configurations "
-    "round rows apart, so a shared pass and packed are bit-equal only when the two tunings agree",
-}
 _WARNED: set[tuple[str, str]] = set()
 
 
@@ -67,14 +62,17 @@ def check_conv_backend(handle, working: Iterable = ()) -> None:
 
 
 def warn_row_count_dependent(slot: str, handle) -> None:
-    """Once per process and backend: shared training still runs, equal to packed within bf16 rounding."""
-    reason = ROW_COUNT_DEPENDENT.get((slot, handle.name))
-    if reason is None or (slot, handle.name) in _WARNED:
+    """Once per process and backend, for a backend without `row_invariant` (fla's gated norm, tuned per bucket
+    of row count: some of its configurations round rows apart): shared training still runs, equal to packed
+    within bf16 rounding, bit for bit only when the two calls' tunings agree."""
+    if caps.ROW_INVARIANT in handle.capabilities or (slot, handle.name) in _WARNED:
         return
     _WARNED.add((slot, handle.name))
     warnings.warn(
-        f"shared-prefix training with {slot}={handle.name!r}: {reason}; set ops_implementation "
-        f"{slot}='triton' (one launch shape for every row count) for bit-identical results",
+        f"shared-prefix training with {slot}={handle.name!r}: this backend may round a row differently in a call "
+        f"of another row count (shared runs C rows where packed runs T), so the two agree to bf16 rounding, not "
+        f"bit for bit; set ops_implementation {slot}='triton' (one launch shape for every row count) for "
+        "bit-identical results",
         BitIdentityNotGuaranteed,
         stacklevel=4,
     )

@@ -81,13 +81,16 @@ def test_positions_from_cu_seqlens_restart_per_sequence():
     assert positions_from_cu_seqlens(cu, 9).tolist() == [[0, 1, 2, 0, 1, 0, 1, 2, 3]]
 
 
-def test_a_gated_norm_tuned_per_row_count_warns_once_that_bits_may_differ(monkeypatch):
+def test_a_gated_norm_without_row_invariance_warns_once_that_bits_may_differ(monkeypatch):
+    from patchgen.kernels import registry
     from patchgen.kernels.shared_prefix import guards
 
     monkeypatch.setattr(guards, "_WARNED", set())
+    fla, ours = registry.handle("rms_norm_gated", "fla"), registry.handle("rms_norm_gated", "triton")
     with pytest.warns(BitIdentityNotGuaranteed, match="rms_norm_gated='triton'"):
-        warn_row_count_dependent("rms_norm_gated", SimpleNamespace(name="fla"))
+        warn_row_count_dependent("rms_norm_gated", fla)  # tuned per bucket of row count
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        warn_row_count_dependent("rms_norm_gated", SimpleNamespace(name="fla"))  # once per process
-        warn_row_count_dependent("rms_norm_gated", SimpleNamespace(name="triton"))  # one launch shape: silent
+        warn_row_count_dependent("rms_norm_gated", fla)  # once per process
+        warn_row_count_dependent("rms_norm_gated", ours)  # one launch shape for every row count: silent
+        warn_row_count_dependent("rms_norm_gated", registry.handle("rms_norm_gated", "torch"))
