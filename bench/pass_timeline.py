@@ -24,8 +24,15 @@ from dataclasses import dataclass
 import torch
 
 # (where the name is looked up, the name, the label) in call order; the generated module's names come first
-GENERATED = (("Qwen3_5ForCausalLM.forward", "model"), ("Qwen3_5TextModel.forward", "text model"), ("causal_lm_head", "LM head"))
+GENERATED = (
+    ("Qwen3_5ForCausalLM.forward", "model"), ("Qwen3_5TextModel.forward", "text model"), ("causal_lm_head", "LM head"),
+    ("resolve_packed", "packed row"),
+)
 KERNELS = (
+    ("patchgen.kernels.modeling.host_rows", "upload", "host rows"),
+    ("patchgen.kernels.modeling.verify", "due", "verify due"),
+    ("patchgen.kernels.modeling.shared_prefix", "packed_positions", "positions"),
+    ("patchgen.kernels.ops", "of", "op table"),
     ("patchgen.kernels.modeling.shared_prefix", "plan_for", "plan"),
     ("patchgen.kernels.modeling.layer_graphs", "run_layers", "layer stack"),
     ("patchgen.kernels.modeling.layer_graphs", "call_signature", "graph key"),

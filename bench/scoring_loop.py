@@ -26,6 +26,7 @@ Off CUDA (`--tiny`) the same loop runs at tiny widths: it checks the script, it 
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import itertools
 import statistics
@@ -65,6 +66,19 @@ def response_labels(ids: torch.Tensor, cu: torch.Tensor, response: int) -> torch
 
 
 def loop_ms(model, batches, device) -> tuple[float, float, list]:
+    if GC_OFF:
+        gc.collect()
+        gc.disable()
+    try:
+        return _loop_ms(model, batches, device)
+    finally:
+        gc.enable()
+
+
+GC_OFF = False  # --gc-off: a diagnostic A/B (does a collection of Python's garbage stall the host mid-loop?)
+
+
+def _loop_ms(model, batches, device) -> tuple[float, float, list]:
     """ms per micro-batch of one loop over `batches` (the device synchronized at the end only), the host's ms
     per micro-batch until the last call returned, and the log-probs. Host ms close to the loop's: the host sets
     the pace (its own work, or a wait for the device inside a call); well below: the device does."""
@@ -79,6 +93,53 @@ def loop_ms(model, batches, device) -> tuple[float, float, list]:
     return (end - begin) * 1e3 / len(batches), (queued - begin) * 1e3 / len(batches), out
 
 
+def loop_timeline(model, module, batches, device, title: str) -> str:
+    """One loop profiled (`idle_report` says what it shows)."""
+    from pass_timeline import phases
+    from shared_prefix_timing import events_of
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with phases(module), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        loop_ms(model, batches, device)
+    return idle_report(events_of(prof), len(batches), title)
+
+
+def idle_report(events, calls: int, title: str) -> str:
+    """A profiled loop of `calls` forwards: wall, the device's busy time, its idle time grouped by what the host was
+    doing when the device ran dry (the innermost phase of `pass_timeline.phases` and the CUDA call in flight), the
+    longest gaps with the call of the loop they fell in, and the host records of 0.1 ms or more during the longest.
+    In a loop the host runs ahead, so a gap is the device waiting for work the host has not queued yet."""
+    from pass_timeline import timeline
+
+    t = timeline(events, min_gap_us=10.0)
+    t0 = min(e.start_ns for e in events if e.host and e.name.startswith("phase: "))
+    starts = sorted((e.start_ns - t0) / 1e6 for e in events if e.host and e.name == "phase: model")
+    by_where: dict[tuple[str, str], list[float]] = {}
+    for gap in t.gaps:
+        by_where.setdefault((gap.phase, gap.call), []).append(gap.length_ms)
+    idle = sum(g.length_ms for g in t.gaps)
+    head = (f"--- {title}: wall {t.wall_ms:.2f} ms for {calls} calls, device busy {t.busy_ms:.2f} ms, first kernel "
+            f"at {t.first_kernel_ms:.2f} ms, idle in gaps >= 10 us: {idle:.2f} ms ({idle / calls:.2f} a call)")
+    lines = [head,
+             "  idle ms  gaps  longest ms  host phase at the gap's start / CUDA call in flight"]
+    for (phase, call), lengths in sorted(by_where.items(), key=lambda kv: -sum(kv[1])):
+        lines.append(f"  {sum(lengths):7.2f} {len(lengths):5d} {max(lengths):11.2f}  {phase} / {call or '-'}")
+    lines.append("  longest gaps: call of the loop, ms into it, length ms, host phase / CUDA call")
+    longest = sorted(t.gaps, key=lambda g: -g.length_ms)[:6]
+    for gap in longest:
+        k = max(0, sum(start <= gap.start_ms for start in starts) - 1)
+        lines.append(f"    call {k}  {gap.start_ms - starts[k]:8.2f} {gap.length_ms:8.2f}  {gap.phase} / {gap.call or '-'}")
+    if longest:  # what the host ran while the device waited the longest
+        gap = longest[0]
+        a, b = t0 + gap.start_ms * 1e6, t0 + (gap.start_ms + gap.length_ms) * 1e6
+        inside = [e for e in events if e.host and e.duration_ns >= 1e5 and e.start_ns < b and e.start_ns + e.duration_ns > a]
+        lines.append(f"  host records of 0.1 ms or more during the longest gap ({len(inside)}; start ms into the gap, ms):")
+        for e in sorted(inside, key=lambda e: e.start_ns)[:40]:
+            lines.append(f"    {(e.start_ns - a) / 1e6:8.2f} {e.duration_ns / 1e6:8.2f}  {e.name[:90]}")
+    return "\n".join(lines)
+
+
 def micro_batches(shape, count: int, vocab: int, device, labels: bool = False) -> tuple[list, list]:
     """`count` batches of `shape`, each with its own ids: on the device, and the same on the host (with
     `labels`, each with its responses' shift labels)."""
@@ -91,7 +152,7 @@ def micro_batches(shape, count: int, vocab: int, device, labels: bool = False) -
     return on_device, on_host
 
 
-def measure_shape(model, shape, args, device) -> dict:
+def measure_shape(model, shape, args, device, module=None) -> dict:
     from patchgen.kernels.modeling.layer_graphs import use_graphs
     from patchgen.kernels.modeling.shared_prefix import observe_plans
 
@@ -121,6 +182,9 @@ def measure_shape(model, shape, args, device) -> dict:
                 ms, queued, out = loop_ms(model, batches, device)
                 times.append(ms)
                 host.append(queued)
+            if args.timeline and device.type == "cuda" and where == "host rows":
+                result.setdefault("timelines", []).append(
+                    loop_timeline(model, module, batches, device, f"{shape[0]} {arm}, {where}"))
             result[f"{arm} {where} ms"] = statistics.median(times)
             result[f"{arm} {where} host ms"] = statistics.median(host)
             outputs[(arm, where)] = out
@@ -160,7 +224,13 @@ def main(argv=None):
                         help="also the shared arm without CUDA graphs (rows on the host): no bucket padding, eager launches")
     parser.add_argument("--labels", action="store_true",
                         help="score the responses only, with shift labels, as SharedPrefixGRPOTrainer calls the model")
+    parser.add_argument("--timeline", action="store_true",
+                        help="profile one loop per arm (rows on the host): the device's idle time and what the host did then")
+    parser.add_argument("--gc-off", action="store_true",
+                        help="diagnostic: Python's garbage collector off during each loop (collected before it)")
     args = parser.parse_args(argv)
+    global GC_OFF
+    GC_OFF = args.gc_off
     device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
     module = importlib.import_module(MODULE)
     torch.manual_seed(0)
@@ -174,7 +244,7 @@ def main(argv=None):
     print(f"{module.__file__}: " + ", ".join(f"{slot}={c.backend}" for slot, c in table.choices.items()), flush=True)
     results = []
     for shape in parse_shapes(args.shapes):
-        r = measure_shape(model, shape, args, device)
+        r = measure_shape(model, shape, args, device, module)
         results.append(r)
         print(
             f"[{args.layers}L] {r['shape']}: T={r['T']} C={r['C']} bound {r['T'] / r['C']:.2f}, "
@@ -190,6 +260,8 @@ def main(argv=None):
             print(f"    shared without graphs, host rows: {r['shared eager host rows ms']:.1f} ms (host "
                   f"{r['shared eager host rows host ms']:.1f}), eff {r['efficiency eager host rows']:.2f}, bit-equal to "
                   f"the graphed pass {r['shared eager bit-equal to shared']}", flush=True)
+        for text in r.get("timelines", ()):
+            print(text, flush=True)
     return results
 
 

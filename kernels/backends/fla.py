@@ -176,9 +176,10 @@ class _JointRounds(FlaJointRounds, _Rounds):
 
 
 # The joint stages equal fla's per-round stages bit for bit on the H200 at two rounds (tests/shared_prefix/
-# test_gdn_rounds_gpu.py, 2026-12-01 and -02); at three rounds (2026-12-02, since the state stages take the
-# plan's chunk_offsets) dv departs by one bf16 rounding (7.6e-6 of values near 4e-3) while dq, dk
-# and the outputs stay bit-equal (dg, dbeta not compared after dv failed): not isolated yet. On the CPU they are order-checked with stand-ins only
-# (fla's state kernel does not run under Triton's interpreter). PATCHGEN_FLA_JOINT_ROUNDS=0 keeps the
-# per-round stages.
+# test_gdn_rounds_gpu.py). At three rounds dv departs by one bf16 rounding; bench/joint_rounds_probe.py places it
+# in fla's own composed backward: every stage, joint or per round, on slices or on copies, gives the same bits, and
+# the joint path equals the stages composed per round, but fla's `chunk_gated_delta_rule_bwd` on the same inputs
+# departs from those stages (round 1 of 4 sequences: dk at 1 element, dg at 928 by 1.4e-6). Both paths are
+# deterministic. On the CPU they are order-checked with stand-ins only (fla's state kernel does not run under
+# Triton's interpreter). PATCHGEN_FLA_JOINT_ROUNDS=0 keeps the per-round stages.
 gated_delta_rule.rounds = _Rounds() if os.environ.get("PATCHGEN_FLA_JOINT_ROUNDS") == "0" else _JointRounds()

@@ -67,5 +67,6 @@ def test_phases_label_a_real_forward_and_put_the_functions_back():
     with pass_timeline.phases(module), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         model(input_ids=ids)
     labels = {e.name for e in events_of(prof) if e.name.startswith("phase: ")}
-    assert {"phase: model", "phase: text model", "phase: LM head", "phase: layer stack"} <= labels
+    assert {"phase: model", "phase: text model", "phase: LM head", "phase: layer stack", "phase: host rows",
+            "phase: verify due", "phase: packed row", "phase: op table"} <= labels
     assert (module.Qwen3_5ForCausalLM.__dict__["forward"], module.causal_lm_head) == before

@@ -40,3 +40,44 @@ def test_the_eager_arm_scores_as_the_shared_one_off_cuda():
     assert row["shared eager host rows ms"] > 0 and "shared eager device rows ms" not in row
     assert row["shared eager bit-equal to shared"] is True  # off CUDA neither arm graphs nor pads
     assert row["efficiency eager host rows"] == row["packed host rows ms"] / row["shared eager host rows ms"] / (640 / 256)
+
+
+def test_the_idle_report_blames_each_gap_on_the_call_and_phase_the_host_was_in():
+    from shared_prefix_timing import Event
+
+    ms = 1_000_000
+
+    def host(name, start, length, kind="user_annotation"):
+        return Event(name, True, int(start * ms), int(length * ms), kind)
+
+    def kernel(start, length):
+        return Event("kernel", False, int(start * ms), int(length * ms), "kernel")
+
+    events = [
+        host("phase: model", 0, 4), host("phase: plan", 0.5, 2.5), host("aten::to", 1.0, 0.5, "cpu_op"),
+        kernel(0.0, 0.5), kernel(3.0, 5.0),  # call 0: the device waits 2.5 ms for the plan
+        host("phase: model", 4, 2), host("phase: positions", 4.2, 0.3),
+        kernel(8.0, 1.0), kernel(9.5, 1.0),  # call 1 was queued in time; a 0.5 ms gap while its positions ran
+    ]
+    events.append(host("phase: positions", 8.9, 0.7))
+    report = scoring_loop.idle_report(events, 2, "t")
+    lines = report.splitlines()
+    assert "for 2 calls, device busy 7.50 ms" in lines[0] and "idle in gaps >= 10 us: 3.00 ms (1.50 a call)" in lines[0]
+    assert lines[2].split()[:4] == ["2.50", "1", "2.50", "plan"]  # the most idle first
+    assert lines[3].split()[:4] == ["0.50", "1", "0.50", "positions"]
+    longest = lines[lines.index("  longest gaps: call of the loop, ms into it, length ms, host phase / CUDA call") + 1]
+    assert longest.split()[:5] == ["call", "0", "0.50", "2.50", "plan"]
+    assert "call 1" in report  # the positions gap, 4.9 ms into call 1
+    inside = report.split("during the longest gap")[1]
+    assert "aten::to" in inside and "phase: plan" in inside
+
+
+def test_the_collector_is_off_inside_a_gc_off_loop_only(monkeypatch):
+    import gc
+
+    seen = []
+    real = scoring_loop._loop_ms
+    monkeypatch.setattr(scoring_loop, "_loop_ms", lambda *a: (seen.append(gc.isenabled()), real(*a))[1])
+    scoring_loop.main(["--tiny", "--layers", "4", "--shapes", "2x64x16", "--batches", "1", "--repeats", "1", "--gc-off"])
+    assert seen and not any(seen) and gc.isenabled()
+

@@ -73,8 +73,19 @@ def _tree(rounds):
     return agentic(prompt=1000, turns=(130,), last=96, fan=3)  # 3 rounds, unaligned ends
 
 
-@pytest.mark.parametrize("rounds", [2, 3])
-@pytest.mark.parametrize("backend", ["triton", "fla"])
+# fla at three rounds: its own composed backward (`chunk_gated_delta_rule_bwd`, the per-round path) departs from the
+# very same stage functions composed in the same order on the same inputs (round 1 of 4 sequences: dk at 1 element,
+# dg at 928 by 1.4e-6), while the joint path equals those stages composed per round bit for bit and both paths are
+# deterministic (bench/joint_rounds_probe.py, docs/bench/joint_rounds_probe_NVIDIA_H200.txt). Strict: a pass means
+# fla's composition changed, and this mark must go.
+_FLA_COMPOSED = pytest.mark.xfail(
+    strict=True, reason="fla's composed backward departs from its own stages at three rounds (dv by one bf16 rounding)"
+)
+
+
+@pytest.mark.parametrize(
+    ("backend", "rounds"), [("triton", 2), ("triton", 3), ("fla", 2), pytest.param("fla", 3, marks=_FLA_COMPOSED)]
+)
 def test_joint_rounds_equal_the_per_round_stages_bit_for_bit_at_4b_widths(backend, rounds):
     """The state-free stages once for every round (`forward_rounds` / `backward_rounds`) give the
     per-round stages' outputs and gradients bit for bit: each chunk is computed from its own rows."""
