@@ -3,7 +3,8 @@
     python bench/plot_shared_prefix.py docs/bench/shared_prefix_NVIDIA_H200.csv --out docs/bench
 
 `_efficiency`: training-step and log-prob efficiency (speed-up over packed / bound T/C) per shape,
-with the issue's targets; `_host_gpu`: host vs GPU ms of the training step, packed and shared;
+with the issue's targets; `_graphs`: the same under CUDA graphs (a `--graphs` run), the log-prob pass as one call
+and with its plan reused; `_host_gpu`: host vs GPU ms of the training step, packed and shared;
 `_upstream`: training step of the baselines (transformers + liger + fla, transformers + fla) vs ours;
 `_memory`: peak memory per arm. Needs matplotlib (`pip install -e '.[bench]'`).
 """
@@ -19,6 +20,15 @@ PLOTS = {
         "efficiency (speed-up / bound T/C)",
         "Shared prefix: efficiency against its bound",
         (("efficiency_train", "training step"), ("efficiency_logprob", "log-prob pass")),
+    ),
+    "graphs": (
+        "efficiency (speed-up / bound T/C)",
+        "Shared prefix under CUDA graphs (shared_prefix_cuda_graphs): efficiency against its bound",
+        (
+            ("efficiency_shared_graphs_train", "training step"),
+            ("efficiency_shared_graphs_logprob", "log-prob pass, one call"),
+            ("efficiency_shared_graphs_logprob_reuse", "log-prob pass, plan reused"),
+        ),
     ),
     "host_gpu": (
         "training step, ms",
@@ -50,7 +60,7 @@ PLOTS = {
         ),
     ),
 }
-TARGETS = {"efficiency": ((0.9, "target, P >= 2048"), (0.8, "target, P = 1024"))}
+TARGETS = {name: ((0.9, "target, P >= 2048"), (0.8, "target, P = 1024")) for name in ("efficiency", "graphs")}
 
 
 def value(row, key) -> float:

@@ -257,3 +257,18 @@ def test_the_sync_debug_modes_prototype_notice_is_not_a_sync():
               "operations (Triggered internally at /pytorch/torch/csrc/cuda/Module.cpp:1003.)")
     assert not shared_prefix_timing.is_sync(notice)
     assert shared_prefix_timing.is_sync("called a synchronizing CUDA operation")
+
+
+def test_a_graphs_run_draws_its_efficiency_under_graphs(tmp_path):
+    pytest.importorskip("matplotlib", reason="the plots need the bench extra (pip install -e '.[bench]')")
+    import plot_shared_prefix
+
+    path = tmp_path / "grid.csv"
+    keys = ["layers", "shape", "efficiency_shared_graphs_train", "efficiency_shared_graphs_logprob",
+            "efficiency_shared_graphs_logprob_reuse"]
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(keys)
+        writer.writerows([["8", "n=4 P=2048 R=256", "0.91", "0.84", "0.91"], ["8", "n=8 P=4096 R=256", "0.95", "0.82", "0.87"]])
+    written = {p.name for p in plot_shared_prefix.main([str(path)])}
+    assert written == {"grid_graphs.png"}  # nothing else has its columns in this CSV
