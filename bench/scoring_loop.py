@@ -26,6 +26,7 @@ Off CUDA (`--tiny`) the same loop runs at tiny widths: it checks the script, it 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib
 import itertools
@@ -100,9 +101,34 @@ def loop_timeline(model, module, batches, device, title: str) -> str:
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
-    with phases(module), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with phases(module), collections() as seen, profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         loop_ms(model, batches, device)
-    return idle_report(events_of(prof), len(batches), title)
+    done = ", ".join(f"generation {g}: {len(ms)} taking {sum(ms):.2f} ms" for g, ms in sorted(seen.items())) or "none"
+    return idle_report(events_of(prof), len(batches), title) + f"\n  Python garbage collections in the loop: {done}"
+
+
+@contextlib.contextmanager
+def collections():
+    """Each collection of Python's garbage while the block runs, as a profiler range `gc: generation N` (so a gap
+    it stalled lists it among its host records) and in the yielded {generation: [ms, ...]}."""
+    seen: dict[int, list[float]] = {}
+    running = []
+
+    def callback(phase, info):
+        if phase == "start":
+            scope = torch.profiler.record_function(f"gc: generation {info['generation']}")
+            scope.__enter__()
+            running.append((scope, time.perf_counter()))
+        elif running:
+            scope, began = running.pop()
+            scope.__exit__(None, None, None)
+            seen.setdefault(info["generation"], []).append((time.perf_counter() - began) * 1e3)
+
+    gc.callbacks.append(callback)
+    try:
+        yield seen
+    finally:
+        gc.callbacks.remove(callback)
 
 
 def idle_report(events, calls: int, title: str) -> str:

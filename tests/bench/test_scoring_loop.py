@@ -81,3 +81,16 @@ def test_the_collector_is_off_inside_a_gc_off_loop_only(monkeypatch):
     scoring_loop.main(["--tiny", "--layers", "4", "--shapes", "2x64x16", "--batches", "1", "--repeats", "1", "--gc-off"])
     assert seen and not any(seen) and gc.isenabled()
 
+
+
+def test_a_collection_of_garbage_is_counted_and_shows_in_the_profile():
+    import gc
+
+    from shared_prefix_timing import events_of
+    from torch.profiler import ProfilerActivity, profile
+
+    with scoring_loop.collections() as seen, profile(activities=[ProfilerActivity.CPU]) as prof:
+        gc.collect(1)
+    assert list(seen) == [1] and len(seen[1]) == 1 and seen[1][0] >= 0
+    assert "gc: generation 1" in {e.name for e in events_of(prof)}
+    assert all(cb.__module__ != "scoring_loop" for cb in gc.callbacks)  # removed after the block
