@@ -16,10 +16,10 @@ Off CUDA (`--tiny`) it runs tiny widths once: it checks the script, it measures 
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 from shared_prefix_arms import WIDTHS, config_for
+from shared_prefix_timing import gpu_ms
 from torch import nn
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
@@ -44,17 +44,7 @@ def time_ms(fn, repeats: int, device) -> float:
     if device.type != "cuda":
         fn()
         return 0.0
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
+    return gpu_ms(fn, repeats)
 
 
 def measure(rows: list[int], shapes: list[tuple[int, int]], repeats: int, device) -> list[float]:

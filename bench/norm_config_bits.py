@@ -18,24 +18,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import statistics
 
 import torch
+from shared_prefix_timing import gpu_ms
 
 HEADS, WIDTH = 32, 128
-
-
-def gpu_ms(call, repeats: int) -> float:
-    call()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        call()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def under_each_config(kernel, call):

@@ -280,6 +280,20 @@ def split(events: list[Event], wall_ms: float, cost_us: float, cuda: bool) -> Sp
     )
 
 
+def gpu_ms(call, repeats: int) -> float:
+    """Median device ms of `call()` over `repeats` runs (CUDA events around each; one untimed run first)."""
+    call()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
 def events_of(prof) -> list[Event]:
     """The profiler's raw records, read without building its event tree (seconds per step at 32 layers)."""
     from torch.autograd import DeviceType
