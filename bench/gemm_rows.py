@@ -1,14 +1,13 @@
-"""What a row count costs the projections of one layer group: GEMM time at the compact row's bucket sizes (H200).
+"""What a row count costs the projections of one layer group: GEMM time at a list of row counts (H200).
 
-    python bench/gemm_rows.py [--rows 6144,6146,6272,6277,6400] [--repeats 50]
+    python bench/gemm_rows.py [--rows 6144,6272,6277,6400] [--repeats 50]
 
-The graphed log-prob pass pads the compact row to a bucket (`kernels/shared_prefix/bucket.py`: 6146 rows become
-6277 at n=8 P=4096), and on the H200 its projections took 4.7 % longer than the eager pass's for 2 % more rows
-(`docs/bench/profile_logprob_graphs_NVIDIA_H200_l8.txt`). A GEMM computes whole tiles of rows, so its time steps
-with the tile count, not the row count: 6144 rows are 48 tiles of 128, 6277 are 50. This times every projection of
-one group of four layers (three Gated DeltaNet, one attention, each with its MLP) at the 4B widths, in bf16, at
-each row count: the total, and its ratio to the first count's against the ratio of rows. A bucket ladder whose
-sizes fill the tiles would pad without that step.
+The graphed passes pad the compact row to a bucket (`kernels/shared_prefix/bucket.py`: 6144 rows become 6277 at
+n=8 P=4096 R=256). A GEMM computes whole tiles of rows, so its time may step with the tile count rather than grow
+with the rows: 6144 rows are 48 tiles of 128, 6272 are 49, 6277 are 50. This times every projection of one group of
+four layers (three Gated DeltaNet, one attention, each with its MLP) at the 4B widths, in bf16, at each row count,
+and gives each total against the first count's, beside the ratio of rows: whether a bucket ladder of whole tiles
+would pad for less.
 
 Off CUDA (`--tiny`) it runs tiny widths once: it checks the script, it measures nothing.
 """
@@ -61,7 +60,7 @@ def measure(rows: list[int], shapes: list[tuple[int, int]], repeats: int, device
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", default="6144,6146,6272,6277,6400,3072,3074,3136,3218")
+    parser.add_argument("--rows", default="6144,6272,6277,6400", help="row counts; ratios are to the first")
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--tiny", action="store_true", help="tiny widths on the CPU: checks the script, measures nothing")
     args = parser.parse_args(argv)

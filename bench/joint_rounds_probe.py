@@ -2,14 +2,14 @@
 
     python bench/joint_rounds_probe.py [--repeats 2]
 
-`tests/shared_prefix/test_gdn_rounds_gpu.py` finds fla's joint rounds (`fla_rounds.FlaJointRounds`) one bf16
-rounding off its per-round stages in dv at three rounds (agentic tree: prompt 1000, a turn of 130, 3 leaves
-of 96), though every stage they run once for all rounds computes a chunk from its own rows. This runs the
-joint backward stage by stage on that plan and, for each state-free stage the joint path runs over every
-round's rows at once, runs the same stage again on each round's rows alone with the round's own tables, and
-says per round whether the two agree bit for bit (and by how much when not). It also runs the joint and the
-per-round paths `--repeats` times each: a path that disagrees with itself is not deterministic, and its
-difference from the other path is not a stage's.
+`tests/shared_prefix/test_gdn_rounds_gpu.py` finds fla's joint rounds (`fla_rounds.FlaJointRounds`) one rounding
+off its per-round stages in the v and gate gradients at three rounds (agentic tree: prompt 1000, a turn of 130, 3
+leaves of 96), though every stage they run once for all rounds computes a chunk from its own rows. This runs both
+whole paths `--repeats` times each (a path that disagrees with itself is not deterministic), then the joint
+backward stage by stage on that plan, driven by the test's own upstream gradient, and per round: each state-free
+stage again on the round's rows alone with its own tables, the state stages again on copies of the round's rows,
+and fla's composed per-round backward (`chunk_gated_delta_rule_bwd`) against the same stages composed here; each
+comparison says whether the two agree bit for bit, and by how much when not.
 """
 
 from __future__ import annotations
@@ -90,7 +90,9 @@ def main(argv=None):
 
     with torch.no_grad():
         o, initial, saved, _ = rounds.forward_rounds(qs, ks, vs, gs, bs, scale, idx, h0_of)
-        do = torch.randn_like(o)
+        # the test's own upstream gradient: its loss is sum(out * weight), so the compact row's gradient is `weight`,
+        # and the rounds' rows get it where they are kept (replayed tail rows get zero), as GDNRounds.backward does
+        do = weight if idx.out_identity else torch.zeros_like(o).index_copy_(1, idx.out_index, weight)
         g_cum, A = saved
         joint = {"cu_seqlens": idx.joint.cu_seqlens, "chunk_indices": idx.joint.chunk_indices}
         w, u = st.recompute_w_u(k=ks, v=vs, beta=bs, A=A, g=g_cum, **joint)

@@ -1,9 +1,11 @@
 """Where a pass leaves the GPU idle: the host phases of one call, and the device's idle gaps against them.
 
-Used by `profile_shared_prefix.py --timeline`. `phases(module)` wraps the functions a forward of the generated
-module runs through (the top model, plan building, the text model, the layer stack, the graph key, the
-scoring replay, the LM head) in `torch.profiler.record_function` ranges for as long as the block runs; the
-models' code is not changed. `timeline(events)` reads one profiled call's records
+Used by `profile_shared_prefix.py --timeline` and `scoring_loop.py --timeline`. `phases(module)` wraps the
+functions a forward of the generated module runs through (the top model, the host rows' upload, the verification
+check, the packed row's boundaries, the positions, the op table, plan building, the text model, the layer stack,
+the graph key, the static load, the scoring replay, the LM head) in `torch.profiler.record_function` ranges for as
+long as the block runs; the models' code is not changed (the op table is looked up once per layer as well: a few
+microseconds of host time more per layer while profiled). `timeline(events)` reads one profiled call's records
 (`shared_prefix_timing.events_of`) and says, from the call's start:
 
 - each phase's host start and duration (its first call's; a phase called again is counted in `calls`);

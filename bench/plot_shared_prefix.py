@@ -78,14 +78,19 @@ def by_depth(rows) -> dict[str, list[dict]]:
     return depths
 
 
+def present(rows, name) -> list[tuple[str, str]]:
+    """The series of plot `name` that the CSV has values for (a plot with none is not drawn)."""
+    return [(key, label) for key, label in PLOTS[name][2] if any(row.get(key, "") != "" for row in rows)]
+
+
 def draw(rows, name, out: Path, stem: str) -> Path | None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ylabel, title, series = PLOTS[name]
-    series = [(key, label) for key, label in series if any(key in row and row[key] != "" for row in rows)]
+    ylabel, title, _ = PLOTS[name]
+    series = present(rows, name)
     if not series:
         return None
     depths = by_depth(rows)
@@ -105,7 +110,7 @@ def draw(rows, name, out: Path, stem: str) -> Path | None:
             )
         for level, label in TARGETS.get(name, ()):
             ax.axhline(level, linestyle="--", linewidth=1, color="grey")
-            ax.text(len(group) - 0.5, level, label, ha="right", va="bottom", fontsize=8, color="grey")
+            ax.text(-0.5, level, label, ha="left", va="bottom", fontsize=8, color="grey")
         ax.set_xticks(
             list(range(len(group))), [r["shape"] for r in group], rotation=25, ha="right", fontsize=8
         )

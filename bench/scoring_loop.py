@@ -67,13 +67,22 @@ def response_labels(ids: torch.Tensor, cu: torch.Tensor, response: int) -> torch
 
 
 def loop_ms(model, batches, device) -> tuple[float, float, list]:
+    """`_loop_ms`, with Python's collector off for the loop under `--gc-off` (callers collect before, outside any
+    profile: `clean_slate`)."""
+    was = gc.isenabled()
     if GC_OFF:
-        gc.collect()
         gc.disable()
     try:
         return _loop_ms(model, batches, device)
     finally:
-        gc.enable()
+        if was:
+            gc.enable()
+
+
+def clean_slate() -> None:
+    """Under `--gc-off`, collect once before a loop, so the loop starts with nothing the collector owes."""
+    if GC_OFF:
+        gc.collect()
 
 
 GC_OFF = False  # --gc-off: a diagnostic A/B (does a collection of Python's garbage stall the host mid-loop?)
@@ -101,6 +110,7 @@ def loop_timeline(model, module, batches, device, title: str) -> str:
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
+    clean_slate()
     with phases(module), collections() as seen, profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         loop_ms(model, batches, device)
     done = ", ".join(f"generation {g}: {len(ms)} taking {sum(ms):.2f} ms" for g, ms in sorted(seen.items())) or "none"
@@ -147,7 +157,12 @@ def idle_report(events, calls: int, title: str) -> str:
     idle = sum(g.length_ms for g in t.gaps)
     head = (f"--- {title}: wall {t.wall_ms:.2f} ms for {calls} calls, device busy {t.busy_ms:.2f} ms, first kernel "
             f"at {t.first_kernel_ms:.2f} ms, idle in gaps >= 10 us: {idle:.2f} ms ({idle / calls:.2f} a call)")
-    lines = [head,
+    kinds: dict[str, float] = {}
+    for e in events:
+        if not e.host and e.kind not in ("user_annotation", "gpu_user_annotation"):
+            kinds[e.kind] = kinds.get(e.kind, 0.0) + e.duration_ns / 1e6
+    by_kind = ", ".join(f"{kind} {ms:.2f}" for kind, ms in sorted(kinds.items(), key=lambda kv: -kv[1]))
+    lines = [head, f"  device ms by kind (summed, overlaps counted twice): {by_kind}",
              "  idle ms  gaps  longest ms  host phase at the gap's start / CUDA call in flight"]
     for (phase, call), lengths in sorted(by_where.items(), key=lambda kv: -sum(kv[1])):
         lines.append(f"  {sum(lengths):7.2f} {len(lengths):5d} {max(lengths):11.2f}  {phase} / {call or '-'}")
@@ -178,7 +193,7 @@ def micro_batches(shape, count: int, vocab: int, device, labels: bool = False) -
     return on_device, on_host
 
 
-def measure_shape(model, shape, args, device, module=None) -> dict:
+def measure_shape(model, shape, args, device, module) -> dict:
     from patchgen.kernels.modeling.layer_graphs import use_graphs
     from patchgen.kernels.modeling.shared_prefix import observe_plans
 
@@ -202,9 +217,11 @@ def measure_shape(model, shape, args, device, module=None) -> dict:
             if arm == "shared eager" and where == "device rows":
                 continue
             with observe_plans(lambda plan, tokens: sizes.update(T=tokens, C=plan.layout.compact_length if plan else tokens)):
+                clean_slate()
                 loop_ms(model, batches, device)  # warm: captures, tuning, first-use verification
             times, host, out = [], [], None
             for _ in range(args.repeats):
+                clean_slate()
                 ms, queued, out = loop_ms(model, batches, device)
                 times.append(ms)
                 host.append(queued)
@@ -257,6 +274,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     global GC_OFF
     GC_OFF = args.gc_off
+    if args.timeline and (args.tiny or not torch.cuda.is_available()):
+        raise SystemExit("--timeline profiles the device's idle time: it needs a CUDA device (and not --tiny)")
     device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
     module = importlib.import_module(MODULE)
     torch.manual_seed(0)
@@ -268,6 +287,7 @@ def main(argv=None):
     # ran a previous call's staged copy)
     table = module.ops.of(model)
     print(f"{module.__file__}: " + ", ".join(f"{slot}={c.backend}" for slot, c in table.choices.items()), flush=True)
+    print("run: " + " ".join(f"--{k.replace('_', '-')}={v}" for k, v in sorted(vars(args).items())), flush=True)
     results = []
     for shape in parse_shapes(args.shapes):
         r = measure_shape(model, shape, args, device, module)

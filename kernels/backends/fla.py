@@ -176,10 +176,10 @@ class _JointRounds(FlaJointRounds, _Rounds):
 
 
 # The joint stages equal fla's per-round stages bit for bit on the H200 at two rounds (tests/shared_prefix/
-# test_gdn_rounds_gpu.py). At three rounds dv departs by one bf16 rounding; bench/joint_rounds_probe.py places it
-# in fla's own composed backward: every stage, joint or per round, on slices or on copies, gives the same bits, and
-# the joint path equals the stages composed per round, but fla's `chunk_gated_delta_rule_bwd` on the same inputs
-# departs from those stages (round 1 of 4 sequences: dk at 1 element, dg at 928 by 1.4e-6). Both paths are
-# deterministic. On the CPU they are order-checked with stand-ins only (fla's state kernel does not run under
-# Triton's interpreter). PATCHGEN_FLA_JOINT_ROUNDS=0 keeps the per-round stages.
+# test_gdn_rounds_gpu.py). At three rounds the v and gate gradients depart by one rounding (outputs, dq, dk, dbeta
+# stay bit-equal). bench/joint_rounds_probe.py: every stage, joint or per round, on slices or on copies, gives the
+# same bits, and fla's `chunk_gated_delta_rule_bwd` departs from those same stages composed in the same order (on
+# the probe's own gradient: dk at 1 element, dg at 928), the likely source; not yet traced on the test's gradient.
+# Both paths are deterministic. On the CPU they are order-checked with stand-ins only (fla's state kernel does not
+# run under Triton's interpreter). PATCHGEN_FLA_JOINT_ROUNDS=0 keeps the per-round stages.
 gated_delta_rule.rounds = _Rounds() if os.environ.get("PATCHGEN_FLA_JOINT_ROUNDS") == "0" else _JointRounds()

@@ -63,18 +63,24 @@ def test_the_idle_report_blames_each_gap_on_the_call_and_phase_the_host_was_in()
     report = scoring_loop.idle_report(events, 2, "t")
     lines = report.splitlines()
     assert "for 2 calls, device busy 7.50 ms" in lines[0] and "idle in gaps >= 10 us: 3.00 ms (1.50 a call)" in lines[0]
-    assert lines[2].split()[:4] == ["2.50", "1", "2.50", "plan"]  # the most idle first
-    assert lines[3].split()[:4] == ["0.50", "1", "0.50", "positions"]
-    longest = lines[lines.index("  longest gaps: call of the loop, ms into it, length ms, host phase / CUDA call") + 1]
-    assert longest.split()[:5] == ["call", "0", "0.50", "2.50", "plan"]
-    assert "call 1" in report  # the positions gap, 4.9 ms into call 1
+    assert lines[1] == "  device ms by kind (summed, overlaps counted twice): kernel 7.50"
+    assert lines[3].split()[:4] == ["2.50", "1", "2.50", "plan"]  # the most idle first
+    assert lines[4].split()[:4] == ["0.50", "1", "0.50", "positions"]
+    assert longest_gaps(lines)[0].split()[:5] == ["call", "0", "0.50", "2.50", "plan"]
+    assert longest_gaps(lines)[1].split()[:5] == ["call", "1", "5.00", "0.50", "positions"]  # 5 ms into call 1
     inside = report.split("during the longest gap")[1]
     assert "aten::to" in inside and "phase: plan" in inside
+
+
+def longest_gaps(lines):
+    at = lines.index("  longest gaps: call of the loop, ms into it, length ms, host phase / CUDA call")
+    return [line for line in lines[at + 1 :] if line.startswith("    call ")]
 
 
 def test_the_collector_is_off_inside_a_gc_off_loop_only(monkeypatch):
     import gc
 
+    monkeypatch.setattr(scoring_loop, "GC_OFF", False)  # main sets it; restored after the test
     seen = []
     real = scoring_loop._loop_ms
     monkeypatch.setattr(scoring_loop, "_loop_ms", lambda *a: (seen.append(gc.isenabled()), real(*a))[1])
@@ -89,8 +95,19 @@ def test_a_collection_of_garbage_is_counted_and_shows_in_the_profile():
     from shared_prefix_timing import events_of
     from torch.profiler import ProfilerActivity, profile
 
-    with scoring_loop.collections() as seen, profile(activities=[ProfilerActivity.CPU]) as prof:
-        gc.collect(1)
+    gc.disable()  # no automatic collection besides the one asked for (the callbacks still see that one)
+    try:
+        with scoring_loop.collections() as seen, profile(activities=[ProfilerActivity.CPU]) as prof:
+            gc.collect(1)
+    finally:
+        gc.enable()
     assert list(seen) == [1] and len(seen[1]) == 1 and seen[1][0] >= 0
     assert "gc: generation 1" in {e.name for e in events_of(prof)}
     assert all(cb.__module__ != "scoring_loop" for cb in gc.callbacks)  # removed after the block
+
+
+def test_the_timeline_refuses_to_run_without_a_device():
+    import pytest
+
+    with pytest.raises(SystemExit, match="needs a CUDA device"):
+        scoring_loop.main(["--tiny", "--timeline"])

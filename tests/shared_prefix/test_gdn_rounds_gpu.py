@@ -2,6 +2,8 @@
 bit for bit, on fla and on our Triton kernels (same kernels on the same rows), and its gradients
 are the loop's up to the order of summing replayed rows. Skipped without CUDA."""
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -73,22 +75,12 @@ def _tree(rounds):
     return agentic(prompt=1000, turns=(130,), last=96, fan=3)  # 3 rounds, unaligned ends
 
 
-# fla at three rounds: its own composed backward (`chunk_gated_delta_rule_bwd`, the per-round path) departs from the
-# very same stage functions composed in the same order on the same inputs (round 1 of 4 sequences: dk at 1 element,
-# dg at 928 by 1.4e-6), while the joint path equals those stages composed per round bit for bit and both paths are
-# deterministic (bench/joint_rounds_probe.py, docs/bench/joint_rounds_probe_NVIDIA_H200.txt). Strict: a pass means
-# fla's composition changed, and this mark must go.
-_FLA_COMPOSED = pytest.mark.xfail(
-    strict=True, reason="fla's composed backward departs from its own stages at three rounds (dv by one bf16 rounding)"
-)
+ROUNDS = [("triton", 2), ("triton", 3), ("fla", 2), ("fla", 3)]
 
 
-@pytest.mark.parametrize(
-    ("backend", "rounds"), [("triton", 2), ("triton", 3), ("fla", 2), pytest.param("fla", 3, marks=_FLA_COMPOSED)]
-)
-def test_joint_rounds_equal_the_per_round_stages_bit_for_bit_at_4b_widths(backend, rounds):
-    """The state-free stages once for every round (`forward_rounds` / `backward_rounds`) give the
-    per-round stages' outputs and gradients bit for bit: each chunk is computed from its own rows."""
+@functools.cache
+def _joint_and_per_round(backend: str, rounds: int) -> tuple:
+    """(per-round, joint, per-round again): each (output, gradients of q, k, v, g, beta), at 4B widths."""
     per_round, joint = _per_round_and_joint(backend)
     ids, cu = pack(_tree(rounds))
     plan = build_plan(ids.cuda(), cu.cuda(), max_depth=4, level_cost=0)
@@ -107,11 +99,44 @@ def test_joint_rounds_equal_the_per_round_stages_bit_for_bit_at_4b_widths(backen
 
             gdn.rounds = stages
             out = shared_prefix_gated_delta_rule(plan, gdn, *inputs, use_qk_l2norm_in_kernel=True)
-            runs.append((out, torch.autograd.grad((out.float() * weight).sum(), inputs)))
+            grads = torch.autograd.grad((out.float() * weight).sum(), inputs)
+            runs.append((out, dict(zip(["q", "k", "v", "g", "beta"], grads))))
     finally:
         torch.use_deterministic_algorithms(was)
-    _, (first, first_grads), (fused, fused_grads), (again, again_grads) = runs
-    assert torch.equal(first, again) and all(torch.equal(a, b) for a, b in zip(first_grads, again_grads))
-    assert torch.equal(fused, first)
-    for name, a, b in zip(["q", "k", "v", "g", "beta"], fused_grads, first_grads):
+    return tuple(runs[1:])
+
+
+def _assert_equal_gradients(names, fused_grads, first_grads):
+    for name in names:
+        a, b = fused_grads[name], first_grads[name]
         assert torch.equal(a, b), f"d{name}: max |joint - per-round| = {(a.float() - b.float()).abs().max().item()}"
+
+
+@pytest.mark.parametrize(("backend", "rounds"), ROUNDS)
+def test_joint_rounds_give_the_per_round_outputs_and_q_k_beta_gradients_bit_for_bit(backend, rounds):
+    """The state-free stages once for every round (`forward_rounds` / `backward_rounds`) give the
+    per-round stages' outputs bit for bit, and the gradients of q, k and beta: each chunk is computed
+    from its own rows. Both paths are deterministic."""
+    (first, first_grads), (fused, fused_grads), (again, again_grads) = _joint_and_per_round(backend, rounds)
+    assert torch.equal(first, again) and all(torch.equal(first_grads[n], again_grads[n]) for n in first_grads)
+    assert torch.equal(fused, first)
+    _assert_equal_gradients(("q", "k", "beta"), fused_grads, first_grads)
+
+
+# fla at three rounds: dv departs by one bf16 rounding at 3 elements, dg (float32) by 1.3e-6 at 893. The probe
+# (bench/joint_rounds_probe.py, docs/bench/joint_rounds_probe_NVIDIA_H200.txt) finds every stage equal joint and per
+# round, on slices and on copies, and fla's composed per-round backward departing from the same stages composed in
+# the same order (on the probe's own upstream gradient: dk at 1 element, dg at 928); not yet traced on this test's
+# gradient. Strict: a pass means the departure went, and this mark must go.
+_FLA_V_AND_GATE = pytest.mark.xfail(
+    strict=True, raises=AssertionError,
+    reason="fla at three rounds: dv and dg depart from the per-round path by one rounding (docs/bench/README.md)",
+)
+
+
+@pytest.mark.parametrize(
+    ("backend", "rounds"), [pytest.param(*r, marks=_FLA_V_AND_GATE) if r == ("fla", 3) else r for r in ROUNDS]
+)
+def test_joint_rounds_give_the_per_round_v_and_gate_gradients_bit_for_bit(backend, rounds):
+    (_, first_grads), (_, fused_grads), _ = _joint_and_per_round(backend, rounds)
+    _assert_equal_gradients(("v", "g"), fused_grads, first_grads)
