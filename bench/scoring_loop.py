@@ -269,11 +269,21 @@ def main(argv=None):
                         help="score the responses only, with shift labels, as SharedPrefixGRPOTrainer calls the model")
     parser.add_argument("--timeline", action="store_true",
                         help="profile one loop per arm (rows on the host): the device's idle time and what the host did then")
+    parser.add_argument("--compact-ladder", default=None, metavar="UP/DOWN",
+                        help="A/B: the compact row's bucket ladder ratio for this run (bucket.COMPACT_RATIO, default "
+                             "17/16: at most 6.25%% padding rows; 33/32 pads less and captures more buckets)")
     parser.add_argument("--gc-off", action="store_true",
                         help="diagnostic: Python's garbage collector off during each loop (collected before it)")
     args = parser.parse_args(argv)
     global GC_OFF
     GC_OFF = args.gc_off
+    if args.compact_ladder:
+        from patchgen.kernels.shared_prefix import bucket
+
+        up, _, down = args.compact_ladder.partition("/")
+        if not (up.isdigit() and down.isdigit() and int(up) > int(down) > 0):
+            raise SystemExit(f"--compact-ladder: {args.compact_ladder!r} is not UP/DOWN with UP > DOWN > 0 (say 33/32)")
+        bucket.COMPACT_RATIO = (int(up), int(down))
     if args.timeline and (args.tiny or not torch.cuda.is_available()):
         raise SystemExit("--timeline profiles the device's idle time: it needs a CUDA device (and not --tiny)")
     device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")

@@ -111,3 +111,17 @@ def test_the_timeline_refuses_to_run_without_a_device():
 
     with pytest.raises(SystemExit, match="needs a CUDA device"):
         scoring_loop.main(["--tiny", "--timeline"])
+
+
+def test_a_compact_ladder_ab_sets_the_buckets_ratio_and_refuses_a_bad_one(monkeypatch):
+    import pytest
+    from patchgen.kernels.shared_prefix import bucket
+
+    monkeypatch.setattr(bucket, "COMPACT_RATIO", bucket.COMPACT_RATIO)  # restored after the test
+    scoring_loop.main(["--tiny", "--layers", "4", "--shapes", "2x64x16", "--batches", "1", "--repeats", "1",
+                       "--compact-ladder", "33/32"])
+    assert bucket.COMPACT_RATIO == (33, 32)
+    assert bucket.rung(6146, bucket.COMPACT_RATIO) == 6222  # 1.2 % padding rows where 17/16 gives 6277 (2.1 %)
+    for bad in ("32/33", "x/2", "17"):
+        with pytest.raises(SystemExit, match="--compact-ladder"):
+            scoring_loop.main(["--tiny", "--compact-ladder", bad])
