@@ -19,6 +19,7 @@ PATTERNS = (
     ("rotary", ("rope", "rotary")),
     ("GEMMs (projections)", ("nvjet", "gemm", "cutlass", "cublas", "xmma", "sm90_", "sm80_")),
     ("gathers / scatters", ("index", "gather", "scatter")),
+    ("memcpy / memset", ("memcpy", "memset")),  # the runtime's copies and fills (host to device: a plan, a static load)
     ("copies / casts", ("copy", "cat", "fill")),
     ("elementwise", ("elementwise", "reduce", "silu", "swiglu", "softplus", "sigmoid", "mul", "add")),
 )

@@ -103,8 +103,8 @@ def _loop_ms(model, batches, device) -> tuple[float, float, list]:
     return (end - begin) * 1e3 / len(batches), (queued - begin) * 1e3 / len(batches), out
 
 
-def loop_timeline(model, module, batches, device, title: str) -> str:
-    """One loop profiled (`idle_report` says what it shows)."""
+def loop_timeline(model, module, batches, device, title: str) -> tuple[str, dict[str, float]]:
+    """One loop profiled: the report (`idle_report` says what it shows) and the loop's device us per kernel name."""
     from pass_timeline import phases
     from shared_prefix_timing import events_of
     from torch.profiler import ProfilerActivity, profile
@@ -114,7 +114,19 @@ def loop_timeline(model, module, batches, device, title: str) -> str:
     with phases(module), collections() as seen, profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         loop_ms(model, batches, device)
     done = ", ".join(f"generation {g}: {len(ms)} taking {sum(ms):.2f} ms" for g, ms in sorted(seen.items())) or "none"
-    return idle_report(events_of(prof), len(batches), title) + f"\n  Python garbage collections in the loop: {done}"
+    events = events_of(prof)
+    report = idle_report(events, len(batches), title) + f"\n  Python garbage collections in the loop: {done}"
+    return report, kernel_us(events)
+
+
+def kernel_us(events) -> dict[str, float]:
+    """Device us per kernel name (copies and memsets under their kind's name) of a profile's records."""
+    out: dict[str, float] = {}
+    for e in events:
+        if not e.host and e.kind not in ("user_annotation", "gpu_user_annotation"):
+            name = e.name if e.kind == "kernel" else f"{e.kind}: {e.name}"
+            out[name] = out.get(name, 0.0) + e.duration_ns / 1e3
+    return out
 
 
 @contextlib.contextmanager
@@ -225,9 +237,10 @@ def measure_shape(model, shape, args, device, module) -> dict:
                 ms, queued, out = loop_ms(model, batches, device)
                 times.append(ms)
                 host.append(queued)
-            if args.timeline and device.type == "cuda" and where == "host rows":
-                result.setdefault("timelines", []).append(
-                    loop_timeline(model, module, batches, device, f"{shape[0]} {arm}, {where}"))
+            if args.timeline and where == "host rows":  # main refuses --timeline off CUDA
+                report, kernels = loop_timeline(model, module, batches, device, f"{shape[0]} {arm}, {where}")
+                result.setdefault("timelines", []).append(report)
+                result.setdefault("loop kernels", {})[arm] = kernels
             result[f"{arm} {where} ms"] = statistics.median(times)
             result[f"{arm} {where} host ms"] = statistics.median(host)
             outputs[(arm, where)] = out
@@ -244,6 +257,13 @@ def measure_shape(model, shape, args, device, module) -> dict:
     )
     result["T"], result["C"] = sizes["T"], sizes["C"]
     bound = sizes["T"] / sizes["C"]
+    kernels = result.get("loop kernels", {})
+    if {"packed", "shared"} <= set(kernels):
+        from kernel_groups import table as group_table
+
+        # the loop's device time per op group, shared against packed, both arms profiled the same way
+        result["timelines"].append(f"--- {shape[0]}: the loop's device time per op group\n"
+                                   + group_table(kernels["packed"], kernels["shared"], sizes["C"] / sizes["T"]))
     for where in rows:
         result[f"efficiency {where}"] = result[f"packed {where} ms"] / result[f"shared {where} ms"] / bound
     if "shared eager host rows ms" in result:

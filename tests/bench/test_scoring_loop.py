@@ -125,3 +125,39 @@ def test_a_compact_ladder_ab_sets_the_buckets_ratio_and_refuses_a_bad_one(monkey
     for bad in ("32/33", "x/2", "17"):
         with pytest.raises(SystemExit, match="--compact-ladder"):
             scoring_loop.main(["--tiny", "--compact-ladder", bad])
+
+
+def test_the_loops_device_time_is_summed_per_kernel_with_copies_under_their_kind():
+    from shared_prefix_timing import Event
+
+    events = [
+        Event("nvjet_a", False, 0, 2000, "kernel"), Event("nvjet_a", False, 5000, 3000, "kernel"),
+        Event("Memcpy HtoD (Pinned -> Device)", False, 9000, 500, "gpu_memcpy"),
+        Event("phase: model", True, 0, 9000, "user_annotation"), Event("aten::mm", True, 0, 100, "cpu_op"),
+    ]
+    assert scoring_loop.kernel_us(events) == {"nvjet_a": 5.0, "gpu_memcpy: Memcpy HtoD (Pinned -> Device)": 0.5}
+
+
+def test_the_timeline_sets_the_loops_op_groups_shared_against_packed(monkeypatch):
+    import argparse
+    import importlib
+
+    import torch
+    from shared_prefix_arms import MODULE, config_for
+    from shared_prefix_shapes import parse_shapes
+
+    profiled = {"packed": {"nvjet_a": 4000.0}, "shared": {"nvjet_a": 1100.0}}
+    arms = iter(["packed", "shared"])
+    monkeypatch.setattr(scoring_loop, "loop_timeline", lambda *a: ("report", profiled[next(arms)]))
+    module = importlib.import_module(MODULE)
+    torch.manual_seed(0)
+    model = module.Qwen3_5ForCausalLM(config_for(scoring_loop.TINY_WIDTHS, 4)).eval()
+    args = argparse.Namespace(batches=1, repeats=1, labels=False, eager=False, timeline=True)
+    (shape,) = parse_shapes("4x128x32")
+    result = scoring_loop.measure_shape(model, shape, args, torch.device("cpu"), module)
+    reports = result["timelines"]
+    assert reports[:2] == ["report", "report"]
+    groups = reports[2].splitlines()
+    assert groups[0] == "--- n=4 P=128 R=32: the loop's device time per op group"
+    gemm = next(line for line in groups if line.startswith("GEMMs"))
+    assert gemm.split()[-4:] == ["4.00", "1.10", "0.275", "-0.50"]  # C/T = 256 / 640: 1.1 ms - 0.4 x 4 ms

@@ -65,6 +65,8 @@ def test_kernels_fall_into_the_accounting_groups():
         "void at::native::indexFuncLargeIndex<c10::BFloat16, long>": "gathers / scatters",
         "void at::native::(anonymous namespace)::CatArrayBatchedCopy<...>": "copies / casts",
         "void at::native::vectorized_elementwise_kernel<4, ...>": "elementwise",
+        "gpu_memcpy: Memcpy HtoD (Pinned -> Device)": "memcpy / memset",
+        "gpu_memset: Memset (Device)": "memcpy / memset",
     }
     assert {name: kernel_groups.group_of(name) for name in names} == names
 
