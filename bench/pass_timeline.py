@@ -44,6 +44,11 @@ KERNELS = (
 _IGNORED = {"gpu_user_annotation", "python_function", "overhead"}
 
 
+def device_records(events) -> list:
+    """The device's own records of a profile: kernels, copies, memsets (not the annotations mirrored onto it)."""
+    return [e for e in events if not e.host and e.kind not in _IGNORED and e.kind != "user_annotation"]
+
+
 def _owner_and_name(root, dotted: str):
     owner = root
     *path, name = dotted.split(".")
@@ -118,7 +123,7 @@ def timeline(events, min_gap_us: float = 50.0) -> Timeline:
     host = [e for e in events if e.host and e.kind not in _IGNORED]
     marks = [e for e in host if e.name.startswith("phase: ")]
     calls = [e for e in host if e.name.startswith(("cuda", "cu")) and e.kind != "user_annotation"]
-    device = [e for e in events if not e.host and e.kind not in _IGNORED and e.kind != "user_annotation"]
+    device = device_records(events)
     if not marks or not device:
         raise ValueError("no phase ranges or no device activity in the profile: run the call inside phases() on a GPU")
     t0 = min(e.start_ns for e in marks)

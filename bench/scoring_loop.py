@@ -121,11 +121,12 @@ def loop_timeline(model, module, batches, device, title: str) -> tuple[str, dict
 
 def kernel_us(events) -> dict[str, float]:
     """Device us per kernel name (copies and memsets under their kind's name) of a profile's records."""
+    from pass_timeline import device_records
+
     out: dict[str, float] = {}
-    for e in events:
-        if not e.host and e.kind not in ("user_annotation", "gpu_user_annotation"):
-            name = e.name if e.kind == "kernel" else f"{e.kind}: {e.name}"
-            out[name] = out.get(name, 0.0) + e.duration_ns / 1e3
+    for e in device_records(events):
+        name = e.name if e.kind == "kernel" else f"{e.kind}: {e.name}"
+        out[name] = out.get(name, 0.0) + e.duration_ns / 1e3
     return out
 
 
@@ -158,7 +159,7 @@ def idle_report(events, calls: int, title: str) -> str:
     doing when the device ran dry (the innermost phase of `pass_timeline.phases` and the CUDA call in flight), the
     longest gaps with the call of the loop they fell in, and the host records of 0.1 ms or more during the longest.
     In a loop the host runs ahead, so a gap is the device waiting for work the host has not queued yet."""
-    from pass_timeline import timeline
+    from pass_timeline import device_records, timeline
 
     t = timeline(events, min_gap_us=10.0)
     t0 = min(e.start_ns for e in events if e.host and e.name.startswith("phase: "))
@@ -170,9 +171,8 @@ def idle_report(events, calls: int, title: str) -> str:
     head = (f"--- {title}: wall {t.wall_ms:.2f} ms for {calls} calls, device busy {t.busy_ms:.2f} ms, first kernel "
             f"at {t.first_kernel_ms:.2f} ms, idle in gaps >= 10 us: {idle:.2f} ms ({idle / calls:.2f} a call)")
     kinds: dict[str, float] = {}
-    for e in events:
-        if not e.host and e.kind not in ("user_annotation", "gpu_user_annotation"):
-            kinds[e.kind] = kinds.get(e.kind, 0.0) + e.duration_ns / 1e6
+    for e in device_records(events):
+        kinds[e.kind] = kinds.get(e.kind, 0.0) + e.duration_ns / 1e6
     by_kind = ", ".join(f"{kind} {ms:.2f}" for kind, ms in sorted(kinds.items(), key=lambda kv: -kv[1]))
     lines = [head, f"  device ms by kind (summed, overlaps counted twice): {by_kind}",
              "  idle ms  gaps  longest ms  host phase at the gap's start / CUDA call in flight"]
