@@ -24,6 +24,7 @@ PATTERNS = (
     ("elementwise", ("elementwise", "reduce", "silu", "swiglu", "softplus", "sigmoid", "mul", "add")),
 )
 ORDER = [group for group, _ in PATTERNS] + ["other"]
+GEMMS = "every GEMM kernel (cublas)"  # one line of `heaviest_excess`; matches the GEMM group's patterns
 
 
 def group_of(kernel: str) -> str:
@@ -57,4 +58,25 @@ def table(packed: dict[str, float], shared: dict[str, float], compact_over_packe
     a, b = sum(p.values()) / 1e3, sum(s.values()) / 1e3
     lines.append(f"{'total':24} {a:10.2f} {b:10.2f} {b / a if a else float('nan'):6.3f} "
                  f"{b - compact_over_packed * a:10.2f}")
+    return "\n".join(lines)
+
+
+def heaviest_excess(packed: dict[str, float], shared: dict[str, float], compact_over_packed: float, top: int = 10) -> str:
+    """The kernels that spend most beyond `C / T` of packed, one per line (a kernel the packed pass never runs,
+    a gather of the plan's, is all excess): what the group table's excess column is made of. GEMMs count as
+    one line: cuBLAS picks its kernel (tile shape) by row count, so the two passes' GEMMs have other names."""
+
+    def merged(kernels: dict[str, float]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, us in kernels.items():
+            key = GEMMS if group_of(name) == "GEMMs (projections)" else name
+            out[key] = out.get(key, 0.0) + us
+        return out
+
+    packed, shared = merged(packed), merged(shared)
+    excess = {name: shared.get(name, 0.0) - compact_over_packed * packed.get(name, 0.0) for name in {*packed, *shared}}
+    lines = [f"{'excess ms':>10} {'packed ms':>10} {'shared ms':>10}  group / kernel"]
+    for name in sorted(excess, key=excess.get, reverse=True)[:top]:
+        lines.append(f"{excess[name] / 1e3:10.2f} {packed.get(name, 0.0) / 1e3:10.2f} {shared.get(name, 0.0) / 1e3:10.2f}"
+                     f"  {group_of(name)} / {name[:110]}")
     return "\n".join(lines)

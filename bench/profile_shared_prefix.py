@@ -23,6 +23,7 @@ import importlib
 import time
 
 import torch
+from kernel_groups import heaviest_excess
 from kernel_groups import table as group_table
 from pass_timeline import phases, report, timeline
 from patchgen.kernels.modeling.layer_graphs import use_graphs
@@ -105,6 +106,7 @@ def main(argv=None):
             print(f"\n=== {name} {args.which}: kernel time per op group")
             if "C" in compact:
                 print(group_table(per_kernel["packed"], per_kernel["shared"], compact["C"] / compact["T"]))
+                print(heaviest_excess(per_kernel["packed"], per_kernel["shared"], compact["C"] / compact["T"]))
             else:
                 print("  the shared arm built no plan (nothing shared): no bound to compare against")
     model.config.shared_prefix_training = False

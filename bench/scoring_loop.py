@@ -35,6 +35,7 @@ import time
 
 import torch
 from shared_prefix_arms import MODULE, WIDTHS, config_for, packed_kwargs
+from shared_prefix_buckets import LADDER_HELP, set_compact_ladder
 from shared_prefix_graphs import uncheckpointed
 from shared_prefix_shapes import parse_shapes, shape_batch, tree_settings
 
@@ -259,11 +260,15 @@ def measure_shape(model, shape, args, device, module) -> dict:
     bound = sizes["T"] / sizes["C"]
     kernels = result.get("loop kernels", {})
     if {"packed", "shared"} <= set(kernels):
+        from kernel_groups import heaviest_excess
         from kernel_groups import table as group_table
 
         # the loop's device time per op group, shared against packed, both arms profiled the same way
+        ratio = sizes["C"] / sizes["T"]
         result["timelines"].append(f"--- {shape[0]}: the loop's device time per op group\n"
-                                   + group_table(kernels["packed"], kernels["shared"], sizes["C"] / sizes["T"]))
+                                   + group_table(kernels["packed"], kernels["shared"], ratio)
+                                   + "\n  the kernels most of that excess is made of:\n"
+                                   + heaviest_excess(kernels["packed"], kernels["shared"], ratio))
     for where in rows:
         result[f"efficiency {where}"] = result[f"packed {where} ms"] / result[f"shared {where} ms"] / bound
     if "shared eager host rows ms" in result:
@@ -289,21 +294,14 @@ def main(argv=None):
                         help="score the responses only, with shift labels, as SharedPrefixGRPOTrainer calls the model")
     parser.add_argument("--timeline", action="store_true",
                         help="profile one loop per arm (rows on the host): the device's idle time and what the host did then")
-    parser.add_argument("--compact-ladder", default=None, metavar="UP/DOWN",
-                        help="A/B: the compact row's bucket ladder ratio for this run (bucket.COMPACT_RATIO, default "
-                             "17/16: at most 6.25%% padding rows; 33/32 pads less and captures more buckets)")
+    parser.add_argument("--compact-ladder", default=None, metavar="UP/DOWN", help=LADDER_HELP)
     parser.add_argument("--gc-off", action="store_true",
                         help="diagnostic: Python's garbage collector off during each loop (collected before it)")
     args = parser.parse_args(argv)
     global GC_OFF
     GC_OFF = args.gc_off
     if args.compact_ladder:
-        from patchgen.kernels.shared_prefix import bucket
-
-        up, _, down = args.compact_ladder.partition("/")
-        if not (up.isdigit() and down.isdigit() and int(up) > int(down) > 0):
-            raise SystemExit(f"--compact-ladder: {args.compact_ladder!r} is not UP/DOWN with UP > DOWN > 0 (say 33/32)")
-        bucket.COMPACT_RATIO = (int(up), int(down))
+        set_compact_ladder(args.compact_ladder)
     if args.timeline and (args.tiny or not torch.cuda.is_available()):
         raise SystemExit("--timeline profiles the device's idle time: it needs a CUDA device (and not --tiny)")
     device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")

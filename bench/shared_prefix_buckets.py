@@ -32,7 +32,7 @@ from collections import OrderedDict
 
 import numpy as np
 import torch
-from patchgen.kernels.shared_prefix import build_plan
+from patchgen.kernels.shared_prefix import bucket, build_plan
 from shared_prefix_shapes import parse_shapes, tree_settings
 
 # Cost of one unit of each mixer's work, in compact rows (one compact row = the projections, norms and
@@ -186,6 +186,19 @@ def measure(name, args):
         print("        " + ", ".join(f"{k} x{mean[k]:.3f} ({top[k]:.3f})" for k in keys if k != "work"), flush=True)
 
 
+LADDER_HELP = ("A/B: the compact row's bucket ladder ratio for this run (bucket.COMPACT_RATIO, default "
+               f"{'/'.join(map(str, bucket.COMPACT_RATIO))}): a finer ladder pads fewer rows and may capture more buckets")
+
+
+def set_compact_ladder(text: str) -> None:
+    """`--compact-ladder UP/DOWN`: the compact row's ladder for the rest of the process (a script's A/B)."""
+    up, _, down = text.partition("/")
+    if not (up.isdigit() and down.isdigit() and int(up) > int(down) > 0):
+        raise SystemExit(f"--compact-ladder: {text!r} is not UP/DOWN with UP > DOWN > 0 (say 33/32)")
+    bucket.COMPACT_RATIO = (int(up), int(down))
+    print(f"the compact row's bucket ladder for this run: {up}/{down}", flush=True)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=100)
@@ -195,7 +208,10 @@ def main(argv=None):
     parser.add_argument("--vary-prompt", type=float, default=0.1, help="prompt (and turn) lengths in P (1 +- this)")
     parser.add_argument("--vary-response", type=float, default=0.5, help="response lengths in R (1 +- this)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compact-ladder", default=None, metavar="UP/DOWN", help=LADDER_HELP)
     args = parser.parse_args(argv)
+    if args.compact_ladder:
+        set_compact_ladder(args.compact_ladder)
     for name in args.shapes:
         measure(name, args)
 

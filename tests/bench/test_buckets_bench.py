@@ -42,3 +42,19 @@ def test_drawn_lengths_vary_and_a_tree_keeps_its_shape():
 def test_the_bench_weighs_gdn_chunks_and_conv_rows_as_the_bucket_choice_does():
     assert shared_prefix_buckets.COST["gdn_chunk"] == bucket.GDN_CHUNK_COST
     assert shared_prefix_buckets.COST["conv_row"] == bucket.CONV_ROW_COST
+
+
+def test_a_finer_compact_ladder_pads_the_same_draw_with_fewer_compact_rows(monkeypatch, capsys):
+    """`--compact-ladder` is the A/B of `bucket.COMPACT_RATIO` under RL-like variation: the same drawn batches,
+    with each ladder's own buckets (one graph held: every step pads to its own bucket or a held one)."""
+    monkeypatch.setattr(bucket, "COMPACT_RATIO", bucket.COMPACT_RATIO)  # restored after the test
+    compact = {}
+    for ladder in ("17/16", "65/64"):
+        shared_prefix_buckets.main(["--steps", "6", "--cache", "1", "--shapes", "4x512x128", "--compact-ladder", ladder])
+        out = capsys.readouterr().out
+        assert f"ladder for this run: {ladder}" in out
+        compact[ladder] = float(out.split(" C x")[1].split()[0])
+    assert bucket.COMPACT_RATIO == (65, 64)
+    assert 1 < compact["65/64"] < compact["17/16"]
+    with pytest.raises(SystemExit, match="--compact-ladder"):
+        shared_prefix_buckets.main(["--compact-ladder", "16/17"])

@@ -79,3 +79,14 @@ def test_the_group_table_charges_the_shared_pass_beyond_c_over_t():
     attention = next(line for line in lines if line.startswith("attention"))
     assert gemm.split()[-1] == "0.00"  # 0.25 ms = 0.25 x 1 ms
     assert attention.split()[-1] == "0.10"  # 0.2 ms - 0.25 x 0.4 ms
+
+
+def test_the_excess_by_kernel_lists_the_heaviest_first_and_counts_gemms_as_one():
+    """cuBLAS names its GEMM kernels by tile shape, which the row count picks: the two passes' GEMMs differ by
+    name and are compared as one line; a kernel only the shared pass runs (a plan's gather) is all excess."""
+    packed = {"nvjet_tst_256x160": 1000.0, "direct_copy_kernel": 400.0, "flash_fwd": 100.0}
+    shared = {"nvjet_tst_192x208": 320.0, "direct_copy_kernel": 200.0, "vectorized_gather_kernel": 50.0,
+              "flash_fwd": 25.0}
+    lines = kernel_groups.heaviest_excess(packed, shared, 0.25, top=3).splitlines()[1:]
+    rows = [(float(line.split()[0]), line.split(" / ")[-1]) for line in lines]
+    assert rows == [(0.1, "direct_copy_kernel"), (0.07, kernel_groups.GEMMS), (0.05, "vectorized_gather_kernel")]
