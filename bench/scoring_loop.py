@@ -20,6 +20,11 @@ back to back, the device synchronized once at the end; ms per micro-batch (media
 `--labels` scores as `SharedPrefixGRPOTrainer` does: shift labels on the responses, log-probs there only (the
 head counts the labelled rows: on the host for host rows, with a sync for device rows). Shapes of whole groups.
 
+`--vary` draws every micro-batch's prompt and response lengths as `shared_prefix_gpu.py --graphs --vary` does
+(P (1 +- 0.1), R (1 +- 0.5)): a new layout every call, as in RL, where the scoring graphs replay held buckets (padded
+to them) or capture; the report adds the graphs' captures and replays over the timed loops, and T and C become the
+loop's means (the bound is their ratio: the loop's total tokens over its total compact rows).
+
 Off CUDA (`--tiny`) the same loop runs at tiny widths: it checks the script, it measures nothing.
 """
 
@@ -38,6 +43,9 @@ from shared_prefix_arms import MODULE, WIDTHS, config_for, packed_kwargs
 from shared_prefix_buckets import LADDER_HELP, set_compact_ladder
 from shared_prefix_graphs import uncheckpointed
 from shared_prefix_shapes import parse_shapes, shape_batch, tree_settings
+from shared_prefix_vary import varied_batches
+
+VARY_PROMPT, VARY_RESPONSE = 0.1, 0.5  # --vary's spreads: shared_prefix_gpu.py --vary's defaults
 
 TINY_WIDTHS = dict(
     hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
@@ -194,12 +202,14 @@ def idle_report(events, calls: int, title: str) -> str:
     return "\n".join(lines)
 
 
-def micro_batches(shape, count: int, vocab: int, device, labels: bool = False) -> tuple[list, list]:
+def micro_batches(shape, count: int, vocab: int, device, labels: bool = False, vary: bool = False) -> tuple[list, list]:
     """`count` batches of `shape`, each with its own ids: on the device, and the same on the host (with
-    `labels`, each with its responses' shift labels)."""
+    `labels`, each with its responses' shift labels; with `vary`, each with drawn prompt and response lengths)."""
     on_device, on_host = [], []
+    if vary:
+        drawn = varied_batches(shape, count, vocab, "cpu", VARY_PROMPT, VARY_RESPONSE)
     for seed in range(count):
-        ids, cu, max_len, _ = shape_batch(shape, vocab, "cpu", seed=seed)
+        ids, cu, max_len = drawn[seed] if vary else shape_batch(shape, vocab, "cpu", seed=seed)[:3]
         row = (ids, cu, max_len) + ((response_labels(ids, cu, shape[1][0][2]),) if labels else ())
         on_host.append(row)
         on_device.append(tuple(t.to(device) if torch.is_tensor(t) else t for t in row))
@@ -213,7 +223,9 @@ def measure_shape(model, shape, args, device, module) -> dict:
     tree = tree_settings(shape)
     model.config.shared_prefix_max_depth = tree["max_depth"]
     model.config.shared_prefix_level_cost = tree["level_cost"]
-    on_device, on_host = micro_batches(shape, args.batches, model.config.vocab_size, device, args.labels)
+    from patchgen.kernels.modeling.layer_graphs import graphs_of
+
+    on_device, on_host = micro_batches(shape, args.batches, model.config.vocab_size, device, args.labels, args.vary)
     rows = {"device rows": on_device, "host rows": on_host}
     sizes = {}
     result = {"shape": shape[0]}
@@ -229,15 +241,23 @@ def measure_shape(model, shape, args, device, module) -> dict:
         for where, batches in rows.items():
             if arm == "shared eager" and where == "device rows":
                 continue
-            with observe_plans(lambda plan, tokens: sizes.update(T=tokens, C=plan.layout.compact_length if plan else tokens)):
+            seen = []  # (T, C) of every plan the warm loop builds: the loop's means set the bound
+            with observe_plans(lambda plan, tokens, seen=seen: seen.append((tokens, plan.layout.compact_length if plan else tokens))):
                 clean_slate()
                 loop_ms(model, batches, device)  # warm: captures, tuning, first-use verification
+            if arm == "shared" and seen:
+                sizes.update(T=statistics.mean(t for t, _ in seen), C=statistics.mean(c for _, c in seen))
+            held = graphs_of(model)
+            before = (held.stats.captures, held.stats.replays) if held is not None else None
             times, host, out = [], [], None
             for _ in range(args.repeats):
                 clean_slate()
                 ms, queued, out = loop_ms(model, batches, device)
                 times.append(ms)
                 host.append(queued)
+            if before is not None:
+                result[f"{arm} {where} captures"] = held.stats.captures - before[0]
+                result[f"{arm} {where} replays"] = held.stats.replays - before[1]
             if args.timeline and where == "host rows":  # main refuses --timeline off CUDA
                 report, kernels = loop_timeline(model, module, batches, device, f"{shape[0]} {arm}, {where}")
                 result.setdefault("timelines", []).append(report)
@@ -295,6 +315,8 @@ def main(argv=None):
     parser.add_argument("--timeline", action="store_true",
                         help="profile one loop per arm (rows on the host): the device's idle time and what the host did then")
     parser.add_argument("--compact-ladder", default=None, metavar="UP/DOWN", help=LADDER_HELP)
+    parser.add_argument("--vary", action="store_true",
+                        help="micro-batches of drawn prompt and response lengths (a new layout every call, as in RL)")
     parser.add_argument("--gc-off", action="store_true",
                         help="diagnostic: Python's garbage collector off during each loop (collected before it)")
     args = parser.parse_args(argv)
@@ -302,6 +324,8 @@ def main(argv=None):
     GC_OFF = args.gc_off
     if args.compact_ladder:
         set_compact_ladder(args.compact_ladder)
+    if args.vary and args.labels:
+        raise SystemExit("--vary draws each response's length, --labels scores the shape's fixed R: give one of them")
     if args.timeline and (args.tiny or not torch.cuda.is_available()):
         raise SystemExit("--timeline profiles the device's idle time: it needs a CUDA device (and not --tiny)")
     device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
@@ -317,11 +341,15 @@ def main(argv=None):
     print(f"{module.__file__}: " + ", ".join(f"{slot}={c.backend}" for slot, c in table.choices.items()), flush=True)
     print("run: " + " ".join(f"--{k.replace('_', '-')}={v}" for k, v in sorted(vars(args).items())), flush=True)
     results = []
-    for shape in parse_shapes(args.shapes):
+    shapes = parse_shapes(args.shapes)
+    if args.vary and any(getattr(shape, "turns", ()) for shape in shapes):
+        raise SystemExit("--vary draws one prompt and response length per group: multi-turn shapes are not varied")
+    for shape in shapes:
         r = measure_shape(model, shape, args, device, module)
         results.append(r)
         print(
-            f"[{args.layers}L] {r['shape']}: T={r['T']} C={r['C']} bound {r['T'] / r['C']:.2f}, "
+            f"[{args.layers}L] {r['shape']}{' varied' if args.vary else ''}: T={r['T']:.0f} C={r['C']:.0f} "
+            f"{'(means) ' if args.vary else ''}bound {r['T'] / r['C']:.2f}, "
             f"{args.batches} micro-batches a loop | device rows: packed {r.get('packed device rows ms'):.1f} / shared "
             f"{r.get('shared device rows ms'):.1f} ms (host {r.get('shared device rows host ms'):.1f}), eff "
             f"{r.get('efficiency device rows'):.2f} | host rows: packed {r.get('packed host rows ms'):.1f} / shared "
@@ -330,6 +358,10 @@ def main(argv=None):
             f"shared {r['shared host rows bit-equal']}; shared bit-equal to packed {r['shared bit-equal to packed']}",
             flush=True,
         )
+        if "shared host rows captures" in r:
+            print(f"    graphs over the {args.repeats} timed loops, host rows: {r['shared host rows captures']} captures, "
+                  f"{r['shared host rows replays']} replays; device rows: {r.get('shared device rows captures')} "
+                  f"captures, {r.get('shared device rows replays')} replays", flush=True)
         if "efficiency eager host rows" in r:
             print(f"    shared without graphs, host rows: {r['shared eager host rows ms']:.1f} ms (host "
                   f"{r['shared eager host rows host ms']:.1f}), eff {r['efficiency eager host rows']:.2f}, bit-equal to "

@@ -161,3 +161,35 @@ def test_the_timeline_sets_the_loops_op_groups_shared_against_packed(monkeypatch
     assert groups[0] == "--- n=4 P=128 R=32: the loop's device time per op group"
     gemm = next(line for line in groups if line.startswith("GEMMs"))
     assert gemm.split()[-4:] == ["4.00", "1.10", "0.275", "-0.50"]  # C/T = 256 / 640: 1.1 ms - 0.4 x 4 ms
+
+
+def test_a_varied_loop_draws_a_layout_per_call_and_bounds_by_the_loops_means():
+    """`--vary`: every micro-batch has its own prompt and response lengths (RL's case: the graphs meet a new layout
+    every call); T and C are the loop's means, so the bound is its total tokens over its total compact rows."""
+    import statistics
+
+    on_device, on_host = scoring_loop.micro_batches(scoring_loop.parse_shapes("4x128x32")[0], 3, 1000, "cpu", vary=True)
+    lengths = [row[1].diff().tolist() for row in on_host]
+    assert len({tuple(x) for x in lengths}) == 3  # three layouts
+    assert all(torch_equal(a, b) for d, h in zip(on_device, on_host) for a, b in zip(d[:2], h[:2]))
+    (row,) = scoring_loop.main(["--tiny", "--layers", "4", "--shapes", "4x128x32", "--batches", "3", "--repeats", "1",
+                                "--vary"])
+    drawn = scoring_loop.micro_batches(scoring_loop.parse_shapes("4x128x32")[0], 3, 1000, "cpu", vary=True)[1]
+    tokens = [int(ids.shape[1]) for ids, *_ in drawn]
+    assert row["T"] == statistics.mean(tokens)  # the same draw (seeded) as the loop's
+    assert row["C"] < row["T"] and row["shared host rows bit-equal"] is True
+
+
+def test_a_varied_loop_refuses_what_it_cannot_vary():
+    import pytest
+
+    with pytest.raises(SystemExit, match="--labels"):
+        scoring_loop.main(["--tiny", "--vary", "--labels"])
+    with pytest.raises(SystemExit, match="multi-turn"):
+        scoring_loop.main(["--tiny", "--layers", "4", "--vary", "--shapes", "agentic"])
+
+
+def torch_equal(a, b):
+    import torch
+
+    return torch.equal(a, b) if torch.is_tensor(a) else a == b
