@@ -76,7 +76,7 @@ def heaviest_excess(packed: dict[str, float], shared: dict[str, float], compact_
     packed, shared = merged(packed), merged(shared)
     excess = {name: shared.get(name, 0.0) - compact_over_packed * packed.get(name, 0.0) for name in {*packed, *shared}}
     lines = [f"{'excess ms':>10} {'packed ms':>10} {'shared ms':>10}  group / kernel"]
-    for name in sorted(excess, key=excess.get, reverse=True)[:top]:
+    for name in sorted(excess, key=lambda n: (-excess[n], n))[:top]:  # ties by name: the same order every run
         lines.append(f"{excess[name] / 1e3:10.2f} {packed.get(name, 0.0) / 1e3:10.2f} {shared.get(name, 0.0) / 1e3:10.2f}"
                      f"  {group_of(name)} / {name[:110]}")
     return "\n".join(lines)

@@ -44,6 +44,14 @@ KERNELS = (
 _IGNORED = {"gpu_user_annotation", "python_function", "overhead"}
 
 
+def device_kind(event) -> str:
+    """A device record's kind: the profiler's own, or, where this torch's records carry none (the H200 image's
+    torch 2.11), read off its name as the runtime writes it ("Memcpy HtoD ...", "Memset (Device)")."""
+    if event.kind:
+        return event.kind
+    return "gpu_memcpy" if event.name.startswith("Memcpy") else "gpu_memset" if event.name.startswith("Memset") else "kernel"
+
+
 def device_records(events) -> list:
     """The device's own records of a profile: kernels, copies, memsets (not the annotations mirrored onto it)."""
     return [e for e in events if not e.host and e.kind not in _IGNORED and e.kind != "user_annotation"]

@@ -124,17 +124,19 @@ def loop_timeline(model, module, batches, device, title: str) -> tuple[str, dict
         loop_ms(model, batches, device)
     done = ", ".join(f"generation {g}: {len(ms)} taking {sum(ms):.2f} ms" for g, ms in sorted(seen.items())) or "none"
     events = events_of(prof)
-    report = idle_report(events, len(batches), title) + f"\n  Python garbage collections in the loop: {done}"
+    report = idle_report(events, len(batches), title) + (
+        f"\n  Python garbage collections while profiled (the loop, the profiler's start and stop): {done}")
     return report, kernel_us(events)
 
 
 def kernel_us(events) -> dict[str, float]:
     """Device us per kernel name (copies and memsets under their kind's name) of a profile's records."""
-    from pass_timeline import device_records
+    from pass_timeline import device_kind, device_records
 
     out: dict[str, float] = {}
     for e in device_records(events):
-        name = e.name if e.kind == "kernel" else f"{e.kind}: {e.name}"
+        kind = device_kind(e)
+        name = e.name if kind == "kernel" else f"{kind}: {e.name}"
         out[name] = out.get(name, 0.0) + e.duration_ns / 1e3
     return out
 
@@ -168,7 +170,7 @@ def idle_report(events, calls: int, title: str) -> str:
     doing when the device ran dry (the innermost phase of `pass_timeline.phases` and the CUDA call in flight), the
     longest gaps with the call of the loop they fell in, and the host records of 0.1 ms or more during the longest.
     In a loop the host runs ahead, so a gap is the device waiting for work the host has not queued yet."""
-    from pass_timeline import device_records, timeline
+    from pass_timeline import device_kind, device_records, timeline
 
     t = timeline(events, min_gap_us=10.0)
     t0 = min(e.start_ns for e in events if e.host and e.name.startswith("phase: "))
@@ -181,7 +183,8 @@ def idle_report(events, calls: int, title: str) -> str:
             f"at {t.first_kernel_ms:.2f} ms, idle in gaps >= 10 us: {idle:.2f} ms ({idle / calls:.2f} a call)")
     kinds: dict[str, float] = {}
     for e in device_records(events):
-        kinds[e.kind] = kinds.get(e.kind, 0.0) + e.duration_ns / 1e6
+        kind = device_kind(e)
+        kinds[kind] = kinds.get(kind, 0.0) + e.duration_ns / 1e6
     by_kind = ", ".join(f"{kind} {ms:.2f}" for kind, ms in sorted(kinds.items(), key=lambda kv: -kv[1]))
     lines = [head, f"  device ms by kind (summed, overlaps counted twice): {by_kind}",
              "  idle ms  gaps  longest ms  host phase at the gap's start / CUDA call in flight"]

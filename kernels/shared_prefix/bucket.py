@@ -53,8 +53,8 @@ from .rows import Arena, counting, interleave, ranges_into
 
 RATIO = (9, 8)  # the ladder's ratio: a bucket holds at most 12.5% more than the batch needs
 COMPACT_RATIO = (17, 16)  # the compact row's ladder: at most 6.25% (its rows are the GEMMs', most of a step)
-# (33/32 is faster where one layout repeats and, by bench/shared_prefix_buckets.py, dearer under drawn lengths:
-# more own buckets to pad to held ones; docs/cuda_graphs.md)
+# (33/32 is faster where one layout repeats; under drawn lengths it makes more own buckets, and what that costs
+# is not measured yet: docs/cuda_graphs.md)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -277,3 +277,13 @@ def test_a_graphs_run_has_the_graphs_plot_and_only_that(tmp_path):
         "training step", "log-prob pass, one call", "log-prob pass, plan reused"]
     if importlib.util.find_spec("matplotlib") is not None:  # the bench extra: the PNG itself
         assert [p.name for p in plot_shared_prefix.main([str(path)])] == ["grid_graphs.png"]
+
+
+def test_the_gpu_bench_takes_the_compact_ladder_for_its_run(monkeypatch):
+    from patchgen.kernels.shared_prefix import bucket
+
+    monkeypatch.setattr(bucket, "COMPACT_RATIO", bucket.COMPACT_RATIO)  # restored after the test
+    shared_prefix_gpu.parse_args(["--tiny", "--compact-ladder", "33/32"])
+    assert bucket.COMPACT_RATIO == (33, 32)
+    with pytest.raises(SystemExit, match="--compact-ladder"):
+        shared_prefix_gpu.parse_args(["--tiny", "--compact-ladder", "1/1"])

@@ -136,6 +136,9 @@ def test_the_loops_device_time_is_summed_per_kernel_with_copies_under_their_kind
         Event("phase: model", True, 0, 9000, "user_annotation"), Event("aten::mm", True, 0, 100, "cpu_op"),
     ]
     assert scoring_loop.kernel_us(events) == {"nvjet_a": 5.0, "gpu_memcpy: Memcpy HtoD (Pinned -> Device)": 0.5}
+    # a torch whose records carry no kind (the H200 image's): read off the runtime's names, kernels unprefixed
+    unkinded = [Event(e.name, e.host, e.start_ns, e.duration_ns, "" if not e.host else e.kind) for e in events]
+    assert scoring_loop.kernel_us(unkinded) == scoring_loop.kernel_us(events)
 
 
 def test_the_timeline_sets_the_loops_op_groups_shared_against_packed(monkeypatch):
@@ -152,7 +155,7 @@ def test_the_timeline_sets_the_loops_op_groups_shared_against_packed(monkeypatch
     module = importlib.import_module(MODULE)
     torch.manual_seed(0)
     model = module.Qwen3_5ForCausalLM(config_for(scoring_loop.TINY_WIDTHS, 4)).eval()
-    args = argparse.Namespace(batches=1, repeats=1, labels=False, eager=False, timeline=True)
+    args = argparse.Namespace(batches=1, repeats=1, labels=False, eager=False, timeline=True, vary=False)
     (shape,) = parse_shapes("4x128x32")
     result = scoring_loop.measure_shape(model, shape, args, torch.device("cpu"), module)
     reports = result["timelines"]
