@@ -17,6 +17,7 @@ from transformers.modeling_utils import slice_logits_to_keep
 
 from ..capabilities import ENTROPY, SYNC_FREE
 from ..reference.cross_entropy import through_module
+from ..shared_prefix.lm_rows import labels_agree
 from .host_rows import queue_upload
 from .packing import next_token_labels
 from .plain_modules import plain_linears
@@ -176,38 +177,38 @@ def causal_lm_head(
         # a wrapped head (LoRA on lm_head, quantised): scored through its own forward, never its bare weight
         cross_entropy, weight = through_module(lm_head), None
 
-    if plan is None:
-        hidden_states = slice_logits_to_keep(hidden_states, logits_to_keep)
-        logits = lm_head(hidden_states) if request.logits else None
-        if not scored:
-            return HeadOutputs(logits, None, None, None)
-        flat = hidden_states.reshape(-1, hidden_states.shape[-1])
-        keep = _kept_on_host(request.host, None, batch, length, logits_to_keep, hidden_states.device) if skip else None
+    def every_position(hidden):  # (nll, entropy) of every position of `hidden [batch, length, d]`, each its own row
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        keep = _kept_on_host(request.host, None, batch, length, logits_to_keep, hidden.device) if skip else None
         nll, entropy = _score_rows(
-            cross_entropy, _rows_of(flat, None), weight, targets.reshape(-1).to(hidden_states.device), scale, request, skip,
+            cross_entropy, _rows_of(flat, None), weight, targets.reshape(-1).to(hidden.device), scale, request, skip,
             keep=keep,
         )
         # an ignored position scores nothing whatever the backend returns for it (rows are no longer always
         # skipped: see `skip`)
         nll = nll.view(targets.shape).masked_fill(targets.to(nll.device) == IGNORE_INDEX, 0.0)
-        entropy = entropy.view(targets.shape) if entropy is not None else None
+        return nll, entropy.view(targets.shape) if entropy is not None else None
+
+    if plan is None:
+        hidden_states = slice_logits_to_keep(hidden_states, logits_to_keep)
+        logits = lm_head(hidden_states) if request.logits else None
+        if not scored:
+            return HeadOutputs(logits, None, None, None)
+        nll, entropy = every_position(hidden_states)
     else:
         logits = plan.expand(lm_head(hidden_states), dim=1) if request.logits else None
         if not scored:
             return HeadOutputs(logits, None, None, None)
         rows = plan.lm_rows(targets.to(hidden_states.device))
-        # reshape, not [0]: a view whose backward is a view (select's backward writes a zero-filled copy)
-        flat = hidden_states.reshape(-1, hidden_states.shape[-1])
-        keep = _kept_on_host(request.host, plan, 1, length, logits_to_keep, hidden_states.device) if skip else None
-        nll_rows, entropy_rows = _score_rows(
-            cross_entropy, _rows_of(flat, rows.rows), weight, rows.labels, scale, request, skip, keep=keep
-        )
-        # A position whose own label is ignored scores nothing, even if its shared entry was scored
-        # for another member of the group.
-        nll = rows.expand(nll_rows).masked_fill(targets.to(nll_rows.device) == IGNORE_INDEX, 0.0)
-        entropy = rows.expand(entropy_rows) if entropy_rows is not None else None
-        if entropy is not None and request.labelled_only:
-            entropy = entropy.masked_fill(targets.to(entropy.device) == IGNORE_INDEX, 0.0)
+        if labelled and _labels_disagree(request.host, plan, rows, length):
+            # a shared row would be scored against one member's label only: every position gets its own row
+            _warn_labels_disagree()
+            nll, entropy = every_position(plan.expand(hidden_states, dim=1))
+        else:
+            nll, entropy = _shared_rows(
+                rows, hidden_states, targets, cross_entropy, weight, scale, request, skip,
+                _kept_on_host(request.host, plan, 1, length, logits_to_keep, hidden_states.device) if skip else None,
+            )
 
     loss = None
     if labels is not None or kwargs.get("shift_labels") is not None:
@@ -253,15 +254,64 @@ def _rows_of(flat: torch.Tensor, entries: torch.Tensor | None):
     return rows
 
 
+class SharedPrefixLabels(UserWarning):
+    """Members of a shared prefix give one of its rows different valid labels: the call is scored packed."""
+
+
+def _warn_labels_disagree() -> None:
+    import warnings
+
+    warnings.warn(
+        "shared_prefix_training: the labels inside a shared prefix differ between the sequences that share it (a "
+        "shared row is scored once, so its label must be the same next token for every member, or ignored); this "
+        "call's loss and log-probs are scored packed, position by position, at the packed head's cost. Labels that "
+        "are the shifted input ids (with -100 where not scored) never differ there.",
+        SharedPrefixLabels,
+        stacklevel=4,
+    )
+
+
+def _shared_rows(rows, hidden_states, targets, cross_entropy, weight, scale, request: HeadRequest, skip: bool, keep):
+    """(nll, entropy) at packed positions from the plan's LM rows, each distinct (row, label) scored once."""
+    # reshape, not [0]: a view whose backward is a view (select's backward writes a zero-filled copy)
+    flat = hidden_states.reshape(-1, hidden_states.shape[-1])
+    nll_rows, entropy_rows = _score_rows(
+        cross_entropy, _rows_of(flat, rows.rows), weight, rows.labels, scale, request, skip, keep=keep
+    )
+    # A position whose own label is ignored scores nothing, even if its shared entry was scored
+    # for another member of the group.
+    nll = rows.expand(nll_rows).masked_fill(targets.to(nll_rows.device) == IGNORE_INDEX, 0.0)
+    entropy = rows.expand(entropy_rows) if entropy_rows is not None else None
+    if entropy is not None and request.labelled_only:
+        entropy = entropy.masked_fill(targets.to(entropy.device) == IGNORE_INDEX, 0.0)
+    return nll, entropy
+
+
+def _labels_disagree(host, plan, rows, length: int) -> bool:
+    """Whether members give a shared row different valid labels: on the host copy of a host row (no sync), else
+    on the device (one sync, before the head: it waits for the layers, as the head's own count of labelled rows
+    would right after)."""
+    targets = _host_targets(host, 1, length)
+    if targets is None:
+        return bool(rows.disagree(IGNORE_INDEX))
+    return not labels_agree(plan.lm.host_inverse, plan.lm.length, targets.reshape(-1).numpy(), IGNORE_INDEX)
+
+
+def _host_targets(host, batch: int, length: int) -> torch.Tensor | None:
+    """The targets of the host copy of an uploaded row (None when there is none: no host row; labels whose
+    boundaries came on the device)."""
+    if host is None or (host.shift_labels is None and (host.labels is None or host.cu_seq_lens_q is None)):
+        return None
+    return _targets(host.labels, host.shift_labels, None, host.cu_seq_lens_q, 0, False, batch, length)
+
+
 def _kept_on_host(host, plan, batch: int, length: int, logits_to_keep, device) -> torch.Tensor | None:
     """The scored entries (a label is owed) counted on the host copy of an uploaded row, on `device`: what
     `_score_rows` would count with `nonzero` on the device, a sync after the layers. None when there is no host
     copy of the targets (no host row; labels whose boundaries came on the device; a `logits_to_keep` slice)."""
-    if host is None or not _keeps_all(logits_to_keep):
+    targets = _host_targets(host, batch, length) if _keeps_all(logits_to_keep) else None
+    if targets is None:
         return None
-    if host.shift_labels is None and (host.labels is None or host.cu_seq_lens_q is None):
-        return None
-    targets = _targets(host.labels, host.shift_labels, None, host.cu_seq_lens_q, 0, False, batch, length)
     owed = (targets.reshape(-1) != IGNORE_INDEX).numpy()
     if plan is not None:  # an entry is owed when any member's position it serves is (the device's amax)
         entries = np.zeros(plan.lm.length, dtype=bool)

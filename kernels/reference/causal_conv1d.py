@@ -28,7 +28,9 @@ def causal_conv1d(
     for the slot's signature and unused (the taps are masked on the device, with no sync).
     """
     if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r} "
+            "(the GDN conv of Qwen3.5 takes its activation from config.hidden_act, silu in every "
+            "published checkpoint; the conv backends fuse silu only: set hidden_act='silu')")
     if cu_seqlens is not None and x.shape[0] != 1:
         raise ValueError(f"cu_seqlens needs one packed row (batch 1), got batch {x.shape[0]}")
     length, width = x.shape[1], weight.shape[1]

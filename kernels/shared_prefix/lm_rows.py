@@ -8,7 +8,8 @@ only reduces the labels onto the entries, so it never syncs. Members may mask a 
 differently (a rollout masked out whole, multi-turn labels): an entry scores the row's valid label
 if any member has one, and each position keeps its own mask in the loss. What must hold is that
 valid labels of one shared row agree (true for shifted input ids, whose next token lies inside the
-prefix); `LMRows.check_labels` verifies it with one sync.
+prefix); the LM head checks it every labelled call (`labels_agree` on the host copy of a host row,
+`LMRows.disagree` on the device otherwise) and scores a call whose labels disagree packed.
 """
 
 from __future__ import annotations
@@ -93,12 +94,26 @@ class LMRows:
         out = values.index_select(-1, self.inverse)
         return out.unsqueeze(0) if out.dim() == 1 else out
 
-    def check_labels(self, ignore_index: int = -100) -> None:
-        """Raise if two members give a shared row different valid labels (one device sync; for tests and debugging)."""
+    def disagree(self, ignore_index: int = -100) -> torch.Tensor:
+        """A device bool, no sync: whether some position's valid label is not the one its shared entry scores (two
+        members label a shared row differently, so the entries cannot serve every position)."""
         flat = self._shift_labels.reshape(-1)
         agrees = (flat == self.labels.index_select(0, self.inverse)) | (flat == ignore_index)
-        if not bool(agrees.all()):
+        return ~agrees.all()
+
+    def check_labels(self, ignore_index: int = -100) -> None:
+        """Raise if two members give a shared row different valid labels (one device sync; for tests and debugging)."""
+        if bool(self.disagree(ignore_index)):
             raise ValueError("shift_labels differ between the members of a group inside the shared prefix")
+
+
+def labels_agree(host_inverse: np.ndarray, length: int, shift_labels: np.ndarray, ignore_index: int = -100) -> bool:
+    """`LMRows.disagree`'s question answered on the host copy of the labels (no device work, no sync): does every
+    valid label equal the one its entry scores (the largest valid label over the positions it serves)?"""
+    flat = np.asarray(shift_labels).reshape(-1)
+    entry = np.full(length, np.iinfo(flat.dtype).min, dtype=flat.dtype)
+    np.maximum.at(entry, host_inverse, flat)
+    return bool(((flat == entry[host_inverse]) | (flat == ignore_index)).all())
 
 
 def lm_rows(plan, shift_labels: torch.Tensor) -> LMRows:

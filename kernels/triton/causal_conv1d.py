@@ -434,7 +434,9 @@ def causal_conv1d(x, weight, bias=None, *, activation="silu", cu_seqlens=None, i
     `cu_seqlens_cpu` and `chunk_indices` are the slot's sync-sparing extras: these kernels find each
     row's sequence on the device and need neither."""
     if activation not in _ACTIVATIONS:
-        raise ValueError(f"activation must be one of {sorted(map(str, _ACTIVATIONS))}, got {activation!r}")
+        raise ValueError(f"activation must be one of {sorted(map(str, _ACTIVATIONS))}, got {activation!r} "
+            "(the GDN conv of Qwen3.5 takes its activation from config.hidden_act, silu in every "
+            "published checkpoint; the conv backends fuse silu only: set hidden_act='silu')")
     B, T, D = x.shape
     if weight.shape[0] != D:
         raise ValueError(f"weight must be [{D}, W], got {tuple(weight.shape)}")

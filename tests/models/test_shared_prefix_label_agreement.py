@@ -1,0 +1,107 @@
+"""A shared row is scored once, against one label: what its members' labels must agree on, and what happens when
+they do not (the call is scored packed, with a `SharedPrefixLabels` warning, never silently wrong)."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from patchgen.kernels.modeling.host_rows import HostRow
+from patchgen.kernels.modeling.lm_head import SharedPrefixLabels, _labels_disagree
+from patchgen.kernels.shared_prefix import build_plan
+from patchgen.kernels.shared_prefix.lm_rows import labels_agree
+
+from tests.models import tiny
+
+PROMPT, RESPONSES = 70, [10, 11, 12]
+
+
+def _batch():
+    ids, cu, prompt = tiny.grpo_batch([(PROMPT, RESPONSES)], seed=3)
+    return ids, cu, prompt
+
+
+def _next_ids(ids, cu):
+    """shift_labels: each position's next token, -100 at every sequence's last position."""
+    labels = torch.full_like(ids, -100)
+    labels[0, :-1] = ids[0, 1:]
+    labels[0, cu[1:] - 1] = -100
+    return labels
+
+
+def _cases(ids, cu):
+    """(name, shift_labels, whether its members agree) over the ways a trainer labels a GRPO group."""
+    agree = _next_ids(ids, cu)
+    masked_prompt = agree.clone()
+    masked_prompt[0, cu[1] : cu[1] + PROMPT] = -100  # one rollout's prompt not scored: still one label per row
+    differs = agree.clone()
+    differs[0, cu[1] + 30] = (differs[0, cu[1] + 30] + 1) % tiny.VOCAB  # one member's prompt label is not its next id
+    return [("next ids", agree, True), ("one prompt masked", masked_prompt, True), ("a prompt label differs", differs, False)]
+
+
+def test_the_host_and_the_device_checks_give_the_same_answer():
+    ids, cu, _ = _batch()
+    plan = build_plan(ids, cu, conv_kernel_size=4)
+    for name, shift_labels, agree in _cases(ids, cu):
+        on_device = not bool(plan.lm_rows(shift_labels).disagree())
+        on_host = labels_agree(plan.lm.host_inverse, plan.lm.length, shift_labels.reshape(-1).numpy())
+        assert on_device == on_host == agree, name
+
+
+def test_a_host_row_is_checked_on_its_host_copy_and_any_other_on_the_device():
+    ids, cu, _ = _batch()
+    plan = build_plan(ids, cu, conv_kernel_size=4)
+    length = int(cu[-1])
+    agreeing = _cases(ids, cu)[0][1]
+    for name, shift_labels, agree in _cases(ids, cu):
+        host = HostRow(ids, None, cu, None, shift_labels)
+        # the host copy decides: the device's labels (here the agreeing ones) are not read
+        assert _labels_disagree(host, plan, plan.lm_rows(agreeing), length) is (not agree), name
+        assert _labels_disagree(None, plan, plan.lm_rows(shift_labels), length) is (not agree), name
+
+
+def _train(flag, **labels):
+    net = tiny.build("qwen3_5", "gpu", shared_prefix_training=flag)
+    ids, cu, _ = _batch()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = net(input_ids=ids, return_log_probs=True, **tiny.packed_kwargs(cu), **labels)
+    out.loss.backward()
+    return out, tiny.grads(net), [w.category for w in seen]
+
+
+@pytest.mark.parametrize("how", ["labels", "shift_labels"])
+def test_labels_that_differ_inside_the_shared_prompt_train_as_packed_and_say_so(how):
+    ids, cu, _ = _batch()
+    shift_labels = _cases(ids, cu)[2][1]
+    if how == "labels":  # upstream's labels: the position's own token, shifted by the head
+        given = ids.clone()
+        given[0, cu[1] + 31] = (given[0, cu[1] + 31] + 1) % tiny.VOCAB
+        kwargs = {"labels": given}
+    else:
+        kwargs = {"shift_labels": shift_labels}
+    packed, packed_grads, _ = _train(False, **kwargs)
+    shared, shared_grads, warned = _train(True, **kwargs)
+    assert SharedPrefixLabels in warned
+    assert torch.allclose(shared.loss, packed.loss, rtol=0, atol=1e-12)
+    assert torch.allclose(shared.log_probs, packed.log_probs, rtol=0, atol=1e-12)
+    tiny.assert_grads_close(shared_grads, packed_grads)
+
+
+def test_agreeing_labels_keep_the_shared_head_and_warn_nothing():
+    ids, cu, _ = _batch()
+    for name, shift_labels, agree in _cases(ids, cu):
+        if not agree:
+            continue
+        packed, packed_grads, _ = _train(False, shift_labels=shift_labels)
+        shared, shared_grads, warned = _train(True, shift_labels=shift_labels)
+        assert SharedPrefixLabels not in warned, name
+        assert torch.allclose(shared.loss, packed.loss, rtol=0, atol=1e-12), name
+        tiny.assert_grads_close(shared_grads, packed_grads)
+
+
+def test_the_check_counts_the_largest_label_an_entry_scores():
+    # an entry serves positions 0 and 2, another position 1: 5 and -100 agree (ignored), 5 and 6 do not
+    inverse = np.array([0, 1, 0])
+    assert labels_agree(inverse, 2, np.array([5, 7, -100]))
+    assert not labels_agree(inverse, 2, np.array([5, 7, 6]))
