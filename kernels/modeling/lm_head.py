@@ -21,6 +21,7 @@ from ..shared_prefix.lm_rows import labels_agree
 from .host_rows import queue_upload
 from .packing import next_token_labels
 from .plain_modules import plain_linears
+from .user_warning import warn_at_caller
 
 IGNORE_INDEX = -100
 
@@ -259,15 +260,12 @@ class SharedPrefixLabels(UserWarning):
 
 
 def _warn_labels_disagree() -> None:
-    import warnings
-
-    warnings.warn(
+    warn_at_caller(
         "shared_prefix_training: the labels inside a shared prefix differ between the sequences that share it (a "
-        "shared row is scored once, so its label must be the same next token for every member, or ignored); this "
-        "call's loss and log-probs are scored packed, position by position, at the packed head's cost. Labels that "
-        "are the shifted input ids (with -100 where not scored) never differ there.",
+        "shared row is scored once, so sharing needs the same next token from every member there, or -100); this "
+        "call's loss, log-probs and entropy are scored packed, position by position, at the packed head's cost. "
+        "Labels that are the shifted input ids (with -100 where not scored) never differ there.",
         SharedPrefixLabels,
-        stacklevel=4,
     )
 
 
@@ -289,8 +287,8 @@ def _shared_rows(rows, hidden_states, targets, cross_entropy, weight, scale, req
 
 def _labels_disagree(host, plan, rows, length: int) -> bool:
     """Whether members give a shared row different valid labels: on the host copy of a host row (no sync), else
-    on the device (one sync, before the head: it waits for the layers, as the head's own count of labelled rows
-    would right after)."""
+    on the device (one sync, before the head: it waits for the layers; a labelled call counting its rows on the
+    device syncs there too, right after)."""
     targets = _host_targets(host, 1, length)
     if targets is None:
         return bool(rows.disagree(IGNORE_INDEX))

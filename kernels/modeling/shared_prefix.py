@@ -8,7 +8,6 @@ Section 4 of shared_prefix.md is the table of guards implemented here.
 from __future__ import annotations
 
 import contextlib
-import warnings
 import weakref
 from collections.abc import Callable
 
@@ -41,6 +40,7 @@ from ..shared_prefix import (
 )
 from ..shared_prefix.plan_reuse import PLANS, build_or_reuse
 from .packing import PACKED_ROW
+from .user_warning import warn_at_caller
 
 _observers: list[Callable] = []
 
@@ -91,7 +91,7 @@ def warn_if_nothing_shared(text_model, *, packed: bool, decided_above: bool) -> 
             "prefixes are shared only between the sequences of one packed row (cu_seq_lens_q, or position_ids that "
             "restart at 0). Pack the micro-batch; for GRPO use patchgen.integrations.trl.SharedPrefixGRPOTrainer"
         )
-    warnings.warn(f"shared_prefix_training is on, but this training forward shares nothing: {reason}", SharedPrefixUnused, stacklevel=3)
+    warn_at_caller(f"shared_prefix_training is on, but this training forward shares nothing: {reason}", SharedPrefixUnused)
 
 
 def packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs):
