@@ -17,7 +17,7 @@ from transformers.modeling_utils import slice_logits_to_keep
 
 from ..capabilities import ENTROPY, SYNC_FREE
 from ..reference.cross_entropy import through_module
-from ..shared_prefix.lm_rows import labels_agree
+from ..shared_prefix.lm_rows import first_disagreement
 from .host_rows import queue_upload
 from .packing import next_token_labels
 from .plain_modules import plain_linears
@@ -201,9 +201,10 @@ def causal_lm_head(
         if not scored:
             return HeadOutputs(logits, None, None, None)
         rows = plan.lm_rows(targets.to(hidden_states.device))
-        if labelled and _labels_disagree(request.host, plan, rows, length):
+        disagreement = _labels_disagree(request.host, plan, rows, length) if labelled else None
+        if disagreement is not None:
             # a shared row would be scored against one member's label only: every position gets its own row
-            _warn_labels_disagree()
+            _warn_labels_disagree(disagreement)
             nll, entropy = every_position(plan.expand(hidden_states, dim=1))
         else:
             nll, entropy = _shared_rows(
@@ -259,10 +260,11 @@ class SharedPrefixLabels(UserWarning):
     """Members of a shared prefix give one of its rows different valid labels: the call is scored packed."""
 
 
-def _warn_labels_disagree() -> None:
+def _warn_labels_disagree(position: int) -> None:
+    at = f" (first at packed position {position})" if position >= 0 else ""
     warn_at_caller(
-        "shared_prefix_training: the labels inside a shared prefix differ between the sequences that share it (a "
-        "shared row is scored once, so sharing needs the same next token from every member there, or -100); this "
+        f"shared_prefix_training: the labels inside a shared prefix differ between the sequences that share it{at} "
+        "(a shared row is scored once, so sharing needs the same next token from every member there, or -100); this "
         "call's loss, log-probs and entropy are scored packed, position by position, at the packed head's cost. "
         "Labels that are the shifted input ids (with -100 where not scored) never differ there.",
         SharedPrefixLabels,
@@ -285,14 +287,14 @@ def _shared_rows(rows, hidden_states, targets, cross_entropy, weight, scale, req
     return nll, entropy
 
 
-def _labels_disagree(host, plan, rows, length: int) -> bool:
-    """Whether members give a shared row different valid labels: on the host copy of a host row (no sync), else
-    on the device (one sync, before the head: it waits for the layers; a labelled call counting its rows on the
-    device syncs there too, right after)."""
+def _labels_disagree(host, plan, rows, length: int) -> int | None:
+    """None when the members of every shared row give it the same valid label; else the first packed position that
+    differs, found on the host copy of a host row (no sync), or -1 when the device answered (one sync, before the
+    head: it waits for the layers, as a labelled call counting its rows on the device does right after)."""
     targets = _host_targets(host, 1, length)
     if targets is None:
-        return bool(rows.disagree(IGNORE_INDEX))
-    return not labels_agree(plan.lm.host_inverse, plan.lm.length, targets.reshape(-1).numpy(), IGNORE_INDEX)
+        return -1 if bool(rows.disagree(IGNORE_INDEX)) else None
+    return first_disagreement(plan.lm.host_inverse, plan.lm.length, targets.reshape(-1).numpy(), IGNORE_INDEX)
 
 
 def _host_targets(host, batch: int, length: int) -> torch.Tensor | None:

@@ -8,7 +8,7 @@ only reduces the labels onto the entries, so it never syncs. Members may mask a 
 differently (a rollout masked out whole, multi-turn labels): an entry scores the row's valid label
 if any member has one, and each position keeps its own mask in the loss. What must hold is that
 valid labels of one shared row agree (true for shifted input ids, whose next token lies inside the
-prefix); the LM head checks it every labelled call (`labels_agree` on the host copy of a host row,
+prefix); the LM head checks it every labelled call (`first_disagreement` on the host copy of a host row,
 `LMRows.disagree` on the device otherwise) and scores a call whose labels disagree packed.
 """
 
@@ -107,13 +107,15 @@ class LMRows:
             raise ValueError("shift_labels differ between the members of a group inside the shared prefix")
 
 
-def labels_agree(host_inverse: np.ndarray, length: int, shift_labels: np.ndarray, ignore_index: int = -100) -> bool:
-    """`LMRows.disagree`'s question answered on the host copy of the labels (no device work, no sync): does every
-    valid label equal the one its entry scores (the largest valid label over the positions it serves)?"""
+def first_disagreement(host_inverse: np.ndarray, length: int, shift_labels: np.ndarray, ignore_index: int = -100):
+    """`LMRows.disagree`'s question on the host copy of the labels (no device work, no sync): the first packed
+    position whose valid label is not the one its entry scores (the largest valid label over the positions it
+    serves), or None when every position's is."""
     flat = np.asarray(shift_labels).reshape(-1)
     entry = np.full(length, np.iinfo(flat.dtype).min, dtype=flat.dtype)
     np.maximum.at(entry, host_inverse, flat)
-    return bool(((flat == entry[host_inverse]) | (flat == ignore_index)).all())
+    bad = np.flatnonzero((flat != entry[host_inverse]) & (flat != ignore_index))
+    return int(bad[0]) if len(bad) else None
 
 
 def lm_rows(plan, shift_labels: torch.Tensor) -> LMRows:

@@ -9,7 +9,7 @@ import torch
 from patchgen.kernels.modeling.host_rows import HostRow
 from patchgen.kernels.modeling.lm_head import SharedPrefixLabels, _labels_disagree
 from patchgen.kernels.shared_prefix import build_plan
-from patchgen.kernels.shared_prefix.lm_rows import labels_agree
+from patchgen.kernels.shared_prefix.lm_rows import first_disagreement
 
 from tests.models import tiny
 
@@ -44,7 +44,7 @@ def test_the_host_and_the_device_checks_give_the_same_answer():
     plan = build_plan(ids, cu, conv_kernel_size=4)
     for name, shift_labels, agree in _cases(ids, cu):
         on_device = not bool(plan.lm_rows(shift_labels).disagree())
-        on_host = labels_agree(plan.lm.host_inverse, plan.lm.length, shift_labels.reshape(-1).numpy())
+        on_host = first_disagreement(plan.lm.host_inverse, plan.lm.length, shift_labels.reshape(-1).numpy()) is None
         assert on_device == on_host == agree, name
 
 
@@ -55,9 +55,13 @@ def test_a_host_row_is_checked_on_its_host_copy_and_any_other_on_the_device():
     agreeing = _cases(ids, cu)[0][1]
     for name, shift_labels, agree in _cases(ids, cu):
         host = HostRow(ids, None, cu, None, shift_labels)
-        # the host copy decides: the device's labels (here the agreeing ones) are not read
-        assert _labels_disagree(host, plan, plan.lm_rows(agreeing), length) is (not agree), name
-        assert _labels_disagree(None, plan, plan.lm_rows(shift_labels), length) is (not agree), name
+        # the host copy decides, and says where: the device's labels (here the agreeing ones) are not read
+        found = _labels_disagree(host, plan, plan.lm_rows(agreeing), length)
+        # the row both members share: position 30 of the first and of the second sequence (one of them differs from
+        # the label the entry scores, the larger)
+        assert found is None if agree else found in (30, int(cu[1]) + 30), name
+        # no host copy: the device decides, and does not look the position up
+        assert _labels_disagree(None, plan, plan.lm_rows(shift_labels), length) == (None if agree else -1), name
 
 
 def _train(flag, model="qwen3_5", **labels):
@@ -107,7 +111,8 @@ def test_agreeing_labels_keep_the_shared_head_and_warn_nothing():
 
 
 def test_the_check_counts_the_largest_label_an_entry_scores():
-    # an entry serves positions 0 and 2, another position 1: 5 and -100 agree (ignored), 5 and 6 do not
+    # an entry serves positions 0 and 2, another position 1: 5 and -100 agree (ignored), 5 and 6 do not, and the
+    # position that differs from its entry's label (the largest, 6) is 0
     inverse = np.array([0, 1, 0])
-    assert labels_agree(inverse, 2, np.array([5, 7, -100]))
-    assert not labels_agree(inverse, 2, np.array([5, 7, 6]))
+    assert first_disagreement(inverse, 2, np.array([5, 7, -100])) is None
+    assert first_disagreement(inverse, 2, np.array([5, 7, 6])) == 0
