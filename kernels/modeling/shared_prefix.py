@@ -94,6 +94,31 @@ def warn_if_nothing_shared(text_model, *, packed: bool, decided_above: bool) -> 
     warn_at_caller(f"shared_prefix_training is on, but this training forward shares nothing: {reason}", SharedPrefixUnused)
 
 
+_NOISE_WARNED = "_patchgen_noised_embeddings_warned"
+
+
+def embeddings_noised(model) -> bool:
+    """Whether NEFTune noises the input embeddings (transformers' `neftune_post_forward_hook`, which `Trainer` adds
+    for `neftune_noise_alpha` and which reads `neftune_noise_alpha` off the embedding module): its noise scales with
+    1 / sqrt(rows x width) of the tensor it sees, so on the compact row it would be sqrt(T / C) times larger and the
+    same for every sequence of a prefix. Such a forward takes the packed path; warned once per model when the flag
+    is on."""
+    get = getattr(model, "get_input_embeddings", None)
+    embeddings = get() if get is not None else None
+    if embeddings is None or not embeddings.training or getattr(embeddings, "neftune_noise_alpha", None) is None:
+        return False
+    if enabled(model.config) and not getattr(model, _NOISE_WARNED, False):
+        object.__setattr__(model, _NOISE_WARNED, True)
+        warn_at_caller(
+            "shared_prefix_training is on, but this training forward shares nothing: NEFTune noises the input "
+            "embeddings (neftune_noise_alpha), scaled by the row's length, and on the compact row it would be "
+            "larger and shared by every sequence of a prefix. These forwards run packed; drop neftune_noise_alpha "
+            "to share prefixes",
+            SharedPrefixUnused,
+        )
+    return True
+
+
 def packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs):
     """Per-sequence positions for a packed row passed without ``position_ids`` (else unchanged)."""
     cu = kwargs.get("cu_seq_lens_q")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import SHARED_PREFIX_VERIFY, field
-from .shared_prefix import enabled
+from .shared_prefix import embeddings_noised, enabled
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +52,12 @@ def state(model) -> VerifyState:
 
 
 def sharing_allowed(model) -> bool:
-    """False after a mismatch and during a verification's packed reference forward."""
+    """False after a mismatch, during a verification's packed reference forward, and while NEFTune noises the
+    input embeddings (`shared_prefix.embeddings_noised`)."""
     current = getattr(model, ATTRIBUTE, None)
-    return current is None or not (current.disabled or current.packed_only)
+    if current is not None and (current.disabled or current.packed_only):
+        return False
+    return not embeddings_noised(model)
 
 
 def due(model, input_ids, position_ids, cache, use_cache, kwargs, pixel_values=None, pixel_values_videos=None) -> bool:

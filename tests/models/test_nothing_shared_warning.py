@@ -56,3 +56,31 @@ def test_no_warning_without_the_flag_in_eval_or_without_grad(recwarn):
     with torch.no_grad():
         _net()(input_ids=ids)
     assert not _unused(recwarn)
+
+
+def test_neftune_noise_runs_packed_with_the_packed_noise_and_is_warned_once(recwarn):
+    """Trainer's `neftune_noise_alpha` hooks the embeddings with noise scaled by 1 / sqrt(rows x width): on the
+    compact row it would be larger and shared by a prefix's sequences, so those forwards run packed."""
+    from patchgen.kernels.modeling.shared_prefix import observe_plans
+    from transformers.integrations.neftune import neftune_post_forward_hook
+
+    ids, packed = _packed()
+    losses, plans = {}, []
+    for flag in (False, True):
+        net = _net(flag)
+        embeddings = net.get_input_embeddings()
+        embeddings.neftune_noise_alpha = 5.0
+        handle = embeddings.register_forward_hook(neftune_post_forward_hook)
+        torch.manual_seed(7)  # the same noise draw for both runs: same shape, same generator state
+        with observe_plans(lambda plan, _tokens: plans.append(plan)):
+            losses[flag] = net(input_ids=ids, labels=ids, **packed).loss
+            net(input_ids=ids, labels=ids, **packed)  # warned once per model
+        handle.remove()
+        del embeddings.neftune_noise_alpha  # as Trainer leaves it after training: sharing resumes
+        with observe_plans(lambda plan, _tokens: plans.append(plan)):
+            net(input_ids=ids, labels=ids, **packed)
+    assert torch.equal(losses[True], losses[False])
+    # no plan is decided while the noise is on (nor with the flag off): one plan, once the hook is gone
+    assert [p is not None for p in plans] == [True]
+    (warning,) = _unused(recwarn)
+    assert "NEFTune" in str(warning.message) and warning.filename == __file__
