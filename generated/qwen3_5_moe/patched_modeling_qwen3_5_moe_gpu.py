@@ -1473,8 +1473,9 @@ class Qwen3_5MoeTextModel(Qwen3_5MoePreTrainedModel):
         shared_prefix.warn_if_nothing_shared(self, packed=packed, decided_above=decided_above)
         if packed and isinstance(attention_mask, torch.Tensor) and not bool(attention_mask.all()):
             raise ValueError(
-                "attention_mask with padding on a packed row (cu_seq_lens_q): packed rows carry no padding, "
-                "their boundaries are cu_seq_lens_q; pass attention_mask=None"
+                "attention_mask with padding on a packed row (given by cu_seq_lens_q, or by position_ids that restart "
+                "at 0 per sequence): packed rows carry no padding, their boundaries mark the sequences; pass "
+                "attention_mask=None"
             )
         if plan is not None:
             # The compact row: one copy of every shared prefix; the plan replaces the packed metadata
