@@ -172,6 +172,8 @@ def causal_lm_head(
     # targets read off input_ids ignore only each sequence's last position: counting the rest to skip those few
     # rows would cost a host sync after the layers, with the device idle while the head is launched
     skip = request.skips_unlabelled_rows and (labelled or request.entropy)
+    # the targets of the host copy of a host row, built once: the label check and the count of owed rows read them
+    host_targets = _host_targets(request.host, batch, length) if _keeps_all(logits_to_keep) else None
     cross_entropy = head_backend(table, request)
     weight = lm_head.weight
     if not plain_linears(lm_head):
@@ -180,7 +182,7 @@ def causal_lm_head(
 
     def every_position(hidden):  # (nll, entropy) of every position of `hidden [batch, length, d]`, each its own row
         flat = hidden.reshape(-1, hidden.shape[-1])
-        keep = _kept_on_host(request.host, None, batch, length, logits_to_keep, hidden.device) if skip else None
+        keep = _kept_on_host(host_targets, None, hidden.device) if skip else None
         nll, entropy = _score_rows(
             cross_entropy, _rows_of(flat, None), weight, targets.reshape(-1).to(hidden.device), scale, request, skip,
             keep=keep,
@@ -201,7 +203,7 @@ def causal_lm_head(
         if not scored:
             return HeadOutputs(logits, None, None, None)
         rows = plan.lm_rows(targets.to(hidden_states.device))
-        disagreement = _labels_disagree(request.host, plan, rows, length) if labelled else None
+        disagreement = _labels_disagree(host_targets, plan, rows) if labelled else None
         if disagreement is not None:
             # a shared row would be scored against one member's label only: every position gets its own row
             _warn_labels_disagree(disagreement)
@@ -209,7 +211,7 @@ def causal_lm_head(
         else:
             nll, entropy = _shared_rows(
                 rows, hidden_states, targets, cross_entropy, weight, scale, request, skip,
-                _kept_on_host(request.host, plan, 1, length, logits_to_keep, hidden_states.device) if skip else None,
+                _kept_on_host(host_targets, plan, hidden_states.device) if skip else None,
             )
 
     loss = None
@@ -287,14 +289,14 @@ def _shared_rows(rows, hidden_states, targets, cross_entropy, weight, scale, req
     return nll, entropy
 
 
-def _labels_disagree(host, plan, rows, length: int) -> int | None:
+def _labels_disagree(host_targets, plan, rows) -> int | None:
     """None when the members of every shared row give it the same valid label; else the first packed position that
-    differs, found on the host copy of a host row (no sync), or -1 when the device answered (one sync, before the
-    head: it waits for the layers, as a labelled call counting its rows on the device does right after)."""
-    targets = _host_targets(host, 1, length)
-    if targets is None:
+    differs, found on the host copy of a host row (`host_targets`: no sync), or -1 when the device answered (one
+    sync, before the head: it waits for the layers, as a labelled call counting its rows on the device does right
+    after)."""
+    if host_targets is None:
         return -1 if bool(rows.disagree(IGNORE_INDEX)) else None
-    return first_disagreement(plan.lm.host_inverse, plan.lm.length, targets.reshape(-1).numpy(), IGNORE_INDEX)
+    return first_disagreement(plan.lm.host_inverse, plan.lm.length, host_targets.reshape(-1).numpy(), IGNORE_INDEX)
 
 
 def _host_targets(host, batch: int, length: int) -> torch.Tensor | None:
@@ -305,14 +307,13 @@ def _host_targets(host, batch: int, length: int) -> torch.Tensor | None:
     return _targets(host.labels, host.shift_labels, None, host.cu_seq_lens_q, 0, False, batch, length)
 
 
-def _kept_on_host(host, plan, batch: int, length: int, logits_to_keep, device) -> torch.Tensor | None:
-    """The scored entries (a label is owed) counted on the host copy of an uploaded row, on `device`: what
-    `_score_rows` would count with `nonzero` on the device, a sync after the layers. None when there is no host
-    copy of the targets (no host row; labels whose boundaries came on the device; a `logits_to_keep` slice)."""
-    targets = _host_targets(host, batch, length) if _keeps_all(logits_to_keep) else None
-    if targets is None:
+def _kept_on_host(host_targets, plan, device) -> torch.Tensor | None:
+    """The scored entries (a label is owed) counted on the host copy of an uploaded row's targets, on `device`:
+    what `_score_rows` would count with `nonzero` on the device, a sync after the layers. None when there is no
+    host copy of the targets (no host row; labels whose boundaries came on the device; a `logits_to_keep` slice)."""
+    if host_targets is None:
         return None
-    owed = (targets.reshape(-1) != IGNORE_INDEX).numpy()
+    owed = (host_targets.reshape(-1) != IGNORE_INDEX).numpy()
     if plan is not None:  # an entry is owed when any member's position it serves is (the device's amax)
         entries = np.zeros(plan.lm.length, dtype=bool)
         entries[plan.lm.host_inverse[owed]] = True

@@ -72,11 +72,8 @@ def warn_if_nothing_shared(text_model, *, packed: bool, decided_above: bool) -> 
     row and built the plan or found nothing to share; only rows it never saw are warned about: a padded
     ``[B, L]`` batch, and a packed row given to the backbone by a trainer with its own LM head.
     """
-    if decided_above or not (text_model.training and torch.is_grad_enabled()) or getattr(text_model, _WARNED, False):
+    if decided_above or not (text_model.training and torch.is_grad_enabled()) or not enabled(text_model.config):
         return
-    if not enabled(text_model.config):
-        return
-    object.__setattr__(text_model, _WARNED, True)
     name = type(text_model).__name__
     if packed:
         reason = (
@@ -91,6 +88,14 @@ def warn_if_nothing_shared(text_model, *, packed: bool, decided_above: bool) -> 
             "prefixes are shared only between the sequences of one packed row (cu_seq_lens_q, or position_ids that "
             "restart at 0). Pack the micro-batch; for GRPO use patchgen.integrations.trl.SharedPrefixGRPOTrainer"
         )
+    _warn_unused_once(text_model, _WARNED, reason)
+
+
+def _warn_unused_once(model, attribute: str, reason: str) -> None:
+    """`SharedPrefixUnused` with `reason`, once per model and reason (`attribute` marks the model as told)."""
+    if getattr(model, attribute, False):
+        return
+    object.__setattr__(model, attribute, True)
     warn_at_caller(f"shared_prefix_training is on, but this training forward shares nothing: {reason}", SharedPrefixUnused)
 
 
@@ -107,14 +112,12 @@ def embeddings_noised(model) -> bool:
     embeddings = get() if get is not None else None
     if embeddings is None or not embeddings.training or getattr(embeddings, "neftune_noise_alpha", None) is None:
         return False
-    if enabled(model.config) and not getattr(model, _NOISE_WARNED, False):
-        object.__setattr__(model, _NOISE_WARNED, True)
-        warn_at_caller(
-            "shared_prefix_training is on, but this training forward shares nothing: NEFTune noises the input "
-            "embeddings (neftune_noise_alpha), scaled by the row's length, and on the compact row it would be "
-            "larger and shared by every sequence of a prefix. These forwards run packed; drop neftune_noise_alpha "
-            "to share prefixes",
-            SharedPrefixUnused,
+    if enabled(model.config):
+        _warn_unused_once(
+            model, _NOISE_WARNED,
+            "NEFTune noises the input embeddings (neftune_noise_alpha), scaled by the row's length, and on the compact "
+            "row it would be larger and shared by every sequence of a prefix. These forwards run packed; drop "
+            "neftune_noise_alpha to share prefixes",
         )
     return True
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 from patchgen.kernels.modeling.host_rows import HostRow
-from patchgen.kernels.modeling.lm_head import SharedPrefixLabels, _labels_disagree
+from patchgen.kernels.modeling.lm_head import SharedPrefixLabels, _host_targets, _labels_disagree
 from patchgen.kernels.shared_prefix import build_plan
 from patchgen.kernels.shared_prefix.lm_rows import first_disagreement
 
@@ -56,12 +56,12 @@ def test_a_host_row_is_checked_on_its_host_copy_and_any_other_on_the_device():
     for name, shift_labels, agree in _cases(ids, cu):
         host = HostRow(ids, None, cu, None, shift_labels)
         # the host copy decides, and says where: the device's labels (here the agreeing ones) are not read
-        found = _labels_disagree(host, plan, plan.lm_rows(agreeing), length)
+        found = _labels_disagree(_host_targets(host, 1, length), plan, plan.lm_rows(agreeing))
         # the row both members share: position 30 of the first and of the second sequence (one of them differs from
         # the label the entry scores, the larger)
         assert found is None if agree else found in (30, int(cu[1]) + 30), name
         # no host copy: the device decides, and does not look the position up
-        assert _labels_disagree(None, plan, plan.lm_rows(shift_labels), length) == (None if agree else -1), name
+        assert _labels_disagree(None, plan, plan.lm_rows(shift_labels)) == (None if agree else -1), name
 
 
 def _train(flag, model="qwen3_5", **labels):
