@@ -11,7 +11,8 @@ host (`kernels/modeling/host_rows.py`, as `SharedPrefixGRPOTrainer` passes it) n
 Per shape, `--batches` micro-batches of the shape, each with its own token ids (so no plan is reused), scored
 back to back, the device synchronized once at the end; ms per micro-batch (median of `--repeats` loops) for:
 
-- `packed` and `shared` (shared_prefix_cuda_graphs on, as for the scoring graph), each with the rows on the
+- `packed` and `shared` (shared_prefix_cuda_graphs on; scoring forwards replay a graph, or with `--scoring eager`
+  run eagerly on the unpadded plan), each with the rows on the
   device (`device rows`) and on the host (`host rows`); with `--eager` also `shared eager` (graphs off, rows on
   the host: no bucket padding, every kernel launched by the host);
 - efficiency = (packed ms / shared ms) / (T / C), packed and shared with the same rows;
@@ -22,7 +23,8 @@ head counts the labelled rows: on the host for host rows, with a sync for device
 
 `--vary` draws every micro-batch's prompt and response lengths as `shared_prefix_gpu.py --graphs --vary` does
 (P (1 +- 0.1), R (1 +- 0.5)): a new layout every call, as in RL, where the scoring graphs replay held buckets (padded
-to them) or capture; the report adds the graphs' captures and replays over the timed loops, and T and C become the
+to them) or capture; the report adds the graphs' captures, replays and eager calls over the timed loops, and T and
+C become the
 loop's means (the bound is their ratio: the loop's total tokens over its total compact rows).
 
 Off CUDA (`--tiny`) the same loop runs at tiny widths: it checks the script, it measures nothing.
@@ -39,6 +41,7 @@ import statistics
 import time
 
 import torch
+from patchgen.kernels.config import SCORING_MODES
 from shared_prefix_arms import MODULE, WIDTHS, config_for, packed_kwargs
 from shared_prefix_buckets import LADDER_HELP, set_compact_ladder
 from shared_prefix_graphs import uncheckpointed
@@ -241,6 +244,7 @@ def measure_shape(model, shape, args, device, module) -> dict:
     for arm, flag, graphs in arms:
         model.config.shared_prefix_training = flag
         model.config.shared_prefix_cuda_graphs = graphs
+        model.config.shared_prefix_cuda_graphs_scoring = args.scoring
         for where, batches in rows.items():
             if arm == "shared eager" and where == "device rows":
                 continue
@@ -251,7 +255,7 @@ def measure_shape(model, shape, args, device, module) -> dict:
             if arm == "shared" and seen:
                 sizes.update(T=statistics.mean(t for t, _ in seen), C=statistics.mean(c for _, c in seen))
             held = graphs_of(model)
-            before = (held.stats.captures, held.stats.replays) if held is not None else None
+            before = (held.stats.captures, held.stats.replays, held.stats.eager) if held is not None else None
             times, host, out = [], [], None
             for _ in range(args.repeats):
                 clean_slate()
@@ -261,6 +265,7 @@ def measure_shape(model, shape, args, device, module) -> dict:
             if before is not None:
                 result[f"{arm} {where} captures"] = held.stats.captures - before[0]
                 result[f"{arm} {where} replays"] = held.stats.replays - before[1]
+                result[f"{arm} {where} eager"] = held.stats.eager - before[2]
             if args.timeline and where == "host rows":  # main refuses --timeline off CUDA
                 report, kernels = loop_timeline(model, module, batches, device, f"{shape[0]} {arm}, {where}")
                 result.setdefault("timelines", []).append(report)
@@ -318,6 +323,9 @@ def main(argv=None):
     parser.add_argument("--timeline", action="store_true",
                         help="profile one loop per arm (rows on the host): the device's idle time and what the host did then")
     parser.add_argument("--compact-ladder", default=None, metavar="UP/DOWN", help=LADDER_HELP)
+    parser.add_argument("--scoring", choices=SCORING_MODES, default="graphs",
+                        help="the graphed arm's shared_prefix_cuda_graphs_scoring: a replay on a padded plan (graphs, the "
+                             "default) or eagerly on the unpadded plan (eager)")
     parser.add_argument("--vary", action="store_true",
                         help="micro-batches of drawn prompt and response lengths (a new layout every call, as in RL)")
     parser.add_argument("--gc-off", action="store_true",
@@ -362,9 +370,10 @@ def main(argv=None):
             flush=True,
         )
         if "shared host rows captures" in r:
-            print(f"    graphs over the {args.repeats} timed loops, host rows: {r['shared host rows captures']} captures, "
-                  f"{r['shared host rows replays']} replays; device rows: {r.get('shared device rows captures')} "
-                  f"captures, {r.get('shared device rows replays')} replays", flush=True)
+            print(f"    graphs over the {args.repeats} timed loops (scoring {args.scoring}), host rows: "
+                  f"{r['shared host rows captures']} captures, {r['shared host rows replays']} replays, "
+                  f"{r['shared host rows eager']} eager; device rows: {r.get('shared device rows captures')} captures, "
+                  f"{r.get('shared device rows replays')} replays, {r.get('shared device rows eager')} eager", flush=True)
         if "efficiency eager host rows" in r:
             print(f"    shared without graphs, host rows: {r['shared eager host rows ms']:.1f} ms (host "
                   f"{r['shared eager host rows host ms']:.1f}), eff {r['efficiency eager host rows']:.2f}, bit-equal to "

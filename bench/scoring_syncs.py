@@ -1,6 +1,6 @@
 """Where a scoring call waits for the device, and the scoring head against liger's (CUDA only).
 
-    python bench/scoring_syncs.py            # PYTHONSAFEPATH=1 on the lent machine (docs/bench/README.md)
+    python bench/scoring_syncs.py    # on the lent machine: PYTHONSAFEPATH=1 PYTHONPATH=bench (docs/bench/README.md)
 
 1. Every host sync of one log-prob call (`return_log_probs`, no gradients) of the generated GPU model, 4 layers
    at the 4B head widths, one GRPO group of 4: packed and shared, with the row on the device, on the host

@@ -4,7 +4,8 @@ Runs a few GRPO steps on the CPU (random weights, a word-level tokenizer made he
 the share of even word ids in a completion), first with stock ``trl.GRPOTrainer`` and the model's
 ``shared_prefix_training`` off, then with ``SharedPrefixGRPOTrainer`` and the flag on, from the same
 seed. Prints the tokens scored per packed row (T) against the compact row (C), the time per step
-and the losses, KL and rewards of both runs (they match: same completions, same loss). The same model
+and the losses, KL and rewards of both runs (same completions, same loss; the logged KL, a mean per micro-batch,
+differs slightly after the first step because the micro-batches group whole prompts). The same model
 generates the rollouts and trains on them; nothing is toggled between the two. By default the run
 has what a real one has: a reference model (``--beta``), a sampling temperature other than 1 and
 gradient accumulation over a generation batch that TRL shuffles (``steps_per_generation`` 2).

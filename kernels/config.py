@@ -90,6 +90,9 @@ SHARED_PREFIX_CUDA_GRAPHS = "shared_prefix_cuda_graphs"
 SHARED_PREFIX_CUDA_GRAPHS_CACHE = "shared_prefix_cuda_graphs_cache"
 SHARED_PREFIX_CUDA_GRAPHS_BUCKETS = "shared_prefix_cuda_graphs_buckets"
 SHARED_PREFIX_PLAN_REUSE = "shared_prefix_plan_reuse"
+SHARED_PREFIX_CUDA_GRAPHS_SCORING = "shared_prefix_cuda_graphs_scoring"
+# how scoring forwards (no gradient) run while the graphs are on: a graph replay on a padded plan, or eagerly
+SCORING_MODES = ("graphs", "eager")
 ENV_SHARED_PREFIX_CUDA_GRAPHS = "PATCHGEN_SHARED_PREFIX_CUDA_GRAPHS"
 BOOL_FIELDS = (
     SHARED_PREFIX_TRAINING,
@@ -107,7 +110,7 @@ INT_FIELDS = {
     SHARED_PREFIX_MAX_DEPTH: (DEFAULT_MAX_DEPTH, 1, "levels of nested prefixes shared (1: one level)"),
     SHARED_PREFIX_CUDA_GRAPHS_CACHE: (2, 1, "captured layer-stack graphs kept at once, each with its memory pool"),
 }
-FIELDS = (*BOOL_FIELDS, *INT_FIELDS, SHARED_PREFIX_LEVEL_COST, "ops_implementation")
+FIELDS = (*BOOL_FIELDS, *INT_FIELDS, SHARED_PREFIX_LEVEL_COST, SHARED_PREFIX_CUDA_GRAPHS_SCORING, "ops_implementation")
 
 
 _UNSET = object()
@@ -165,6 +168,20 @@ def shared_prefix_cuda_graphs_buckets(config: Any) -> bool:
     return flag
 
 
+def shared_prefix_cuda_graphs_scoring(config: Any) -> str:
+    """``shared_prefix_cuda_graphs_scoring`` (default ``"graphs"``): with the graphs on, how a scoring forward (no
+    gradient) runs its layer stack. ``"graphs"``: a graph replay on a plan padded to a bucket; ``"eager"``: eagerly
+    on the unpadded plan (the graphs serve training steps only), the faster where many tokens a call keep the
+    device busier than the eager launches keep the host (docs/cuda_graphs.md, "Scoring forwards")."""
+    value = field(config, SHARED_PREFIX_CUDA_GRAPHS_SCORING, "graphs")
+    if value not in SCORING_MODES:
+        raise SettingError(
+            f"config field {SHARED_PREFIX_CUDA_GRAPHS_SCORING} must be one of {', '.join(map(repr, SCORING_MODES))}, "
+            f"got {value!r}: set e.g. config.{SHARED_PREFIX_CUDA_GRAPHS_SCORING} = 'eager'"
+        )
+    return value
+
+
 def shared_prefix_plan_reuse(config: Any) -> bool:
     """``shared_prefix_plan_reuse`` (default True): a micro-batch equal by value to one of the last few gets their
     plan again instead of a new build (`shared_prefix/plan_reuse.py`: RL scores and trains on the same batch)."""
@@ -212,6 +229,8 @@ def check_model_config(config: Any) -> None:
                 int_field(holder, name)
         if hasattr(holder, SHARED_PREFIX_LEVEL_COST):
             shared_prefix_level_cost(holder)
+        if hasattr(holder, SHARED_PREFIX_CUDA_GRAPHS_SCORING):
+            shared_prefix_cuda_graphs_scoring(holder)
         for key in vars(holder):
             if key not in FIELDS and (close := difflib.get_close_matches(key, FIELDS, n=1, cutoff=0.85)):
                 raise SettingError(

@@ -21,11 +21,13 @@ class GraphsRecapturing(UserWarning):
 
 @dataclass
 class GraphStats:
-    """What the cache did: captures (misses), replays (hits), evictions."""
+    """What the cache did: captures (misses), replays (hits), evictions; and the scoring forwards that ran eagerly
+    with the graphs on (``shared_prefix_cuda_graphs_scoring="eager"``: neither a capture nor a replay)."""
 
     captures: int = 0
     replays: int = 0
     evictions: int = 0
+    eager: int = 0
 
     @property
     def calls(self) -> int:
@@ -93,7 +95,8 @@ class GraphCache:
 
     def describe(self) -> str:
         s = self.stats
-        return f"{s.captures} captures, {s.replays} replays, {s.evictions} evictions, {len(self)}/{self.max_entries} held"
+        return (f"{s.captures} captures, {s.replays} replays, {s.evictions} evictions, {len(self)}/{self.max_entries} held, "
+                f"{s.eager} scoring forwards eager")
 
     def _maybe_warn(self) -> None:
         s = self.stats

@@ -4,7 +4,7 @@ The generated ``TextModel.forward`` hands its layer loop to `run_layers`. With t
 call without a shared-prefix plan (generation, unpacked batches), the loop runs as it is. A training
 step (a plan, gradients wanted) runs the stack as one forward and one backward graph replay; a scoring
 forward (a plan, no gradient: an RL step's old-policy or reference log-probs, evaluation) as one
-forward replay. Both are keyed by everything the graphs baked in (`patchgen.kernels.graphs.signature`)
+forward replay (or eagerly on an unpadded plan with ``shared_prefix_cuda_graphs_scoring="eager"``). Both are keyed by everything the graphs baked in (`patchgen.kernels.graphs.signature`)
 and by the mode; a batch whose key was never seen captures first (a few eager steps' time), and at
 most ``shared_prefix_cuda_graphs_cache`` captured stacks are kept. Loss, logits and gradients are the
 eager step's: the same kernels on the same rows.
@@ -209,6 +209,11 @@ def run_layers(text_model, layers_fn, hidden_states, position_embeddings, masks,
         # a scoring pass that wants per-layer outputs gets them eagerly: nothing to lose but the replay's speed
         return layers_fn(hidden_states, position_embeddings, masks, **kwargs)
     _refuse(text_model, graphs, hidden_states, kwargs, training)
+    plan = kwargs[KWARG]
+    if not training and plan.bucket is None and shared_prefix.pads_to_bucket(text_model.config):
+        # the plan was left unpadded for an eager scoring pass (`shared_prefix.scores_eagerly`): no graph for it
+        graphs.stats.eager += 1
+        return layers_fn(hidden_states, position_embeddings, masks, **kwargs)
     # read by the loss only (HF Trainer's token count, new every step): in the key, every step would capture
     kwargs = {k: v for k, v in kwargs.items() if k not in LOSS_ONLY}
     # the layers read the plan's mixer indices only; the rest follows the packed row (its length, the LM rows)

@@ -20,6 +20,7 @@ from ..config import (
     int_field,
     shared_prefix_cuda_graphs,
     shared_prefix_cuda_graphs_buckets,
+    shared_prefix_cuda_graphs_scoring,
     shared_prefix_level_cost,
     shared_prefix_min_length,
     shared_prefix_plan_reuse,
@@ -170,7 +171,7 @@ def plan_for(
         max_depth=int_field(config, SHARED_PREFIX_MAX_DEPTH),
         level_cost=shared_prefix_level_cost(config),
         chunk_aligned=bool(field(config, SHARED_PREFIX_CHUNK_ALIGNED, False)),
-        pad_to_bucket=pads_to_bucket(config),
+        pad_to_bucket=pads_to_bucket(config) and not scores_eagerly(config),
         held_buckets=held_buckets(config),
         build=build_plan,  # looked up here per call: tests spy on it
     )
@@ -185,6 +186,12 @@ def pads_to_bucket(config) -> bool:
     return shared_prefix_cuda_graphs(config) and shared_prefix_cuda_graphs_buckets(config)
 
 
+def scores_eagerly(config) -> bool:
+    """With the graphs on, a scoring forward (no gradient) that runs its layer stack eagerly on an unpadded plan
+    (``shared_prefix_cuda_graphs_scoring="eager"``)."""
+    return not torch.is_grad_enabled() and shared_prefix_cuda_graphs_scoring(config) == "eager"
+
+
 # id(text config) -> the layer graphs of its text model (`layer_graphs.use_graphs` registers them), so that the
 # top model's plan can pad to a bucket whose graph is held
 GRAPHS_BY_CONFIG: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -193,11 +200,14 @@ GRAPHS_BY_CONFIG: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 def held_buckets(config) -> tuple:
     """The buckets of the graphs the text model of `config` holds for this kind of forward (a training step
     when gradients are on, else a scoring forward), most recently used first (none when off)."""
+    graphs = _graphs_of(config)
+    return () if graphs is None else graphs.held_buckets(training=torch.is_grad_enabled())
+
+
+def _graphs_of(config):
     cfg = text_config(config)
     graphs = GRAPHS_BY_CONFIG.get(id(cfg))
-    if graphs is None or getattr(graphs, "config", None) is not cfg:
-        return ()
-    return graphs.held_buckets(training=torch.is_grad_enabled())
+    return graphs if graphs is not None and getattr(graphs, "config", None) is cfg else None
 
 
 @contextlib.contextmanager

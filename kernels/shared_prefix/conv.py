@@ -49,19 +49,23 @@ class ConvIndex:
         key = (width, channels, layout)
         found = self.state_index.get(key)
         if found is None:
-            rows = self.state_rows[:, self.kernel_size - width :]  # the last `width` slots
-            keep, safe = rows >= 0, rows.clamp(min=0)
-            d = torch.arange(channels, device=rows.device)
-            if layout == "fla":
-                found = (safe[:, None, :] * channels + d[None, :, None], keep[:, None, :])
-            elif layout == "rows":
-                found = (safe[:, 1:, None] * channels + d[None, None, :], keep[:, 1:, None])
-            elif layout == "x":
-                found = (rows, safe[:, 1:].reshape(-1))
-            else:
-                raise ValueError(f"state layout must be 'fla', 'rows' or 'x', got {layout!r}")
-            found = self.state_index[key] = tuple(t.contiguous() for t in found)
+            with torch.inference_mode(False):  # kept with the plan, which a later training forward may reuse
+                found = self.state_index[key] = self._state_gather(width, channels, layout)
         return found
+
+    def _state_gather(self, width: int, channels: int, layout: str):
+        rows = self.state_rows[:, self.kernel_size - width :]  # the last `width` slots
+        keep, safe = rows >= 0, rows.clamp(min=0)
+        d = torch.arange(channels, device=rows.device)
+        if layout == "fla":
+            found = (safe[:, None, :] * channels + d[None, :, None], keep[:, None, :])
+        elif layout == "rows":
+            found = (safe[:, 1:, None] * channels + d[None, None, :], keep[:, 1:, None])
+        elif layout == "x":
+            found = (rows, safe[:, 1:].reshape(-1))
+        else:
+            raise ValueError(f"state layout must be 'fla', 'rows' or 'x', got {layout!r}")
+        return tuple(t.contiguous() for t in found)
 
 
 def conv_host_index(layout: Layout, kernel_size: int, arena: Arena | None = None) -> dict:

@@ -95,7 +95,11 @@ def build_or_reuse(
         return plan
     # the host copy is int64; the plan's compact positions take the batch's own dtype, as a direct build's do
     host_positions = None if pos is None else torch.from_numpy(pos).reshape(position_ids.shape).to(position_ids.dtype)
-    plan = build(torch.from_numpy(ids).reshape(1, -1), torch.from_numpy(bounds), host_positions, device=device, **knobs)
+    # a kept plan serves forwards of any mode: built from an inference-mode forward (an RL step's reference
+    # log-probs) its tensors would be inference tensors, which the training forward of the batch cannot save
+    with torch.inference_mode(False):
+        plan = build(torch.from_numpy(ids).reshape(1, -1), torch.from_numpy(bounds), host_positions, device=device,
+                     **knobs)
     reuse.keep(key, arrays, plan)
     return plan
 

@@ -222,6 +222,9 @@ class SharedPrefixGRPOTrainer(GRPOTrainer):
             terms.append('loss_type="bnpo" (a token mean per micro-batch)')
         if getattr(self, "_entropy_bonus_enabled", False):
             terms.append("the entropy bonus (a token mean per micro-batch)")
+        quantile = getattr(self, "top_entropy_quantile", 1.0)
+        if quantile < 1.0:
+            terms.append(f"the entropy mask of top_entropy_quantile={quantile} (a quantile per micro-batch)")
         if getattr(self, "aux_loss_enabled", False):
             terms.append("the MoE load-balancing loss (routing statistics per micro-batch)")
         return terms
@@ -262,10 +265,17 @@ class SharedPrefixGRPOTrainer(GRPOTrainer):
         policy = self.accelerator.unwrap_model(self.model)
         if not is_patchgen_model(policy) or self.is_deepspeed_enabled or self.is_fsdp_enabled:
             return  # TRL's reference stays; its pass takes TRL's padded path (warned on first use)
+        if self.args.cast_lm_head_to_fp32:
+            return  # every pass takes TRL's path (`_cannot_pack`), whose reference casts its head as TRL's policy does
         reference = copy.deepcopy(policy)
         reference.__dict__.pop("forward", None)  # the copied fused head would call the policy's forward
         reference.requires_grad_(False).eval()
         add_fused_lm_head(reference, temperature=self.temperature)
+        # TRL's load is prepared already: accelerate holds it (until Trainer frees its models when training starts), so
+        # the device would hold the policy and two references through construction and any evaluation before train()
+        loaded = self.ref_model
+        self.accelerator._models[:] = [m for m in self.accelerator._models if m is not loaded]
+        del loaded
         self.ref_model = self.accelerator.prepare_model(reference, evaluation_mode=True)
         for callback in self.callback_handler.callbacks:
             if hasattr(callback, "ref_model"):

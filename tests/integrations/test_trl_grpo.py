@@ -99,10 +99,27 @@ def test_reference_pass_is_a_patchgen_copy_and_shared(tmp_path):
         train_dataset=tiny_trl.prompts(8, 12), processing_class=tiny_trl.tokenizer(),
     )
     assert is_patchgen_model(trainer.ref_model) and trainer.ref_model is not net
+    # TRL's own load of the reference is let go at once, not held beside the copy until train() frees models
+    assert all(is_patchgen_model(trainer.accelerator.unwrap_model(m)) for m in trainer.accelerator._models)
     trainer.train()
     assert trainer.packed_tokens["ref"] > 0
     kl = [entry["kl"] for entry in trainer.state.log_history if "kl" in entry]
     assert kl and kl[0] == pytest.approx(0.0, abs=1e-12)  # first step: policy == reference
+
+
+def test_with_an_fp32_head_the_reference_stays_trls_as_every_pass_takes_trls_path(tmp_path):
+    from patchgen.integrations.trl import SharedPrefixGRPOTrainer, is_patchgen_model
+
+    net = tiny_trl.model(True)
+    net.save_pretrained(tmp_path / "ckpt")
+    net.config._name_or_path = str(tmp_path / "ckpt")
+    trainer = SharedPrefixGRPOTrainer(
+        model=net, reward_funcs=tiny_trl.even_word_reward,
+        args=_config(tmp_path / "out", beta=0.1, max_steps=1, cast_lm_head_to_fp32=True),
+        train_dataset=tiny_trl.prompts(8, 12), processing_class=tiny_trl.tokenizer(),
+    )
+    # a copy made here would miss the policy's fp32 head: its log-probs would differ from the policy's before any update
+    assert not is_patchgen_model(trainer.accelerator.unwrap_model(trainer.ref_model))
 
 
 def test_rollouts_of_a_prompt_stay_in_one_micro_batch_when_trl_shuffles():
@@ -186,7 +203,8 @@ def test_moe_load_balancing_loss_equals_stock_when_one_micro_batch_holds_the_gen
 
 @pytest.mark.parametrize(
     "extra,term",
-    [(dict(loss_type="bnpo"), "bnpo"), (dict(entropy_coef=0.01), "entropy bonus"), (dict(family="qwen3_5_moe"), "load-balancing")],
+    [(dict(loss_type="bnpo"), "bnpo"), (dict(entropy_coef=0.01), "entropy bonus"), (dict(family="qwen3_5_moe"), "load-balancing"),
+     (dict(top_entropy_quantile=0.5), "entropy mask of top_entropy_quantile=0.5")],
 )
 def test_micro_batch_normalised_terms_warn_when_groups_change_the_micro_batches(tmp_path, extra, term):
     """steps_per_generation > 1: TRL splits a shuffled generation batch; ours keeps each prompt's rollouts together."""

@@ -100,7 +100,10 @@ def test_only_the_last_few_are_kept():
     assert (reuse.hits, reuse.misses) == (0, 4)
 
 
-def test_a_model_scores_then_trains_one_batch_on_one_plan_with_the_same_results(monkeypatch):
+# RL scores a micro-batch (old-policy, reference log-probs) under no_grad or inference mode, then trains on it: a
+# plan kept from an inference-mode forward must not hold inference tensors, which a training forward cannot save
+@pytest.mark.parametrize("scoring", [torch.no_grad, torch.inference_mode])
+def test_a_model_scores_then_trains_one_batch_on_one_plan_with_the_same_results(monkeypatch, scoring):
     from patchgen.kernels.modeling import shared_prefix
 
     built = []
@@ -111,8 +114,8 @@ def test_a_model_scores_then_trains_one_batch_on_one_plan_with_the_same_results(
     for reuse in (True, False):
         net = tiny.build("qwen3_5", "gpu", shared_prefix_training=True, shared_prefix_plan_reuse=reuse)
         built.clear()
-        with torch.no_grad():
-            scored = net(input_ids=ids, return_log_probs=True, **tiny.packed_kwargs(cu)).log_probs
+        with scoring():
+            scored = net(input_ids=ids, return_log_probs=True, **tiny.packed_kwargs(cu)).log_probs.clone()
         loss = net(input_ids=ids, labels=ids, **tiny.packed_kwargs(cu)).loss
         loss.backward()
         results[reuse] = (len(built), scored, loss.detach(), [p.grad.clone() for p in net.parameters()])
