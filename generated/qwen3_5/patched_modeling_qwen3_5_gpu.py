@@ -5,7 +5,7 @@
 # sha256:     c4d847b7e809ed2a49611e5afcea8bd0db39de597b67b57ce9753fb65f550de2
 # config:     patchgen/configs/qwen3_5/gpu.py
 # device:     gpu
-# patches (15):
+# patches (18):
 #   add_method Qwen3_5PreTrainedModel.post_init [upstream 75379b0c21d6]: resolve the op slots once per model build (ops.bind)
 #   add_method Qwen3_5PreTrainedModel.from_pretrained [upstream 75379b0c21d6]: patchgen's config fields as from_pretrained keywords or on a composite config, set on the text config the model reads
 #   add_method Qwen3_5PreTrainedModel._from_config [upstream 75379b0c21d6]: a composite config given to a text class: its patchgen fields moved to the text config it builds from
@@ -19,6 +19,9 @@
 #   override_method Qwen3_5DecoderLayer.forward [upstream 141148e63653]: thread packed metadata / shared-prefix plan to both mixers
 #   override_method Qwen3_5TextModel.forward [upstream bb49569627a8]: compact row under a shared-prefix plan; packed rows checked or read from position_ids; no [T, T] mask; the layer stack through layer_graphs (opt-in CUDA graphs)
 #   override_method Qwen3_5Model.__init__ [upstream cf6bf9975545]: build this module's patched text model (AutoModel would build upstream's)
+#   add_method Qwen3_5ForTokenClassification.__init__ [upstream 42094f1e3c9b]: the task head on this module's backbone (transformers' generic head builds upstream's with AutoModel)
+#   add_method Qwen3_5TextForSequenceClassification.__init__ [upstream 5e682d38997c]: the task head on this module's backbone (transformers' generic head builds upstream's with AutoModel)
+#   add_method Qwen3_5ForSequenceClassification.__init__ [upstream 4000b7700034]: the task head on this module's backbone (transformers' generic head builds upstream's with AutoModel)
 #   override_method Qwen3_5ForCausalLM.forward [upstream 749a45f2182e]: shared-prefix plan and guards; LM head through ops.cross_entropy with row dedup
 #   override_method Qwen3_5ForConditionalGeneration.forward [upstream ef654ce3edba]: shared-prefix plan (text only) and guards; LM head through ops.cross_entropy with row dedup
 # op-slot defaults:
@@ -1899,6 +1902,20 @@ class Qwen3_5ForCausalLM(Qwen3_5PreTrainedModel, GenerationMixin):
 
 class Qwen3_5ForTokenClassification(GenericForTokenClassification, Qwen3_5PreTrainedModel):
     config: Qwen3_5Config
+    
+    # patchgen[add_method]: the task head on this module's backbone (transformers' generic head builds upstream's with AutoModel)
+    def __init__(self, config):
+        # transformers' generic head builds its backbone with AutoModel, which is upstream's model: the same head
+        # (names, sizes, dropout, init) on this module's backbone
+        Qwen3_5PreTrainedModel.__init__(self, config)
+        self.num_labels = config.num_labels
+        self.model = (Qwen3_5Model if isinstance(config, Qwen3_5Config) else Qwen3_5TextModel)._from_config(config)
+        rates = (getattr(config, "classifier_dropout", None), getattr(config, "hidden_dropout", None))
+        self.dropout = nn.Dropout(next((rate for rate in rates if rate is not None), 0.1))
+        self.score = nn.Linear(config.get_text_config().hidden_size, self.num_labels)
+
+        # Initialize weights and apply final processing
+        self.post_init()
 
 
 class Qwen3_5ForConditionalGeneration(Qwen3_5PreTrainedModel, GenerationMixin):
@@ -2083,6 +2100,18 @@ class Qwen3_5ForConditionalGeneration(Qwen3_5PreTrainedModel, GenerationMixin):
 class Qwen3_5TextForSequenceClassification(GenericForSequenceClassification, Qwen3_5PreTrainedModel):
     config: Qwen3_5TextConfig
     input_modalities = ("text",)
+    
+    # patchgen[add_method]: the task head on this module's backbone (transformers' generic head builds upstream's with AutoModel)
+    def __init__(self, config):
+        # transformers' generic head builds its backbone with AutoModel, which is upstream's model: the same head
+        # (names, sizes, init) on this module's backbone
+        Qwen3_5PreTrainedModel.__init__(self, config)
+        self.num_labels = config.num_labels
+        self.model = (Qwen3_5Model if isinstance(config, Qwen3_5Config) else Qwen3_5TextModel)._from_config(config)
+        self.score = nn.Linear(config.get_text_config().hidden_size, self.num_labels, bias=False)
+
+        # Initialize weights and apply final processing
+        self.post_init()
 
 
 class Qwen3_5ForSequenceClassification(GenericForSequenceClassification, Qwen3_5PreTrainedModel):
@@ -2114,6 +2143,18 @@ class Qwen3_5ForSequenceClassification(GenericForSequenceClassification, Qwen3_5
             mm_token_type_ids=mm_token_type_ids,
             **kwargs,
         )
+    
+    # patchgen[add_method]: the task head on this module's backbone (transformers' generic head builds upstream's with AutoModel)
+    def __init__(self, config):
+        # transformers' generic head builds its backbone with AutoModel, which is upstream's model: the same head
+        # (names, sizes, init) on this module's backbone
+        Qwen3_5PreTrainedModel.__init__(self, config)
+        self.num_labels = config.num_labels
+        self.model = (Qwen3_5Model if isinstance(config, Qwen3_5Config) else Qwen3_5TextModel)._from_config(config)
+        self.score = nn.Linear(config.get_text_config().hidden_size, self.num_labels, bias=False)
+
+        # Initialize weights and apply final processing
+        self.post_init()
 
 
 __all__ = [

@@ -132,6 +132,14 @@ def test_classification_heads_load_the_backbone_and_report_the_new_head_as_upstr
     for name, tensor in theirs.state_dict().items():
         if name not in report["missing_keys"]:
             assert torch.equal(ours.state_dict()[name], tensor), name
+    # transformers' generic heads build their backbone with AutoModel, upstream's model: ours is this module's, so
+    # the op slots' kernels (and a packed row, shared prefixes) serve it too
+    module = ckpt.generated_class("qwen3_5", device, dest).__module__
+    backbone = ours.model.language_model if dest != "TextForSequenceClassification" else ours.model
+    assert type(ours.model).__module__ == module and type(backbone).__module__ == module
+    ours.load_state_dict(theirs.state_dict())  # the new head, randomly initialised, as upstream's
+    ids = ckpt.ids()[:1]  # a sequence head pools at the last token: more rows want a pad token
+    torch.testing.assert_close(_logits(ours, ids), _logits(theirs, ids), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("model,device", TARGETS)

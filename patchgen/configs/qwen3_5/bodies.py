@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from transformers.models.qwen3_5 import modeling_qwen3_5 as upstream
 from transformers.models.qwen3_5.modeling_qwen3_5 import (
     ALL_ATTENTION_FUNCTIONS,
@@ -466,6 +467,47 @@ class Qwen3_5Model(upstream.Qwen3_5Model):
         # This module's (patched) text model; AutoModel would build upstream's.
         self.language_model = Qwen3_5TextModel._from_config(config.text_config)
         self.rope_deltas = None  # cache rope_deltas here
+
+        # Initialize weights and apply final processing
+        self.post_init()
+
+
+class Qwen3_5ForTokenClassification(upstream.Qwen3_5ForTokenClassification):
+    def __init__(self, config):
+        # transformers' generic head builds its backbone with AutoModel, which is upstream's model: the same head
+        # (names, sizes, dropout, init) on this module's backbone
+        Qwen3_5PreTrainedModel.__init__(self, config)
+        self.num_labels = config.num_labels
+        self.model = (Qwen3_5Model if isinstance(config, Qwen3_5Config) else Qwen3_5TextModel)._from_config(config)
+        rates = (getattr(config, "classifier_dropout", None), getattr(config, "hidden_dropout", None))
+        self.dropout = nn.Dropout(next((rate for rate in rates if rate is not None), 0.1))
+        self.score = nn.Linear(config.get_text_config().hidden_size, self.num_labels)
+
+        # Initialize weights and apply final processing
+        self.post_init()
+
+
+class Qwen3_5TextForSequenceClassification(upstream.Qwen3_5TextForSequenceClassification):
+    def __init__(self, config):
+        # transformers' generic head builds its backbone with AutoModel, which is upstream's model: the same head
+        # (names, sizes, init) on this module's backbone
+        Qwen3_5PreTrainedModel.__init__(self, config)
+        self.num_labels = config.num_labels
+        self.model = (Qwen3_5Model if isinstance(config, Qwen3_5Config) else Qwen3_5TextModel)._from_config(config)
+        self.score = nn.Linear(config.get_text_config().hidden_size, self.num_labels, bias=False)
+
+        # Initialize weights and apply final processing
+        self.post_init()
+
+
+class Qwen3_5ForSequenceClassification(upstream.Qwen3_5ForSequenceClassification):
+    def __init__(self, config):
+        # transformers' generic head builds its backbone with AutoModel, which is upstream's model: the same head
+        # (names, sizes, init) on this module's backbone
+        Qwen3_5PreTrainedModel.__init__(self, config)
+        self.num_labels = config.num_labels
+        self.model = (Qwen3_5Model if isinstance(config, Qwen3_5Config) else Qwen3_5TextModel)._from_config(config)
+        self.score = nn.Linear(config.get_text_config().hidden_size, self.num_labels, bias=False)
 
         # Initialize weights and apply final processing
         self.post_init()

@@ -5,6 +5,8 @@ from __future__ import annotations
 from patchgen.spec import PatchConfig
 
 BODIES = "patchgen.configs.qwen3_5.bodies"
+# transformers' generic task heads, which build their backbone with AutoModel (upstream's model)
+TASK_HEADS = ("Qwen3_5ForTokenClassification", "Qwen3_5TextForSequenceClassification", "Qwen3_5ForSequenceClassification")
 
 
 def dense_config(device: str, op_defaults: dict[str, str]) -> PatchConfig:
@@ -42,6 +44,11 @@ def dense_config(device: str, op_defaults: dict[str, str]) -> PatchConfig:
     config.override_method(
         "Qwen3_5Model.__init__", reason="build this module's patched text model (AutoModel would build upstream's)"
     )
+    for task in TASK_HEADS:
+        config.add_method(
+            f"{task}.__init__",
+            reason="the task head on this module's backbone (transformers' generic head builds upstream's with AutoModel)",
+        )
     config.override_method(
         "Qwen3_5ForCausalLM.forward", reason="shared-prefix plan and guards; LM head through ops.cross_entropy with row dedup"
     )

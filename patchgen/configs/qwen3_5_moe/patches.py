@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from patchgen.configs.qwen3_5.patches import TASK_HEADS
 from patchgen.spec import PatchConfig, Renames
 
 BODIES = "patchgen.configs.qwen3_5_moe.bodies"
@@ -15,6 +16,8 @@ RENAMES = Renames(
 
 def moe_config(dense: PatchConfig, op_defaults: dict[str, str]) -> PatchConfig:
     config = dense.derive(model="qwen3_5_moe", renames=RENAMES, op_defaults=op_defaults)
+    # upstream's MoE module has no task heads
+    config.patches = [p for p in config.patches if p.target.split(".")[0] not in TASK_HEADS]
     # ForCausalLM and ForConditionalGeneration carry the auxiliary loss: the MoE bodies below
     # supersede the inherited Qwen3.5 patches of the same targets.
 
