@@ -113,7 +113,7 @@ from patchgen.kernels.modeling import fields, host_rows, layer_graphs, shared_pr
 from patchgen.kernels.modeling.boundaries import resolve_packed
 from patchgen.kernels.modeling.generation import slot_rows, starts_from_zero_state, use_cache_for
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
-from patchgen.kernels.modeling.packing import PACKED_ROW, packed_max_lengths, packed_row, varlen_attention, without_packed
+from patchgen.kernels.modeling.packing import PACKED_ROW, packed_max_lengths, packed_row, varlen_attention, warn_dropout_unapplied, without_packed
 from patchgen.kernels.modeling.plain_modules import conv_weight, plain_linears
 from patchgen.kernels.shared_prefix import shared_prefix_attention, shared_prefix_causal_conv1d, shared_prefix_gated_delta_rule
 
@@ -852,6 +852,8 @@ class Qwen3_5Attention(nn.Module):
                 cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)
             cache, varlen = None, rows
         if cache is None and (plan is not None or varlen is not None):
+            if self.training and self.attention_dropout:
+                warn_dropout_unapplied(self.attention_dropout)  # the slot has no dropout (unpacked rows keep it)
             # One packed row: [1, H, T, D] -> [1, T, H, D]; causal per segment, aligned bottom-right.
             query_states, key_states, value_states = (x.transpose(1, 2) for x in (query_states, key_states, value_states))
             if plan is not None:

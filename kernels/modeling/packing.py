@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .user_warning import warn_at_caller
+
 PACKED_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
 
@@ -119,3 +121,26 @@ def next_token_labels(input_ids: torch.Tensor, cu_seqlens: torch.Tensor | None, 
         labels = torch.nn.functional.pad(labels, (1, 0), value=ignore_index).index_fill(-1, ends, ignore_index)
         labels = labels[..., 1:]
     return labels
+
+
+class AttentionDropoutUnapplied(UserWarning):
+    """A training forward on a packed row with ``attention_dropout > 0``: the varlen attention slot applies none."""
+
+
+_dropout_warned = False
+
+
+def warn_dropout_unapplied(rate: float) -> None:
+    """Once per process: the packed row's attention (the varlen slot, shared prefixes too) runs without the config's
+    ``attention_dropout``, flag on or off (every published Qwen3.5 config has 0.0; TRL's ``disable_dropout`` leaves
+    this rate as it is)."""
+    global _dropout_warned
+    if _dropout_warned:
+        return
+    _dropout_warned = True
+    warn_at_caller(
+        f"attention_dropout={rate} is not applied on packed rows: their attention runs through the varlen attention "
+        "slot, which has no dropout (unpacked rows keep transformers' attention, which applies it). Set "
+        "config.attention_dropout = 0.0 to train packed rows as they run, or train unpacked rows for attention dropout",
+        AttentionDropoutUnapplied,
+    )

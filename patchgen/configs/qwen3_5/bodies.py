@@ -48,6 +48,7 @@ from patchgen.kernels.modeling.packing import (
     packed_max_lengths,
     packed_row,
     varlen_attention,
+    warn_dropout_unapplied,
     without_packed,
 )
 from patchgen.kernels.modeling.plain_modules import conv_weight, plain_linears
@@ -254,6 +255,8 @@ class Qwen3_5Attention(upstream.Qwen3_5Attention):
                 cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)
             cache, varlen = None, rows
         if cache is None and (plan is not None or varlen is not None):
+            if self.training and self.attention_dropout:
+                warn_dropout_unapplied(self.attention_dropout)  # the slot has no dropout (unpacked rows keep it)
             # One packed row: [1, H, T, D] -> [1, T, H, D]; causal per segment, aligned bottom-right.
             query_states, key_states, value_states = (x.transpose(1, 2) for x in (query_states, key_states, value_states))
             if plan is not None:
