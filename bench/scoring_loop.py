@@ -43,7 +43,7 @@ import time
 import torch
 from patchgen.kernels.config import SCORING_MODES
 from shared_prefix_arms import MODULE, WIDTHS, config_for, packed_kwargs
-from shared_prefix_buckets import LADDER_HELP, set_compact_ladder
+from shared_prefix_buckets import add_bucket_knobs, apply_bucket_knobs
 from shared_prefix_graphs import uncheckpointed
 from shared_prefix_shapes import parse_shapes, shape_batch, tree_settings
 from shared_prefix_vary import varied_batches
@@ -322,7 +322,7 @@ def main(argv=None):
                         help="score the responses only, with shift labels, as SharedPrefixGRPOTrainer calls the model")
     parser.add_argument("--timeline", action="store_true",
                         help="profile one loop per arm (rows on the host): the device's idle time and what the host did then")
-    parser.add_argument("--compact-ladder", default=None, metavar="UP/DOWN", help=LADDER_HELP)
+    add_bucket_knobs(parser)
     parser.add_argument("--scoring", choices=SCORING_MODES, default="graphs",
                         help="the graphed arm's shared_prefix_cuda_graphs_scoring: a replay on a padded plan (graphs, the "
                              "default) or eagerly on the unpadded plan (eager)")
@@ -333,8 +333,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     global GC_OFF
     GC_OFF = args.gc_off
-    if args.compact_ladder:
-        set_compact_ladder(args.compact_ladder)
+    apply_bucket_knobs(args)
     if args.vary and args.labels:
         raise SystemExit("--vary draws each response's length, --labels scores the shape's fixed R: give one of them")
     if args.timeline and (args.tiny or not torch.cuda.is_available()):

@@ -188,15 +188,29 @@ def measure(name, args):
 
 LADDER_HELP = ("A/B: the compact row's bucket ladder ratio for this run (bucket.COMPACT_RATIO, default "
                f"{'/'.join(map(str, bucket.COMPACT_RATIO))}): a finer ladder pads fewer rows and may capture more buckets")
+REUSE_HELP = (f"A/B: how much more a held graph's bucket may cost than a layout's own for the layout to pad to it (or to "
+              f"a merge) rather than capture its own (bucket.REUSE, default {bucket.REUSE}): lower pads less and captures more")
 
 
-def set_compact_ladder(text: str) -> None:
-    """`--compact-ladder UP/DOWN`: the compact row's ladder for the rest of the process (a script's A/B)."""
-    up, _, down = text.partition("/")
-    if not (up.isdigit() and down.isdigit() and int(up) > int(down) > 0):
-        raise SystemExit(f"--compact-ladder: {text!r} is not UP/DOWN with UP > DOWN > 0 (say 33/32)")
-    bucket.COMPACT_RATIO = (int(up), int(down))
-    print(f"the compact row's bucket ladder for this run: {up}/{down}", flush=True)
+def add_bucket_knobs(parser) -> None:
+    """The bucket A/B options a script takes: `--compact-ladder UP/DOWN`, `--reuse R`."""
+    parser.add_argument("--compact-ladder", default=None, metavar="UP/DOWN", help=LADDER_HELP)
+    parser.add_argument("--reuse", type=float, default=None, metavar="R", help=REUSE_HELP)
+
+
+def apply_bucket_knobs(args) -> None:
+    """Set the bucket knobs given on the command line for the rest of the process (a script's A/B)."""
+    if args.compact_ladder:
+        up, _, down = args.compact_ladder.partition("/")
+        if not (up.isdigit() and down.isdigit() and int(up) > int(down) > 0):
+            raise SystemExit(f"--compact-ladder: {args.compact_ladder!r} is not UP/DOWN with UP > DOWN > 0 (say 33/32)")
+        bucket.COMPACT_RATIO = (int(up), int(down))
+        print(f"the compact row's bucket ladder for this run: {up}/{down}", flush=True)
+    if args.reuse is not None:
+        if not args.reuse >= 1:
+            raise SystemExit(f"--reuse: {args.reuse} is below 1 (a held bucket costs at least a layout's own; say 1.1)")
+        bucket.REUSE = args.reuse
+        print(f"the reuse bound of held buckets for this run: {args.reuse}", flush=True)
 
 
 def main(argv=None):
@@ -208,10 +222,9 @@ def main(argv=None):
     parser.add_argument("--vary-prompt", type=float, default=0.1, help="prompt (and turn) lengths in P (1 +- this)")
     parser.add_argument("--vary-response", type=float, default=0.5, help="response lengths in R (1 +- this)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--compact-ladder", default=None, metavar="UP/DOWN", help=LADDER_HELP)
+    add_bucket_knobs(parser)
     args = parser.parse_args(argv)
-    if args.compact_ladder:
-        set_compact_ladder(args.compact_ladder)
+    apply_bucket_knobs(args)
     for name in args.shapes:
         measure(name, args)
 

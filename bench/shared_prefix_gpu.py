@@ -48,7 +48,7 @@ from shared_prefix_arms import (  # noqa: F401 - re-exported for the other bench
     packed_kwargs,
     train_step,
 )
-from shared_prefix_buckets import LADDER_HELP, set_compact_ladder
+from shared_prefix_buckets import add_bucket_knobs, apply_bucket_knobs
 from shared_prefix_graphs import GRAPH_ARMS, graph_arms
 from shared_prefix_graphs import summary as graphs_summary
 from shared_prefix_report import ratios, table, write
@@ -403,12 +403,11 @@ def parse_args(argv):
         help="with --graphs: also N micro-batches per shape with drawn prompt and response lengths, eager and "
         "graphed (captures vs replays and step ms under RL-like variation; bench/shared_prefix_vary.py)",
     )
-    parser.add_argument("--compact-ladder", default=None, metavar="UP/DOWN", help=LADDER_HELP)
+    add_bucket_knobs(parser)
     parser.add_argument("--vary-prompt", type=float, default=0.1, help="--vary: prompt lengths in P (1 +- this)")
     parser.add_argument("--vary-response", type=float, default=0.5, help="--vary: response lengths in R (1 +- this)")
     args = parser.parse_args(argv)
-    if args.compact_ladder:
-        set_compact_ladder(args.compact_ladder)
+    apply_bucket_knobs(args)
     if args.vary and not args.graphs:
         raise SystemExit("--vary varies the --graphs arms: give --graphs too")
     if args.graphs and args.tiny:

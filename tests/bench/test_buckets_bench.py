@@ -58,3 +58,19 @@ def test_a_finer_compact_ladder_pads_the_same_draw_with_fewer_compact_rows(monke
     assert 1 < compact["65/64"] < compact["17/16"]
     with pytest.raises(SystemExit, match="--compact-ladder"):
         shared_prefix_buckets.main(["--compact-ladder", "16/17"])
+
+
+def test_a_lower_reuse_bound_pads_the_same_draw_with_fewer_compact_rows(monkeypatch, capsys):
+    """`--reuse` is the A/B of `bucket.REUSE`: how much more than its own bucket a layout may pad to, to replay a held
+    graph rather than capture; lower pads less (and captures more)."""
+    monkeypatch.setattr(bucket, "REUSE", bucket.REUSE)  # restored after the test
+    compact = {}
+    for reuse in ("1.4", "1.02"):
+        shared_prefix_buckets.main(["--steps", "12", "--cache", "2", "--shapes", "4x512x128", "--reuse", reuse])
+        out = capsys.readouterr().out
+        assert f"reuse bound of held buckets for this run: {reuse}" in out
+        compact[reuse] = float(out.split(" C x")[1].split()[0])
+    assert bucket.REUSE == 1.02
+    assert 1 <= compact["1.02"] < compact["1.4"]
+    with pytest.raises(SystemExit, match="--reuse: 0.9 is below 1"):
+        shared_prefix_buckets.main(["--reuse", "0.9"])
