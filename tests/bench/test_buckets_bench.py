@@ -44,33 +44,27 @@ def test_the_bench_weighs_gdn_chunks_and_conv_rows_as_the_bucket_choice_does():
     assert shared_prefix_buckets.COST["conv_row"] == bucket.CONV_ROW_COST
 
 
-def test_a_finer_compact_ladder_pads_the_same_draw_with_fewer_compact_rows(monkeypatch, capsys):
-    """`--compact-ladder` is the A/B of `bucket.COMPACT_RATIO` under RL-like variation: the same drawn batches,
-    with each ladder's own buckets (one graph held: every step pads to its own bucket or a held one)."""
-    monkeypatch.setattr(bucket, "COMPACT_RATIO", bucket.COMPACT_RATIO)  # restored after the test
+# `--compact-ladder` is the A/B of `bucket.COMPACT_RATIO`, `--reuse` of `bucket.REUSE` (how much more than its own
+# bucket a layout may pad to, to replay a held graph rather than capture), under RL-like variation: the same
+# drawn batches, each setting's buckets; the finer ladder and the lower bound pad fewer compact rows
+@pytest.mark.parametrize(
+    "option, coarse, fine, knob, printed, bad, refusal",
+    [
+        ("--compact-ladder", "17/16", "65/64", ("COMPACT_RATIO", (65, 64)), "ladder for this run", "16/17", "--compact-ladder"),
+        ("--reuse", "1.4", "1.02", ("REUSE", 1.02), "reuse bound of held buckets for this run", "0.9", "--reuse: 0.9 is below 1"),
+    ],
+)
+def test_a_finer_bucket_setting_pads_the_same_draw_with_fewer_compact_rows(
+    monkeypatch, capsys, option, coarse, fine, knob, printed, bad, refusal
+):
+    monkeypatch.setattr(bucket, knob[0], getattr(bucket, knob[0]))  # restored after the test
     compact = {}
-    for ladder in ("17/16", "65/64"):
-        shared_prefix_buckets.main(["--steps", "6", "--cache", "1", "--shapes", "4x512x128", "--compact-ladder", ladder])
+    for value in (coarse, fine):
+        shared_prefix_buckets.main(["--steps", "12", "--cache", "2", "--shapes", "4x512x128", option, value])
         out = capsys.readouterr().out
-        assert f"ladder for this run: {ladder}" in out
-        compact[ladder] = float(out.split(" C x")[1].split()[0])
-    assert bucket.COMPACT_RATIO == (65, 64)
-    assert 1 < compact["65/64"] < compact["17/16"]
-    with pytest.raises(SystemExit, match="--compact-ladder"):
-        shared_prefix_buckets.main(["--compact-ladder", "16/17"])
-
-
-def test_a_lower_reuse_bound_pads_the_same_draw_with_fewer_compact_rows(monkeypatch, capsys):
-    """`--reuse` is the A/B of `bucket.REUSE`: how much more than its own bucket a layout may pad to, to replay a held
-    graph rather than capture; lower pads less (and captures more)."""
-    monkeypatch.setattr(bucket, "REUSE", bucket.REUSE)  # restored after the test
-    compact = {}
-    for reuse in ("1.4", "1.02"):
-        shared_prefix_buckets.main(["--steps", "12", "--cache", "2", "--shapes", "4x512x128", "--reuse", reuse])
-        out = capsys.readouterr().out
-        assert f"reuse bound of held buckets for this run: {reuse}" in out
-        compact[reuse] = float(out.split(" C x")[1].split()[0])
-    assert bucket.REUSE == 1.02
-    assert 1 <= compact["1.02"] < compact["1.4"]
-    with pytest.raises(SystemExit, match="--reuse: 0.9 is below 1"):
-        shared_prefix_buckets.main(["--reuse", "0.9"])
+        assert f"{printed}: {value}" in out
+        compact[value] = float(out.split(" C x")[1].split()[0])
+    assert getattr(bucket, knob[0]) == knob[1]
+    assert 1 <= compact[fine] < compact[coarse]
+    with pytest.raises(SystemExit, match=refusal):
+        shared_prefix_buckets.main([option, bad])

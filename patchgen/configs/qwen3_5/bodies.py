@@ -503,19 +503,6 @@ class Qwen3_5TextForSequenceClassification(upstream.Qwen3_5TextForSequenceClassi
         self.post_init()
 
 
-class Qwen3_5ForSequenceClassification(upstream.Qwen3_5ForSequenceClassification):
-    def __init__(self, config):
-        # transformers' generic head builds its backbone with AutoModel, which is upstream's model: the same head
-        # (names, sizes, init) on this module's backbone
-        Qwen3_5PreTrainedModel.__init__(self, config)
-        self.num_labels = config.num_labels
-        self.model = (Qwen3_5Model if isinstance(config, Qwen3_5Config) else Qwen3_5TextModel)._from_config(config)
-        self.score = nn.Linear(config.get_text_config().hidden_size, self.num_labels, bias=False)
-
-        # Initialize weights and apply final processing
-        self.post_init()
-
-
 class Qwen3_5ForCausalLM(upstream.Qwen3_5ForCausalLM):
     def forward(
         self,

@@ -45,9 +45,12 @@ def dense_config(device: str, op_defaults: dict[str, str]) -> PatchConfig:
         "Qwen3_5Model.__init__", reason="build this module's patched text model (AutoModel would build upstream's)"
     )
     for task in TASK_HEADS:
+        # the two sequence heads are built alike: one body
+        body = "Qwen3_5TextForSequenceClassification" if task.endswith("ForSequenceClassification") else task
         config.add_method(
             f"{task}.__init__",
             reason="the task head on this module's backbone (transformers' generic head builds upstream's with AutoModel)",
+            body=f"{BODIES}:{body}.__init__",
         )
     config.override_method(
         "Qwen3_5ForCausalLM.forward", reason="shared-prefix plan and guards; LM head through ops.cross_entropy with row dedup"
