@@ -20,7 +20,12 @@ from __future__ import annotations
 
 import torch
 
-from ..config import SHARED_PREFIX_CUDA_GRAPHS_CACHE, int_field, shared_prefix_cuda_graphs
+from ..config import (
+    SHARED_PREFIX_CUDA_GRAPHS_CACHE,
+    int_field,
+    shared_prefix_cuda_graphs,
+    shared_prefix_cuda_graphs_scoring,
+)
 from ..errors import CudaGraphsUnavailable
 from ..graphs import CudaGraphReplay, EagerReplay, GraphCache, StackReplay, StaticCall, call_signature
 from ..graphs.cache import Entry
@@ -209,9 +214,9 @@ def run_layers(text_model, layers_fn, hidden_states, position_embeddings, masks,
         # a scoring pass that wants per-layer outputs gets them eagerly: nothing to lose but the replay's speed
         return layers_fn(hidden_states, position_embeddings, masks, **kwargs)
     _refuse(text_model, graphs, hidden_states, kwargs, training)
-    plan = kwargs[KWARG]
-    if not training and plan.bucket is None and shared_prefix.pads_to_bucket(text_model.config):
-        # the plan was left unpadded for an eager scoring pass (`shared_prefix.scores_eagerly`): no graph for it
+    if not training and shared_prefix_cuda_graphs_scoring(text_model.config) == "eager":
+        # scoring forwards run eagerly (their plan is left unpadded under no_grad: `shared_prefix.scores_eagerly`;
+        # a frozen model scored with gradients on gets a padded one, decided before the layers know)
         graphs.stats.eager += 1
         return layers_fn(hidden_states, position_embeddings, masks, **kwargs)
     # read by the loss only (HF Trainer's token count, new every step): in the key, every step would capture

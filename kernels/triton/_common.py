@@ -104,7 +104,8 @@ def shape_cache_get(cache: dict, key, build):
     """cache[key], built once by build() for tensors that depend on nothing but the key (shapes).
 
     A CUDA build is waited for once, so another stream may read it at once; nothing is cached while a
-    CUDA graph is being captured (the graph, not the eager run, would fill the tensor)."""
+    CUDA graph is being captured (the graph, not the eager run, would fill the tensor); a build inside inference
+    mode makes ordinary tensors (an inference tensor cannot be saved by a later training forward)."""
     got = cache.get(key)
     if got is not None:
         return got
@@ -113,7 +114,8 @@ def shape_cache_get(cache: dict, key, build):
         return build()
     if len(cache) >= 256:  # many shapes (generation prefills): keep the cache small
         cache.clear()
-    got = cache[key] = build()
+    with torch.inference_mode(False):  # kept for later calls: a training forward may save it for backward
+        got = cache[key] = build()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return got

@@ -12,6 +12,7 @@ through it, and a prompt's rollouts stay in one micro-batch when TRL splits a ge
 from __future__ import annotations
 
 import copy
+import gc
 import logging
 import warnings
 
@@ -274,8 +275,12 @@ class SharedPrefixGRPOTrainer(GRPOTrainer):
         # TRL's load is prepared already: accelerate holds it (until Trainer frees its models when training starts), so
         # the device would hold the policy and two references through construction and any evaluation before train()
         loaded = self.ref_model
-        self.accelerator._models[:] = [m for m in self.accelerator._models if m is not loaded]
+        self.accelerator._models[:] = [m for m in self.accelerator._models if m is not loaded]  # accelerate 1.x
+        self.ref_model = None
         del loaded
+        gc.collect()  # a bound forward kept on the instance (a fused head, accelerate's autocast) is a cycle
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
         self.ref_model = self.accelerator.prepare_model(reference, evaluation_mode=True)
         for callback in self.callback_handler.callbacks:
             if hasattr(callback, "ref_model"):

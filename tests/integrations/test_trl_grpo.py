@@ -87,9 +87,21 @@ def test_old_log_prob_pass_is_packed_and_shared(tmp_path):
     assert PLANS.hits - hits >= 2
 
 
-def test_reference_pass_is_a_patchgen_copy_and_shared(tmp_path):
+def test_reference_pass_is_a_patchgen_copy_and_shared(tmp_path, monkeypatch):
+    import weakref
+
+    import trl.trainer.grpo_trainer as grpo
+
     from patchgen.integrations.trl import SharedPrefixGRPOTrainer, is_patchgen_model
 
+    loads, load = [], grpo.create_model_from_path
+
+    def watched_load(*args, **kwargs):
+        model = load(*args, **kwargs)
+        loads.append(weakref.ref(model))
+        return model
+
+    monkeypatch.setattr(grpo, "create_model_from_path", watched_load)
     net = tiny_trl.model(True)
     path = tmp_path / "ckpt"
     net.save_pretrained(path)
@@ -99,8 +111,9 @@ def test_reference_pass_is_a_patchgen_copy_and_shared(tmp_path):
         train_dataset=tiny_trl.prompts(8, 12), processing_class=tiny_trl.tokenizer(),
     )
     assert is_patchgen_model(trainer.ref_model) and trainer.ref_model is not net
-    # TRL's own load of the reference is let go at once, not held beside the copy until train() frees models
+    # TRL's own load of the reference is freed at once, not held beside the copy until train() frees models
     assert all(is_patchgen_model(trainer.accelerator.unwrap_model(m)) for m in trainer.accelerator._models)
+    assert len(loads) == 1 and loads[0]() is None
     trainer.train()
     assert trainer.packed_tokens["ref"] > 0
     kl = [entry["kl"] for entry in trainer.state.log_history if "kl" in entry]

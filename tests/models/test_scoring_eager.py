@@ -50,6 +50,17 @@ def test_scoring_forwards_replay_or_run_eagerly_as_set_with_the_logits_of_the_mo
     assert counts == ((2, 0, 0) if mode == "eager" else (0, 1, 1))
 
 
+def test_eager_scoring_holds_with_buckets_off_too():
+    plain, graphed, graphs = _models(shared_prefix_cuda_graphs_scoring="eager", shared_prefix_cuda_graphs_buckets=False)
+    for seed, groups in ((1, GROUP), (2, [(66, [4, 8])])):  # two layouts: keyed on the exact layout, each would capture
+        ids, cu, _ = tiny.grpo_batch(groups, seed=seed)
+        with torch.no_grad():
+            want, _ = _forward(plain, (ids, tiny.packed_kwargs(cu)))
+            got, _ = _forward(graphed, (ids, tiny.packed_kwargs(cu)))
+        torch.testing.assert_close(got.logits, want.logits, rtol=0, atol=1e-10)
+    assert (graphs.stats.eager, graphs.stats.captures) == (2, 0)
+
+
 def test_eager_scoring_leaves_training_steps_to_the_graphs():
     _, graphed, graphs = _models(shared_prefix_cuda_graphs_scoring="eager")
     out, plan = _forward(graphed, _batch(1), labels=True)

@@ -130,3 +130,15 @@ def test_a_setting_other_than_a_bool_is_refused():
     config = tiny.text_config("qwen3_5", shared_prefix_plan_reuse="yes")
     with pytest.raises(SettingError, match="shared_prefix_plan_reuse must be True or False"):
         shared_prefix_plan_reuse(config)
+
+
+@pytest.mark.parametrize("layout", ["fla", "rows", "x"])
+def test_the_conv_state_indices_a_plan_keeps_are_ordinary_tensors_when_first_built_in_inference_mode(layout):
+    """A kept plan's conv caches its state gather on first use: built in an inference-mode scoring forward, an
+    inference tensor there would break the training forward that reuses the plan (width 3 < the plan's 4: the
+    "x" layout's own slice)."""
+    ids, cu = _batch()
+    plan = build_plan(ids, cu, conv_kernel_size=4)
+    with torch.inference_mode():
+        kept = plan.conv.state_gather(3, 8, layout)
+    assert not any(t.is_inference() for t in kept)

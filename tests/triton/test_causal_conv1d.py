@@ -271,3 +271,15 @@ def test_segment_presets_as_the_sweep_runs_them(device, preset):
     got = conv_bwd(x[0].detach(), w.detach(), None, dy[0], cu, True, tuning)[:2]
     for a, r in zip(got, grads([y_ref], [x, w], [dy])):
         assert max_err(a.reshape(r.shape), r) < TOL
+
+
+def test_a_shape_table_first_built_in_inference_mode_serves_a_later_training_forward():
+    """The kernels keep small tables per shape (`shape_cache_get`, the batch rows' boundaries among them); one first
+    built during an inference-mode forward (an RL step's reference log-probs) must not be an inference tensor, which
+    the training forward of the same shape would fail to save for backward."""
+    from patchgen.kernels.triton._common import shape_cache_get
+
+    cache = {}
+    with torch.inference_mode():
+        built = shape_cache_get(cache, (2, 8, torch.device("cpu")), lambda: torch.arange(0, 17, 8, dtype=torch.int32))
+    assert not built.is_inference() and shape_cache_get(cache, (2, 8, torch.device("cpu")), None) is built
