@@ -123,23 +123,26 @@ def counts(plan) -> dict:
     return out
 
 
-def replay_run(rows, size: int, settings: dict):
+def replay_run(rows, size: int, settings: dict, regret: bool = False, skip: int = 0):
     """Capture share of an LRU graph cache of `size` entries over the micro-batches `rows`, each padded as a
-    graphed step pads it: to a held graph's bucket when it fits (`choose_bucket`), else to its own."""
+    graphed step pads it: to a held graph's bucket when it fits (`choose_bucket`), else to its own; with `regret`,
+    by rent or buy among the held buckets (`bucket.PaddingRegret`). The first `skip` steps warm the cache and
+    are left out of both the share and the plans returned."""
     cache, captures, chosen = OrderedDict(), 0, []
+    policy = bucket.PaddingRegret(capture_steps=CAPTURE_STEPS) if regret else None
     for ids, cu in rows:
         padded = build_plan(ids, cu, conv_kernel_size=4, pad_to_bucket=True, held_buckets=tuple(reversed(cache)),
-                            **settings)
+                            padding_regret=policy, **settings)
         key = padded.bucket
         chosen.append(padded)
         if key in cache:
             cache.move_to_end(key)
             continue
-        captures += 1
+        captures += len(chosen) > skip
         cache[key] = True
         while len(cache) > size:
             cache.popitem(last=False)
-    return captures / len(rows), chosen
+    return captures / max(len(rows) - skip, 1), chosen[skip:]
 
 
 def timed_plans(rows, **kwargs):
@@ -161,7 +164,13 @@ def _shape_rows(name, steps, args, rng):
     if name in RL_SHAPES:
         return [rl_batch(*RL_SHAPES[name], rng) for _ in range(steps)], {}
     (shape,) = parse_shapes(name)
-    rows = [vary_batch(shape, rng, args.vary_prompt, args.vary_response) for _ in range(steps)]
+    if args.draw == "loop":  # the very micro-batches of `scoring_loop.py --vary --batches STEPS` (same draw, same seed)
+        from shared_prefix_vary import varied_batches
+
+        drawn = varied_batches(shape, steps, 151936, "cpu", args.vary_prompt, args.vary_response, seed=args.seed)
+        rows = [(ids, cu) for ids, cu, _ in drawn]
+    else:
+        rows = [vary_batch(shape, rng, args.vary_prompt, args.vary_response) for _ in range(steps)]
     return rows, tree_settings(shape) | {"level_cost": getattr(shape, "level_cost", None) or 0}
 
 
@@ -176,8 +185,11 @@ def measure(name, args):
           f"own buckets (exact layouts: {args.steps}); plan build median {plain_ms:.2f} ms, padded {own_ms:.2f} ms",
           flush=True)
     for size in args.cache:
-        share, chosen = replay_run(rows, size, settings)
-        found = [ratios(a, b) for a, b in zip(plain, chosen)]
+        # --cycles: the steps again and again, as a scoring loop's warm and timed loops score the same micro-batches;
+        # reported over the cycles after the first
+        skip = len(rows) if args.cycles > 1 else 0
+        share, chosen = replay_run(rows * args.cycles, size, settings, regret=args.policy == "regret", skip=skip)
+        found = [ratios(a, b) for a, b in zip(plain * args.cycles, chosen)]
         keys = [k for k in found[0] if all(k in f for f in found)]
         mean = {k: float(np.mean([f[k] for f in found])) for k in keys}
         top = {k: max(f[k] for f in found) for k in keys}
@@ -223,6 +235,14 @@ def main(argv=None):
     parser.add_argument("--vary-response", type=float, default=0.5, help="response lengths in R (1 +- this)")
     parser.add_argument("--seed", type=int, default=0)
     add_bucket_knobs(parser)
+    parser.add_argument("--draw", choices=("buckets", "loop"), default="buckets",
+                        help="how the steps are drawn: this script's own draw, or scoring_loop.py --vary's micro-batches")
+    parser.add_argument("--cycles", type=int, default=1,
+                        help="score the steps this many times over (as a scoring loop does), reporting the later cycles")
+    parser.add_argument("--policy", choices=("bound", "regret"), default="bound",
+                        help="how a layout picks among held buckets: the fixed reuse bound (bucket.choose_bucket, the "
+                             "product's) or rent or buy (bucket.PaddingRegret: a held bucket whose padding has cost a "
+                             "capture gives way to the merge of the layouts' own buckets)")
     args = parser.parse_args(argv)
     apply_bucket_knobs(args)
     for name in args.shapes:

@@ -306,6 +306,40 @@ def choose_bucket(needs: Needs, held=()) -> tuple:
     return min(pairs, key=cost) if pairs else own
 
 
+class PaddingRegret:
+    """Rent or buy for held buckets (an alternative to the fixed `REUSE` bound, measured by the bucket bench only).
+
+    `choose_bucket` may keep a layout padding to a held bucket up to `REUSE` times its own bucket's cost, and
+    merges make held buckets wide: under drawn lengths every layout of a loop can end up on one merged bucket
+    (C*/C 1.155 at n=8 P=4096, `docs/cuda_graphs.md`). Here each held bucket owes the padding it has cost the
+    layouts that padded to it, in steps of their own work (`cost(held) / cost(own) - 1` a step), and keeps their
+    own buckets. Once a bucket owes a capture (`capture_steps` steps: the rent has paid for the purchase), the
+    next layout that would pad to it captures the merge of those own buckets instead, when that costs less: a
+    bucket that fits the layouts that came, not the ones that made the old merge."""
+
+    def __init__(self, capture_steps: float = 4.2, keep: int = 16):
+        self.capture_steps, self.keep = capture_steps, keep
+        self.owed: dict[tuple, float] = {}
+        self.owns: dict[tuple, list[tuple]] = {}
+
+    def choose(self, needs: Needs, held=()) -> tuple:
+        chosen = choose_bucket(needs, held)
+        own = own_bucket(needs)
+        self.owed = {b: v for b, v in self.owed.items() if b in held}  # evicted buckets owe nothing
+        self.owns = {b: v for b, v in self.owns.items() if b in held}
+        if chosen not in held or chosen == own:
+            return chosen
+        owns = self.owns.setdefault(chosen, [])
+        owns.append(own)
+        del owns[: -self.keep]
+        self.owed[chosen] = self.owed.get(chosen, 0.0) + cost(chosen) / cost(own) - 1
+        if self.owed[chosen] < self.capture_steps:
+            return chosen
+        tight = merge(tuple(dict.fromkeys(owns)))
+        self.owed[chosen] = 0.0
+        return tight if tight is not None and fits(tight, needs) and cost(tight) < cost(chosen) else chosen
+
+
 def _worth(merged: tuple | None, own: tuple, needs: Needs, budget: float) -> bool:
     """Whether to capture a merge rather than the own bucket: it holds more than the own bucket (beyond
     `max_seqlen`, which a merge with a bucket that the own one holds may still raise: else it would only
@@ -316,7 +350,8 @@ def _worth(merged: tuple | None, own: tuple, needs: Needs, budget: float) -> boo
 
 
 def padded_host(
-    layout, plan: dict, lm: dict, kernel_size: int, held=(), arena: Arena | None = None
+    layout, plan: dict, lm: dict, kernel_size: int, held=(), arena: Arena | None = None,
+    regret: PaddingRegret | None = None,
 ) -> tuple[dict, tuple]:
     """Every host array of the plan (`build_plan`'s `host`) padded to a bucket (`choose_bucket`), and the
     bucket. `plan`: the plan's own arrays (compact_src, expand_index, cu_seqlens, positions), `lm` the LM
@@ -326,7 +361,7 @@ def padded_host(
     segs, lengths, _, _, state_rows = look_back(layout, kernel_size)
     keys = layout.offset[segs] + lengths
     needs = Needs.of(layout, pieces, lengths, keys)
-    bucket = choose_bucket(needs, held)
+    bucket = choose_bucket(needs, held) if regret is None else regret.choose(needs, held)
     c = needs.compact
     c_star = bucket[0]
     p = c_star - c

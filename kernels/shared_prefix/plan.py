@@ -114,6 +114,7 @@ def build_plan(
     pad_to_bucket: bool = False,
     held_buckets: tuple = (),
     device: torch.device | None = None,
+    padding_regret=None,
 ) -> Plan | None:
     """Plan shared-prefix execution of one packed row, or `None` when no sequences share a prefix.
 
@@ -129,6 +130,8 @@ def build_plan(
     that CUDA graphs captured for one layout replay for every layout of its bucket; no real row changes.
     `held_buckets`: buckets of graphs already captured; the plan pads to one of them when it fits at
     little more cost than its own (`bucket.choose_bucket`).
+    `padding_regret`: a `bucket.PaddingRegret` choosing among held buckets by rent or buy (the bucket bench's A/B;
+    None: `bucket.choose_bucket`'s fixed bound).
     `device`: where the plan's index tensors go (default: the device of `input_ids`; `plan_reuse` builds from
     the host copy it made for a batch on another device).
     """
@@ -231,7 +234,7 @@ def build_plan(
     compact_length = layout.compact_length
     if pad_to_bucket:
         # the mixers' arrays built padded from the start (none of the unpadded ones is built)
-        host, bucket = padded_host(layout, plan_host, lm, conv_kernel_size, held_buckets, arena)
+        host, bucket = padded_host(layout, plan_host, lm, conv_kernel_size, held_buckets, arena, padding_regret)
         compact_length = bucket[0]
     else:
         host = {

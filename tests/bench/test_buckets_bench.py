@@ -13,7 +13,7 @@ from patchgen.kernels.shared_prefix import bucket, build_plan
 
 
 class _Spread:
-    vary_prompt, vary_response = 0.1, 0.5
+    vary_prompt, vary_response, draw, seed = 0.1, 0.5, "buckets", 0
 
 
 @pytest.mark.parametrize("shape", ["4x256x64", "agentic"])
@@ -68,3 +68,13 @@ def test_a_finer_bucket_setting_pads_the_same_draw_with_fewer_compact_rows(
     assert 1 <= compact[fine] < compact[coarse]
     with pytest.raises(SystemExit, match=refusal):
         shared_prefix_buckets.main([option, bad])
+
+
+def test_the_loops_own_draw_scored_again_replays_what_the_first_cycle_captured(capsys):
+    """`--draw loop --cycles N`: the micro-batches `scoring_loop.py --vary` scores, again and again as its warm and
+    timed loops do; with a cache holding every bucket the later cycles capture nothing. `--policy regret` runs too."""
+    for policy in ("bound", "regret"):
+        shared_prefix_buckets.main(["--draw", "loop", "--steps", "3", "--cycles", "2", "--cache", "8",
+                                    "--shapes", "4x512x128", "--policy", policy])
+        out = capsys.readouterr().out
+        assert "3 steps of" in out and "capture share 0.00" in out

@@ -501,3 +501,17 @@ def test_the_gpu_tests_layouts_of_one_bucket_share_it_on_the_host():
 
     first, second, other = (_plans([groups])[1].bucket for groups in (*BUCKET, OTHER_BUCKET))
     assert first == second != other
+
+
+def test_rent_or_buy_pads_to_a_held_bucket_until_its_padding_has_cost_a_capture():
+    """`PaddingRegret` (the bucket bench's alternative policy): a layout pads to a held larger bucket while the padding
+    owed stays under a capture's cost, in steps of its own work; then it captures the merge of the own buckets that
+    paid, cheaper than the held one, and owes nothing again."""
+    ids, cu, _, own, (larger, _, _) = _reuse_case()
+    excess = cost(larger) / cost(own.bucket) - 1
+    regret = bucket_module.PaddingRegret(capture_steps=2.5 * excess)
+    chosen = [build_plan(ids, cu, pad_to_bucket=True, held_buckets=(larger,), padding_regret=regret).bucket
+              for _ in range(3)]
+    assert chosen[:2] == [larger, larger] and chosen[2] == own.bucket  # the merge of one own bucket is itself
+    assert regret.owed[larger] == 0.0 and cost(chosen[2]) < cost(larger)
+    assert build_plan(ids, cu, pad_to_bucket=True, held_buckets=(larger,)).bucket == larger  # the fixed bound
