@@ -136,6 +136,16 @@ def field(config: Any, name: str, default: Any = None) -> Any:
     return default if value is _UNSET else value
 
 
+def bool_field(config: Any, name: str) -> bool:
+    """A True/False field of ``BOOL_FIELDS`` from a model config (``field``; False when unset), checked: set after the
+    model was built (``model.config.shared_prefix_training = "false"``) it is read here, where a string would be
+    truthy."""
+    flag = field(config, name, False)
+    if not isinstance(flag, bool):
+        raise SettingError(f"config field {name} must be True or False, got {flag!r}: set config.{name} = True or False")
+    return flag
+
+
 def int_field(config: Any, name: str) -> int:
     """A whole-number field of ``INT_FIELDS`` from a model config (``field``; its default when unset), checked."""
     default, smallest, meaning = INT_FIELDS[name]

@@ -17,10 +17,12 @@ set to different values in two places is a ``SettingError``) and bind the op slo
 
 from __future__ import annotations
 
+import difflib
 from types import SimpleNamespace
 from typing import Any
 
 from ..config import FIELDS, field
+from ..errors import SettingError
 from . import loaded_weights
 
 # from_pretrained keywords that say where a checkpoint's config.json is read from (not force_download:
@@ -29,7 +31,12 @@ HUB_KEYWORDS = ("cache_dir", "proxies", "token", "local_files_only", "revision",
 
 
 def pop_fields(kwargs: dict) -> dict:
-    """Remove and return the patchgen config fields among ``from_pretrained``'s keywords."""
+    """Remove and return the patchgen config fields among ``from_pretrained``'s keywords; a keyword one typo away
+    from one (``shared_prefix_trainig=True``) is refused by name, where transformers would raise a bare TypeError."""
+    # only our prefix: transformers' own keywords come close to ours (experts_implementation, ops_implementation)
+    for key in (k for k in kwargs if k.startswith("shared_prefix") and k not in FIELDS):
+        if close := difflib.get_close_matches(key, FIELDS, n=1, cutoff=0.85):
+            raise SettingError(f"from_pretrained keyword {key!r} is not one patchgen reads; did you mean {close[0]!r}?")
     return {name: kwargs.pop(name) for name in FIELDS if name in kwargs}
 
 

@@ -105,11 +105,12 @@ def use_graphs(text_model, graphs: LayerGraphs | None) -> None:
 def _graphs(text_model) -> LayerGraphs | None:
     """The text model's layer graphs when the flag is on (made on first use); None, and any held graphs dropped, when off."""
     current = getattr(text_model, ATTRIBUTE, None)
-    if not shared_prefix_cuda_graphs(text_model.config):
+    config = shared_prefix.fields_config(text_model.config)
+    if not shared_prefix_cuda_graphs(config):
         if current is not None:
             use_graphs(text_model, None)  # turned off: the graphs and their pools go
         return None
-    size = int_field(text_model.config, SHARED_PREFIX_CUDA_GRAPHS_CACHE)
+    size = int_field(config, SHARED_PREFIX_CUDA_GRAPHS_CACHE)
     if current is None:
         current = LayerGraphs(size, replay=DEFAULT_REPLAY)
         use_graphs(text_model, current)
@@ -214,7 +215,7 @@ def run_layers(text_model, layers_fn, hidden_states, position_embeddings, masks,
         # a scoring pass that wants per-layer outputs gets them eagerly: nothing to lose but the replay's speed
         return layers_fn(hidden_states, position_embeddings, masks, **kwargs)
     _refuse(text_model, graphs, hidden_states, kwargs, training)
-    if not training and shared_prefix_cuda_graphs_scoring(text_model.config) == "eager":
+    if not training and shared_prefix_cuda_graphs_scoring(shared_prefix.fields_config(text_model.config)) == "eager":
         # scoring forwards run eagerly (their plan is left unpadded under no_grad: `shared_prefix.scores_eagerly`;
         # a frozen model scored with gradients on gets a padded one, decided before the layers know)
         graphs.stats.eager += 1

@@ -16,6 +16,7 @@ import torch
 from ..config import (
     SHARED_PREFIX_CHUNK_ALIGNED,
     SHARED_PREFIX_MAX_DEPTH,
+    bool_field,
     field,
     int_field,
     shared_prefix_cuda_graphs,
@@ -54,9 +55,23 @@ def text_config(config):
     return getattr(config, "text_config", None) or config
 
 
+# id(text config) -> the composite config whose text config it is, registered by the top model's forward
+# (`plan_for`): the text model's layer stack reads the graphs' fields through it, so that a field set on the
+# composite config (`model.config.shared_prefix_cuda_graphs = True` on a vision-language class) is read as the
+# plan's fields are (and the same field set differently in both places is refused, as there)
+_COMPOSITES: dict[int, weakref.ref] = {}
+
+
+def fields_config(text_cfg):
+    """The config a text model reads patchgen's fields from: its composite config when a top model registered one."""
+    found = _COMPOSITES.get(id(text_cfg))
+    composite = found() if found is not None else None
+    return composite if composite is not None and getattr(composite, "text_config", None) is text_cfg else text_cfg
+
+
 def enabled(config) -> bool:
     """``text_config.shared_prefix_training`` (default False; also read on a composite config itself)."""
-    return bool(field(config, FLAG, False))
+    return bool_field(config, FLAG)
 
 
 class SharedPrefixUnused(UserWarning):
@@ -148,6 +163,8 @@ def plan_for(
     boundaries `resolve_packed` already copied; only what came on the device alone is copied back (one sync).
     """
     cfg = text_config(config)
+    if cfg is not config:
+        _COMPOSITES[id(cfg)] = weakref.ref(config)
     if takes_ordinary_path(enabled(config), input_ids, pixel_values, pixel_values_videos):
         return None
     if cache is not None or use_cache or kwargs.get("cu_seq_lens_q") is None:
@@ -170,7 +187,7 @@ def plan_for(
         min_prefix=shared_prefix_min_length(config),
         max_depth=int_field(config, SHARED_PREFIX_MAX_DEPTH),
         level_cost=shared_prefix_level_cost(config),
-        chunk_aligned=bool(field(config, SHARED_PREFIX_CHUNK_ALIGNED, False)),
+        chunk_aligned=bool_field(config, SHARED_PREFIX_CHUNK_ALIGNED),
         pad_to_bucket=pads_to_bucket(config) and not scores_eagerly(config),
         held_buckets=held_buckets(config),
         build=build_plan,  # looked up here per call: tests spy on it

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import SHARED_PREFIX_VERIFY, field
+from ..config import SHARED_PREFIX_VERIFY, bool_field
 from .shared_prefix import embeddings_noised, enabled
 
 logger = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ def due(model, input_ids, position_ids, cache, use_cache, kwargs, pixel_values=N
     A batch with images or videos runs the ordinary path (nothing is shared), so it is never verified.
     """
     config = model.config
-    if not (enabled(config) and field(config, FIELD, False)):
+    if not (enabled(config) and bool_field(config, FIELD)):
         return False
     if pixel_values is not None or pixel_values_videos is not None:
         return False

@@ -80,3 +80,15 @@ def test_bind_checks_the_model_config():
     net.config = Qwen3_5TextConfig(shared_prefix_min_length=0)
     with pytest.raises(SettingError, match="shared_prefix_min_length"):
         ops.bind(net, device_target="cpu")
+
+
+@pytest.mark.parametrize("name", ["shared_prefix_training", "shared_prefix_verify", "shared_prefix_chunk_aligned"])
+def test_a_flag_set_after_the_build_to_a_string_is_refused_not_read_as_true(name):
+    """`model.config.<flag> = "false"` after the build skips the build's check; the forward reads it checked."""
+    from tests.models import tiny
+
+    net = tiny.build("qwen3_5", "gpu", shared_prefix_training=True)
+    setattr(net.config, name, "false")
+    ids, cu, _ = tiny.grpo_batch([(70, [5, 9, 3])], seed=1)
+    with pytest.raises(SettingError, match=f"config field {name} must be True or False, got 'false'"):
+        net(input_ids=ids, labels=ids, **tiny.packed_kwargs(cu))

@@ -53,3 +53,8 @@ def test_from_pretrained_with_loading_info_takes_the_fields_too(published):
 def test_an_ill_valued_field_given_to_from_pretrained_is_a_setting_error(published):
     with pytest.raises(SettingError, match="shared_prefix_training must be True or False"):
         AutoModelForCausalLM.from_pretrained(published, shared_prefix_training="yes")
+
+
+def test_a_field_misspelt_in_from_pretrained_is_named_with_the_field_meant(published):
+    with pytest.raises(SettingError, match="'shared_prefix_trainig' is not one patchgen reads; did you mean 'shared_prefix_training'"):
+        ckpt.generated_class("qwen3_5", "gpu", "ForCausalLM").from_pretrained(published, shared_prefix_trainig=True)

@@ -80,3 +80,22 @@ def test_inference_mode_scoring_runs_eagerly_too():
 def test_a_wrong_mode_names_the_field_and_the_modes():
     with pytest.raises(SettingError, match="shared_prefix_cuda_graphs_scoring must be one of 'graphs', 'eager'"):
         tiny.build("qwen3_5", "gpu", shared_prefix_training=True, shared_prefix_cuda_graphs_scoring="auto")
+
+
+def test_the_graphs_fields_set_on_a_vision_language_models_composite_config_are_read():
+    """`model.config` of ForConditionalGeneration is the composite config: the graphs' fields set there after the
+    build reach the text model's layer stack, as the plan's fields do (and differing values in both places are
+    refused)."""
+    net = tiny.build_conditional("qwen3_5", "gpu", shared_prefix_training=True)
+    net.config.shared_prefix_cuda_graphs = True  # on the composite, after the build
+    net.config.shared_prefix_cuda_graphs_scoring = "eager"
+    graphs = layer_graphs.LayerGraphs(2, replay=EagerReplay)
+    layer_graphs.use_graphs(net.model.language_model, graphs)
+    ids, packed = _batch(1)
+    with torch.no_grad():
+        net(input_ids=ids, **packed)
+    assert (graphs.stats.eager, graphs.stats.captures) == (1, 0)
+    net.config.text_config.shared_prefix_cuda_graphs_scoring = "graphs"
+    refused = pytest.raises(SettingError, match="shared_prefix_cuda_graphs_scoring is 'eager' on the composite config")
+    with refused, torch.no_grad():
+        net(input_ids=ids, **packed)
