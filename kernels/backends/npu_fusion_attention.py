@@ -30,13 +30,21 @@ def causal_mask(device: torch.device) -> torch.Tensor:
     """The compressed causal mask (True = masked), built once per device."""
     mask = _masks.get(device)
     if mask is None:
-        mask = torch.ones(COMPRESSED_MASK, COMPRESSED_MASK, dtype=torch.bool, device=device).triu(1)
+        # kept for every later call: made in an inference-mode forward it would be an inference tensor, which the
+        # operator's backward (it saves atten_mask) of a later training forward cannot save
+        with torch.inference_mode(False):
+            mask = torch.ones(COMPRESSED_MASK, COMPRESSED_MASK, dtype=torch.bool, device=device).triu(1)
         _masks[device] = mask
     return mask
 
 
 def host_bounds(cu_seqlens: torch.Tensor) -> list[int]:
-    """``cu_seqlens`` as Python ints, read to the host once per tensor (and again only if it was modified)."""
+    """``cu_seqlens`` as Python ints, read to the host once per tensor (and again only if it was modified).
+
+    An inference tensor (boundaries made in an inference-mode forward) has no version counter to tell a refill in
+    place: it is read every time."""
+    if cu_seqlens.is_inference():
+        return [int(b) for b in cu_seqlens.tolist()]
     entry = _host.get(id(cu_seqlens))
     if entry is not None and entry[0] is cu_seqlens and entry[1] == cu_seqlens._version:
         return entry[2]

@@ -75,3 +75,27 @@ def test_shared_prefix_step_equals_the_reference_backends(npu, model):
     q_ends, k_ends = zip(*((c["actual_seq_qlen"], c["actual_seq_kvlen"]) for c in npu.called("npu_fusion_attention")))
     assert any(q != k for q, k in zip(q_ends, k_ends))
     assert_equal_steps(result, reference)
+
+
+@pytest.mark.parametrize("case", ["flag off, boundaries made in the scoring loop", "flag off, int64 boundaries",
+                                  "flag on, plan reuse off"])
+def test_scoring_in_inference_mode_then_training_the_same_row(npu, case):
+    """RL scores a micro-batch under inference mode (reference log-probs), then trains on it. Boundaries made in
+    inference mode have no version counter for the attention backend's host cache, and the causal mask it keeps
+    must not be an inference tensor (the operator's backward saves it)."""
+    import importlib
+
+    from tests.npu.conftest import ADAPTERS
+
+    importlib.import_module(ADAPTERS + "fusion_attention")._masks.clear()  # the first call builds it: in inference mode
+    ids, cu, _ = tiny.grpo_batch(GROUPS, SINGLES)
+    extra = {"shared_prefix_training": case.startswith("flag on"), "shared_prefix_min_length": MIN_PREFIX,
+             "shared_prefix_plan_reuse": False}
+    net = build("qwen3_5", npu.device, SLOW_ON_CPU, **extra)
+    with torch.inference_mode():
+        scored_cu = cu.clone() if "scoring loop" in case else cu.long() if "int64" in case else cu
+        scored = net(input_ids=ids.to(npu.device), **tiny.packed_kwargs(scored_cu.to(npu.device))).logits.clone()
+    mask = importlib.import_module(ADAPTERS + "fusion_attention").causal_mask(npu.device)
+    assert not mask.is_inference()
+    loss, logits, _ = step(net, ids, cu, ids, npu.device)
+    assert torch.equal(scored.cpu(), logits) and torch.isfinite(loss)
