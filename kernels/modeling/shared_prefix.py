@@ -59,13 +59,12 @@ def text_config(config):
 # (`plan_for`): the text model's layer stack reads the graphs' fields through it, so that a field set on the
 # composite config (`model.config.shared_prefix_cuda_graphs = True` on a vision-language class) is read as the
 # plan's fields are (and the same field set differently in both places is refused, as there)
-_COMPOSITES: dict[int, weakref.ref] = {}
+_COMPOSITES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def fields_config(text_cfg):
     """The config a text model reads patchgen's fields from: its composite config when a top model registered one."""
-    found = _COMPOSITES.get(id(text_cfg))
-    composite = found() if found is not None else None
+    composite = _COMPOSITES.get(id(text_cfg))
     return composite if composite is not None and getattr(composite, "text_config", None) is text_cfg else text_cfg
 
 
@@ -164,7 +163,7 @@ def plan_for(
     """
     cfg = text_config(config)
     if cfg is not config:
-        _COMPOSITES[id(cfg)] = weakref.ref(config)
+        _COMPOSITES[id(cfg)] = config
     if takes_ordinary_path(enabled(config), input_ids, pixel_values, pixel_values_videos):
         return None
     if cache is not None or use_cache or kwargs.get("cu_seq_lens_q") is None:
