@@ -288,13 +288,13 @@ def merge(buckets) -> tuple | None:
     return (c_star, rounds, conv, (s_star, k_star, max_seqlen, max_seqlen))
 
 
-def choose_bucket(needs: Needs, held=()) -> tuple:
+def choose_bucket(needs: Needs, held=(), own: tuple | None = None) -> tuple:
     """The bucket a layout pads to: the cheapest of `held` (buckets of captured graphs) that it fits and that
     costs at most `REUSE` times its own bucket (a replay instead of a capture); else, to capture, the merge
     of its own bucket with every held one of its tree shape, or else the cheapest merge with one of them,
     within the same budget (a bucket that every layout of those fits: the next layout that falls between
-    held buckets replays instead of capturing); else its own bucket."""
-    own = own_bucket(needs)
+    held buckets replays instead of capturing); else its own bucket (`own`, when the caller has it)."""
+    own = own_bucket(needs) if own is None else own
     budget = REUSE * cost(own)
     usable = [b for b in held if fits(b, needs) and cost(b) <= budget]
     if usable:
@@ -323,8 +323,8 @@ class PaddingRegret:
         self.owns: dict[tuple, list[tuple]] = {}
 
     def choose(self, needs: Needs, held=()) -> tuple:
-        chosen = choose_bucket(needs, held)
         own = own_bucket(needs)
+        chosen = choose_bucket(needs, held, own)
         self.owed = {b: v for b, v in self.owed.items() if b in held}  # evicted buckets owe nothing
         self.owns = {b: v for b, v in self.owns.items() if b in held}
         if chosen not in held or chosen == own:
