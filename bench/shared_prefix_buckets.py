@@ -244,6 +244,10 @@ def main(argv=None):
                              "product's) or rent or buy (bucket.PaddingRegret: a held bucket whose padding has cost a "
                              "capture gives way to the merge of the layouts' own buckets)")
     args = parser.parse_args(argv)
+    if args.cycles < 1:
+        raise SystemExit(f"--cycles: {args.cycles} is below 1 (the steps are scored at least once)")
+    if args.draw == "loop" and any(name in RL_SHAPES for name in args.shapes):
+        raise SystemExit(f"--draw loop draws around GPU-bench shapes (n x P x R, trees); {', '.join(RL_SHAPES)} have their own draw")
     apply_bucket_knobs(args)
     for name in args.shapes:
         measure(name, args)

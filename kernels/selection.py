@@ -98,9 +98,9 @@ def resolve_device_target(explicit: str | None = None) -> str:
     """The device target: ``explicit``, else ``PATCHGEN_DEVICE_TARGET``, else detected (CUDA, NPU, CPU)."""
     target = explicit or os.environ.get(ENV_DEVICE_TARGET, "").strip() or _detect()
     if target not in DEVICE_TARGETS:
+        fix = "pass one of those" if explicit else f"set {ENV_DEVICE_TARGET} to one of those or unset it to detect the device"
         where = "the explicit argument" if explicit else f"environment variable {ENV_DEVICE_TARGET}"
-        raise ValueError(f"device target must be one of {DEVICE_TARGETS}, got {target!r} from {where}: "
-                         f"set it to one of those (gpu for CUDA) or unset it to detect the device")
+        raise ValueError(f"device target must be one of {DEVICE_TARGETS} (gpu for CUDA), got {target!r} from {where}: {fix}")
     return target
 
 

@@ -336,8 +336,11 @@ class PaddingRegret:
         if self.owed[chosen] < self.capture_steps:
             return chosen
         tight = merge(tuple(dict.fromkeys(owns)))
-        self.owed[chosen] = 0.0
-        return tight if tight is not None and fits(tight, needs) and cost(tight) < cost(chosen) else chosen
+        if tight is None or not fits(tight, needs) or cost(tight) >= cost(chosen):
+            return chosen  # nothing cheaper to buy: the rent stays owed, and the next layout tries again
+        self.owed.pop(chosen)  # bought: its layouts' padding is paid for
+        self.owns.pop(chosen)
+        return tight
 
 
 def _worth(merged: tuple | None, own: tuple, needs: Needs, budget: float) -> bool:

@@ -276,15 +276,14 @@ class SharedPrefixGRPOTrainer(GRPOTrainer):
         # the device would hold the policy and two references through construction and any evaluation before train()
         loaded = self.ref_model
         self.accelerator._models[:] = [m for m in self.accelerator._models if m is not loaded]  # accelerate 1.x
-        self.ref_model = None
+        self.ref_model = self.accelerator.prepare_model(reference, evaluation_mode=True)
+        for callback in self.callback_handler.callbacks:  # TRL's sync_ref_model callback holds the load too
+            if hasattr(callback, "ref_model"):
+                callback.ref_model = self.ref_model
         del loaded
         gc.collect()  # a bound forward kept on the instance (a fused head, accelerate's autocast) is a cycle
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        self.ref_model = self.accelerator.prepare_model(reference, evaluation_mode=True)
-        for callback in self.callback_handler.callbacks:
-            if hasattr(callback, "ref_model"):
-                callback.ref_model = self.ref_model
         logger.info("SharedPrefixGRPOTrainer: reference model is a patchgen copy of the initial policy")
 
 

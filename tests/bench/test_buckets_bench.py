@@ -72,9 +72,17 @@ def test_a_finer_bucket_setting_pads_the_same_draw_with_fewer_compact_rows(
 
 def test_the_loops_own_draw_scored_again_replays_what_the_first_cycle_captured(capsys):
     """`--draw loop --cycles N`: the micro-batches `scoring_loop.py --vary` scores, again and again as its warm and
-    timed loops do; with a cache holding every bucket the later cycles capture nothing. `--policy regret` runs too."""
+    timed loops do; with a cache holding every bucket the later cycles capture nothing (three steps: too few for rent
+    or buy to buy, so `--policy regret` is checked to run and to agree here)."""
     for policy in ("bound", "regret"):
         shared_prefix_buckets.main(["--draw", "loop", "--steps", "3", "--cycles", "2", "--cache", "8",
                                     "--shapes", "4x512x128", "--policy", policy])
         out = capsys.readouterr().out
         assert "3 steps of" in out and "capture share 0.00" in out
+
+
+def test_the_bucket_bench_refuses_no_cycles_and_a_loop_draw_of_an_rl_shape():
+    with pytest.raises(SystemExit, match="--cycles: 0 is below 1"):
+        shared_prefix_buckets.main(["--cycles", "0"])
+    with pytest.raises(SystemExit, match="--draw loop draws around GPU-bench shapes"):
+        shared_prefix_buckets.main(["--draw", "loop", "--shapes", next(iter(shared_prefix_buckets.RL_SHAPES))])

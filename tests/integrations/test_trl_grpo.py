@@ -87,7 +87,8 @@ def test_old_log_prob_pass_is_packed_and_shared(tmp_path):
     assert PLANS.hits - hits >= 2
 
 
-def test_reference_pass_is_a_patchgen_copy_and_shared(tmp_path, monkeypatch):
+@pytest.mark.parametrize("sync", [False, True], ids=["fixed reference", "sync_ref_model"])
+def test_reference_pass_is_a_patchgen_copy_and_shared(tmp_path, monkeypatch, sync):
     import weakref
 
     import trl.trainer.grpo_trainer as grpo
@@ -107,7 +108,7 @@ def test_reference_pass_is_a_patchgen_copy_and_shared(tmp_path, monkeypatch):
     net.save_pretrained(path)
     net.config._name_or_path = str(path)
     trainer = SharedPrefixGRPOTrainer(
-        model=net, reward_funcs=tiny_trl.even_word_reward, args=_config(tmp_path / "out", beta=0.1, max_steps=1),
+        model=net, reward_funcs=tiny_trl.even_word_reward, args=_config(tmp_path / "out", beta=0.1, max_steps=1, sync_ref_model=sync),
         train_dataset=tiny_trl.prompts(8, 12), processing_class=tiny_trl.tokenizer(),
     )
     assert is_patchgen_model(trainer.ref_model) and trainer.ref_model is not net

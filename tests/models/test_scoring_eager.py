@@ -95,7 +95,7 @@ def test_the_graphs_fields_set_on_a_vision_language_models_composite_config_are_
     with torch.no_grad():
         net(input_ids=ids, **packed)
     assert (graphs.stats.eager, graphs.stats.captures) == (1, 0)
-    net.config.text_config.shared_prefix_cuda_graphs_scoring = "graphs"
+    net.config.text_config.shared_prefix_cuda_graphs_scoring = "graphs"  # refused where the plan reads it, first
     refused = pytest.raises(SettingError, match="shared_prefix_cuda_graphs_scoring is 'eager' on the composite config")
     with refused, torch.no_grad():
         net(input_ids=ids, **packed)
