@@ -266,6 +266,7 @@ def measure_shape(model, shape, args, device, module) -> dict:
                 result[f"{arm} {where} captures"] = held.stats.captures - before[0]
                 result[f"{arm} {where} replays"] = held.stats.replays - before[1]
                 result[f"{arm} {where} eager"] = held.stats.eager - before[2]
+                result[f"{arm} {where} choice"] = held.choice.describe()  # what "auto" learnt (cumulative)
             if args.timeline and where == "host rows":  # main refuses --timeline off CUDA
                 report, kernels = loop_timeline(model, module, batches, device, f"{shape[0]} {arm}, {where}")
                 result.setdefault("timelines", []).append(report)
@@ -325,7 +326,7 @@ def main(argv=None):
     add_bucket_knobs(parser)
     parser.add_argument("--scoring", choices=SCORING_MODES, default="graphs",
                         help="the graphed arm's shared_prefix_cuda_graphs_scoring: a replay on a padded plan (graphs, the "
-                             "default) or eagerly on the unpadded plan (eager)")
+                             "default), eagerly on the unpadded plan (eager), or per call the way measured faster (auto)")
     parser.add_argument("--vary", action="store_true",
                         help="micro-batches of drawn prompt and response lengths (a new layout every call, as in RL)")
     parser.add_argument("--gc-off", action="store_true",
@@ -373,6 +374,8 @@ def main(argv=None):
                   f"{r['shared host rows captures']} captures, {r['shared host rows replays']} replays, "
                   f"{r['shared host rows eager']} eager; device rows: {r.get('shared device rows captures')} captures, "
                   f"{r.get('shared device rows replays')} replays, {r.get('shared device rows eager')} eager", flush=True)
+            if args.scoring == "auto":
+                print(f"    {r.get('shared host rows choice')}", flush=True)
         if "efficiency eager host rows" in r:
             print(f"    shared without graphs, host rows: {r['shared eager host rows ms']:.1f} ms (host "
                   f"{r['shared eager host rows host ms']:.1f}), eff {r['efficiency eager host rows']:.2f}, bit-equal to "

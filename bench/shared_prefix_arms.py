@@ -68,6 +68,9 @@ def config_for(widths: dict, layers: int):
     # every timed call builds its plan (the benches time one call after another on one batch, which plan reuse
     # would answer from its kept plan); `shared_prefix_graphs.py` times the reuse case as its own figure
     config.shared_prefix_plan_reuse = False
+    # the graphed arms always replay (the figures since the first graphs runs); the arms of "auto", the models'
+    # default, set it themselves (`shared_prefix_vary.py`'s auto arm, `scoring_loop.py --scoring auto`)
+    config.shared_prefix_cuda_graphs_training = config.shared_prefix_cuda_graphs_scoring = "graphs"
     return config
 
 

@@ -7,11 +7,14 @@ Both arms run the model's own training step without checkpointing over the same 
 micro-batches (eager first: turning the graphs off drops the held ones), every step timed (with a device sync around it, captures included):
 
 - `vary_eager`: `shared_prefix_cuda_graphs` off;
-- `vary_graphs`: on, with buckets (the plan padded to a bucket, or to a held graph's: `bucket.py`).
+- `vary_graphs`: on, with buckets (the plan padded to a bucket, or to a held graph's: `bucket.py`);
+- `vary_auto`: on, with `shared_prefix_cuda_graphs_training="auto"` (per step a replay or an eager step on the
+  unpadded plan, whichever this model measured faster: `graphs/choice.py`), from fresh graphs.
 
 Row keys: `vary_steps`, `vary_eager_ms` / `vary_graphs_ms` (mean step over all N), `vary_graphs_replay_ms`
 (median over the steps that replayed), `vary_graphs_capture_ms` (median over the steps that captured),
-`vary_captures`, `vary_replays`, `vary_evictions`, `vary_padding` (mean C* / C), `vary_loss_rel_diff`
+`vary_captures`, `vary_replays`, `vary_evictions`, `vary_padding` (mean C* / C), `vary_auto_ms` (mean step),
+`vary_auto_captures` / `_replays` / `_eager` (what its steps did), `vary_loss_rel_diff`
 (largest |graphed - eager| / |eager| loss over the N: the padded step against the unpadded one, bf16
 rounding of GEMMs over more rows; exact in float64, tests/models/test_layer_graph_buckets.py).
 """
@@ -93,6 +96,18 @@ def vary_arms(model, shape, row, args, device, vocab) -> None:
             if plan is not None and plan.bucket is not None:
                 padding.append(plan.compact_length / plan.layout.compact_length)
         stats = graphs_of(model).stats
+        use_graphs(model.model, None)  # the auto arm learns from fresh graphs
+        model.config.shared_prefix_cuda_graphs_training = "auto"
+        auto = [_timed(model, batch, device) for batch in batches]
+        rel += [abs(loss.item() - e.item()) / max(abs(e.item()), 1e-30) for (_, loss), (_, e) in zip(auto, eager)]
+        auto_stats = graphs_of(model).stats
+        row.update(
+            vary_auto_ms=statistics.mean(ms for ms, _ in auto),
+            vary_auto_captures=auto_stats.captures,
+            vary_auto_replays=auto_stats.replays,
+            vary_auto_eager=auto_stats.eager,
+            vary_auto_choice=graphs_of(model).choice.describe(),
+        )
         row.update(
             vary_steps=len(batches),
             vary_eager_ms=statistics.mean(eager_ms),
@@ -108,6 +123,7 @@ def vary_arms(model, shape, row, args, device, vocab) -> None:
     finally:
         model.config.shared_prefix_training = sharing
         model.config.shared_prefix_cuda_graphs = False
+        model.config.shared_prefix_cuda_graphs_training = "graphs"
         use_graphs(model.model, None)
         checkpointed(model)
         if device.type == "cuda":
@@ -125,6 +141,8 @@ def summary(row) -> str:
         f"[{row['layers']}L] {row['shape']} varied x{row['vary_steps']}: eager {row['vary_eager_ms']:.0f} ms/step | "
         f"graphs {row['vary_graphs_ms']:.0f} ms/step ({row['vary_captures']} captures, median "
         f"{row['vary_graphs_capture_ms']:.0f} ms; {row['vary_replays']} replays, median "
-        f"{row['vary_graphs_replay_ms']:.0f} ms; {row['vary_evictions']} evictions), C*/C {row['vary_padding']:.3f}, "
-        f"loss rel diff <= {row['vary_loss_rel_diff']:.2e}"
+        f"{row['vary_graphs_replay_ms']:.0f} ms; {row['vary_evictions']} evictions), C*/C {row['vary_padding']:.3f} | "
+        f"auto {row['vary_auto_ms']:.0f} ms/step ({row['vary_auto_captures']} captures, {row['vary_auto_replays']} "
+        f"replays, {row['vary_auto_eager']} eager), loss rel diff <= {row['vary_loss_rel_diff']:.2e}\n"
+        f"    {row['vary_auto_choice']}"
     )

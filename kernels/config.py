@@ -91,8 +91,11 @@ SHARED_PREFIX_CUDA_GRAPHS_CACHE = "shared_prefix_cuda_graphs_cache"
 SHARED_PREFIX_CUDA_GRAPHS_BUCKETS = "shared_prefix_cuda_graphs_buckets"
 SHARED_PREFIX_PLAN_REUSE = "shared_prefix_plan_reuse"
 SHARED_PREFIX_CUDA_GRAPHS_SCORING = "shared_prefix_cuda_graphs_scoring"
-# how scoring forwards (no gradient) run while the graphs are on: a graph replay on a padded plan, or eagerly
-SCORING_MODES = ("graphs", "eager")
+SHARED_PREFIX_CUDA_GRAPHS_TRAINING = "shared_prefix_cuda_graphs_training"
+# how a kind of forward runs its layer stack while the graphs are on: a graph replay on a padded plan, eagerly on
+# the unpadded plan, or per call the way measured faster (`graphs/choice.py`)
+GRAPHS_WAYS = ("graphs", "eager", "auto")
+SCORING_MODES = GRAPHS_WAYS  # the name the bench reads
 ENV_SHARED_PREFIX_CUDA_GRAPHS = "PATCHGEN_SHARED_PREFIX_CUDA_GRAPHS"
 BOOL_FIELDS = (
     SHARED_PREFIX_TRAINING,
@@ -110,7 +113,10 @@ INT_FIELDS = {
     SHARED_PREFIX_MAX_DEPTH: (DEFAULT_MAX_DEPTH, 1, "levels of nested prefixes shared (1: one level)"),
     SHARED_PREFIX_CUDA_GRAPHS_CACHE: (2, 1, "captured layer-stack graphs kept at once, each with its memory pool"),
 }
-FIELDS = (*BOOL_FIELDS, *INT_FIELDS, SHARED_PREFIX_LEVEL_COST, SHARED_PREFIX_CUDA_GRAPHS_SCORING, "ops_implementation")
+FIELDS = (
+    *BOOL_FIELDS, *INT_FIELDS, SHARED_PREFIX_LEVEL_COST, SHARED_PREFIX_CUDA_GRAPHS_SCORING,
+    SHARED_PREFIX_CUDA_GRAPHS_TRAINING, "ops_implementation",
+)
 
 
 _UNSET = object()
@@ -179,15 +185,31 @@ def shared_prefix_cuda_graphs_buckets(config: Any) -> bool:
 
 
 def shared_prefix_cuda_graphs_scoring(config: Any) -> str:
-    """``shared_prefix_cuda_graphs_scoring`` (default ``"graphs"``): with the graphs on, how a scoring forward (no
-    gradient) runs its layer stack. ``"graphs"``: a graph replay on a plan padded to a bucket; ``"eager"``: eagerly
-    on the unpadded plan (the graphs serve training steps only), the faster where many tokens a call keep the
-    device busier than the eager launches keep the host (docs/cuda_graphs.md, "Scoring forwards")."""
-    value = field(config, SHARED_PREFIX_CUDA_GRAPHS_SCORING, "graphs")
-    if value not in SCORING_MODES:
+    """``shared_prefix_cuda_graphs_scoring`` (default ``"auto"``): with the graphs on, how a scoring forward (no
+    gradient) runs its layer stack. ``"auto"``: per call, the way this model has measured faster (`graphs/choice.py`);
+    ``"graphs"``: always a graph replay on a plan padded to a bucket; ``"eager"``: always eagerly on the unpadded
+    plan (the graphs serve training steps only), the faster where many tokens a call keep the device busier than the
+    eager launches keep the host (docs/cuda_graphs.md, "Scoring forwards" and "Replay or eager")."""
+    return _graphs_way(config, SHARED_PREFIX_CUDA_GRAPHS_SCORING)
+
+
+def shared_prefix_cuda_graphs_training(config: Any) -> str:
+    """``shared_prefix_cuda_graphs_training`` (default ``"auto"``): with the graphs on, how a training step runs its
+    layer stack: ``"auto"`` (per call, the way this model has measured faster), ``"graphs"`` (always forward and
+    backward replays on a padded plan) or ``"eager"`` (always the unpadded plan, eagerly; the graphs serve scoring
+    forwards only)."""
+    return _graphs_way(config, SHARED_PREFIX_CUDA_GRAPHS_TRAINING)
+
+
+DEFAULT_GRAPHS_WAY = "auto"  # measured on the H200 under RL-like variation: docs/cuda_graphs.md, "Replay or eager"
+
+
+def _graphs_way(config: Any, name: str) -> str:
+    value = field(config, name, DEFAULT_GRAPHS_WAY)
+    if value not in GRAPHS_WAYS:
         raise SettingError(
-            f"config field {SHARED_PREFIX_CUDA_GRAPHS_SCORING} must be one of {', '.join(map(repr, SCORING_MODES))}, "
-            f"got {value!r}: set e.g. config.{SHARED_PREFIX_CUDA_GRAPHS_SCORING} = 'eager'"
+            f"config field {name} must be one of {', '.join(map(repr, GRAPHS_WAYS))}, got {value!r}: set e.g. "
+            f"config.{name} = 'auto'"
         )
     return value
 
@@ -239,8 +261,9 @@ def check_model_config(config: Any) -> None:
                 int_field(holder, name)
         if hasattr(holder, SHARED_PREFIX_LEVEL_COST):
             shared_prefix_level_cost(holder)
-        if hasattr(holder, SHARED_PREFIX_CUDA_GRAPHS_SCORING):
-            shared_prefix_cuda_graphs_scoring(holder)
+        for name in (SHARED_PREFIX_CUDA_GRAPHS_SCORING, SHARED_PREFIX_CUDA_GRAPHS_TRAINING):
+            if hasattr(holder, name):
+                _graphs_way(holder, name)
         for key in vars(holder):
             if key not in FIELDS and (close := difflib.get_close_matches(key, FIELDS, n=1, cutoff=0.85)):
                 raise SettingError(

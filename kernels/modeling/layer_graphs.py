@@ -25,11 +25,14 @@ from ..config import (
     int_field,
     shared_prefix_cuda_graphs,
     shared_prefix_cuda_graphs_scoring,
+    shared_prefix_cuda_graphs_training,
 )
 from ..errors import CudaGraphsUnavailable
 from ..graphs import CudaGraphReplay, EagerReplay, GraphCache, StackReplay, StaticCall, call_signature
 from ..graphs.cache import Entry
+from ..graphs.choice import EAGER, REPLAY, ReplayOrEager, time_backward
 from ..graphs.replay import CudaGraphScoring, EagerScoring, replay_scoring
+from ..shared_prefix.bucket import cost
 from . import shared_prefix
 from .shared_prefix import KWARG
 
@@ -49,6 +52,7 @@ class LayerGraphs:
 
     def __init__(self, max_entries: int = 2, replay=CudaGraphReplay, scoring=None):
         self.cache = GraphCache(max_entries)
+        self.choice = ReplayOrEager()  # per call, under "auto": replay or eager (`graphs/choice.py`)
         self.replay = replay
         self.scoring = scoring or SCORING[replay]
 
@@ -61,7 +65,10 @@ class LayerGraphs:
         a plan pads to one when it fits."""
         return self.cache.held_buckets("train" if training else "score")
 
-    def __call__(self, text_model, layers_fn, hidden, position_embeddings, masks, kwargs: dict, training: bool = True) -> torch.Tensor:
+    def __call__(
+        self, text_model, layers_fn, hidden, position_embeddings, masks, kwargs: dict, training: bool = True,
+        timed: bool = False,
+    ) -> torch.Tensor:
         layers = list(text_model.layers[: text_model.config.num_hidden_layers])
         # a scoring graph captured in inference mode holds inference tensors, which plain no_grad cannot write
         mode = "train" if training else ("score", torch.is_inference_mode_enabled())
@@ -69,6 +76,9 @@ class LayerGraphs:
         key = (mode, call_signature(hidden, position_embeddings, masks, kwargs, layers, KWARG, candidates))
         _refuse_hooks(layers, candidates)
         entry = self.cache.get(key)
+        timing = None
+        if entry is not None and timed and entry.bucket is not None:  # a replay (a capture is not measured)
+            timing = self.choice.timing("train" if training else "score", REPLAY, cost(entry.bucket), hidden.device)
         if entry is None:
             self.cache.make_room()
             static = StaticCall.of(hidden, position_embeddings, masks, kwargs)
@@ -79,9 +89,18 @@ class LayerGraphs:
             else:
                 entry = Entry(static, self.scoring(layers_fn, static), [], bucket=bucket, mode="score")
             self.cache.put(key, entry)
-        entry.static.load(position_embeddings, masks, kwargs)
         if not training:
-            return replay_scoring(entry, hidden)
+            return _timed(timing, False, lambda: self._score(entry, hidden, position_embeddings, masks, kwargs))
+        return _timed(timing, True, lambda: self._train(entry, hidden, position_embeddings, masks, kwargs))
+
+    @staticmethod
+    def _score(entry, hidden, position_embeddings, masks, kwargs) -> torch.Tensor:
+        entry.static.load(position_embeddings, masks, kwargs)
+        return replay_scoring(entry, hidden)
+
+    @staticmethod
+    def _train(entry, hidden, position_embeddings, masks, kwargs) -> torch.Tensor:
+        entry.static.load(position_embeddings, masks, kwargs)
         return StackReplay.apply(entry, hidden, *entry.params)
 
 
@@ -215,13 +234,27 @@ def run_layers(text_model, layers_fn, hidden_states, position_embeddings, masks,
         # a scoring pass that wants per-layer outputs gets them eagerly: nothing to lose but the replay's speed
         return layers_fn(hidden_states, position_embeddings, masks, **kwargs)
     _refuse(text_model, graphs, hidden_states, kwargs, training)
-    if not training and shared_prefix_cuda_graphs_scoring(shared_prefix.fields_config(text_model.config)) == "eager":
-        # scoring forwards run eagerly (their plan is left unpadded under no_grad: `shared_prefix.scores_eagerly`;
-        # a frozen model scored with gradients on gets a padded one, decided before the layers know)
+    config = shared_prefix.fields_config(text_model.config)
+    way = shared_prefix_cuda_graphs_training(config) if training else shared_prefix_cuda_graphs_scoring(config)
+    mode = "train" if training else "score"
+    if way == "eager" or kwargs[KWARG].eager:
+        # eagerly, on the plan left unpadded for it (`shared_prefix.graphs_way`, or a gate that chose eager; a frozen
+        # model scored with gradients on may get a padded one, decided before the layers know: the same rows)
         graphs.stats.eager += 1
-        return layers_fn(hidden_states, position_embeddings, masks, **kwargs)
+        timing = graphs.choice.timing(mode, EAGER, kwargs[KWARG].work, hidden_states.device) if way == "auto" else None
+        return _timed(timing, training, lambda: layers_fn(hidden_states, position_embeddings, masks, **kwargs))
     # read by the loss only (HF Trainer's token count, new every step): in the key, every step would capture
     kwargs = {k: v for k, v in kwargs.items() if k not in LOSS_ONLY}
     # the layers read the plan's mixer indices only; the rest follows the packed row (its length, the LM rows)
     kwargs[KWARG] = kwargs[KWARG].for_layers()
-    return graphs(text_model, layers_fn, hidden_states, position_embeddings, masks, kwargs, training)
+    return graphs(text_model, layers_fn, hidden_states, position_embeddings, masks, kwargs, training, way == "auto")
+
+
+def _timed(timing, training: bool, run):
+    """`run()`, its forward measured into `timing` (and a training step's backward when it runs), when given."""
+    if timing is None:
+        return run()
+    timing.begin()
+    out = run()
+    timing.end()
+    return time_backward(out, timing) if training else out

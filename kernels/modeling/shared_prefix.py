@@ -22,6 +22,7 @@ from ..config import (
     shared_prefix_cuda_graphs,
     shared_prefix_cuda_graphs_buckets,
     shared_prefix_cuda_graphs_scoring,
+    shared_prefix_cuda_graphs_training,
     shared_prefix_level_cost,
     shared_prefix_min_length,
     shared_prefix_plan_reuse,
@@ -187,8 +188,9 @@ def plan_for(
         max_depth=int_field(config, SHARED_PREFIX_MAX_DEPTH),
         level_cost=shared_prefix_level_cost(config),
         chunk_aligned=bool_field(config, SHARED_PREFIX_CHUNK_ALIGNED),
-        pad_to_bucket=pads_to_bucket(config) and not scores_eagerly(config),
+        pad_to_bucket=pads_to_bucket(config) and graphs_way(config) != "eager",
         held_buckets=held_buckets(config),
+        bucket_gate=bucket_gate(config),
         build=build_plan,  # looked up here per call: tests spy on it
     )
     for observer in _observers:
@@ -202,10 +204,22 @@ def pads_to_bucket(config) -> bool:
     return shared_prefix_cuda_graphs(config) and shared_prefix_cuda_graphs_buckets(config)
 
 
-def scores_eagerly(config) -> bool:
-    """With the graphs on, a scoring forward (no gradient) that runs its layer stack eagerly on an unpadded plan
-    (``shared_prefix_cuda_graphs_scoring="eager"``)."""
-    return not torch.is_grad_enabled() and shared_prefix_cuda_graphs_scoring(config) == "eager"
+def graphs_way(config) -> str:
+    """With the graphs on, how this forward's layer stack runs: ``"graphs"``, ``"eager"`` or ``"auto"``
+    (``shared_prefix_cuda_graphs_training`` when gradients are on, else ``shared_prefix_cuda_graphs_scoring``)."""
+    if torch.is_grad_enabled():
+        return shared_prefix_cuda_graphs_training(config)
+    return shared_prefix_cuda_graphs_scoring(config)
+
+
+def bucket_gate(config):
+    """Under ``"auto"``, what decides per layout whether its plan pads to a bucket (a replay) or stays unpadded (an
+    eager call): the text model's `graphs.choice.ReplayOrEager` for this kind of forward (None before its first
+    graphed call, which then captures, and for the other ways)."""
+    if not pads_to_bucket(config) or graphs_way(config) != "auto":
+        return None
+    graphs = _graphs_of(config)
+    return None if graphs is None else graphs.choice.gate("train" if torch.is_grad_enabled() else "score")
 
 
 # id(text config) -> the layer graphs of its text model (`layer_graphs.use_graphs` registers them), so that the

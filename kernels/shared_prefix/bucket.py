@@ -354,17 +354,23 @@ def _worth(merged: tuple | None, own: tuple, needs: Needs, budget: float) -> boo
 
 def padded_host(
     layout, plan: dict, lm: dict, kernel_size: int, held=(), arena: Arena | None = None,
-    regret: PaddingRegret | None = None,
-) -> tuple[dict, tuple]:
-    """Every host array of the plan (`build_plan`'s `host`) padded to a bucket (`choose_bucket`), and the
-    bucket. `plan`: the plan's own arrays (compact_src, expand_index, cu_seqlens, positions), `lm` the LM
-    rows' (nothing pads those); the mixers' arrays are built here, padded from the start."""
+    regret: PaddingRegret | None = None, gate=None,
+) -> tuple[dict | None, tuple | None, float]:
+    """Every host array of the plan (`build_plan`'s `host`) padded to a bucket (`choose_bucket`), the bucket,
+    and the layout's own work (`cost` of its own bucket). `plan`: the plan's own arrays (compact_src, expand_index,
+    cu_seqlens, positions), `lm` the LM rows' (nothing pads those); the mixers' arrays are built here, padded from
+    the start. `gate(own work, bucket work, held)` (`graphs.choice.Gate`) may decline the bucket: then
+    `(None, None, own work)`, and the caller builds the unpadded arrays."""
     arena = arena or Arena()
     pieces = gdn_pieces(layout)
     segs, lengths, _, _, state_rows = look_back(layout, kernel_size)
     keys = layout.offset[segs] + lengths
     needs = Needs.of(layout, pieces, lengths, keys)
-    bucket = choose_bucket(needs, held) if regret is None else regret.choose(needs, held)
+    own = own_bucket(needs)
+    bucket = choose_bucket(needs, held, own) if regret is None else regret.choose(needs, held)
+    work = cost(own)
+    if gate is not None and not gate(work, cost(bucket), bucket in held):
+        return None, None, work
     c = needs.compact
     c_star = bucket[0]
     p = c_star - c
@@ -392,7 +398,7 @@ def padded_host(
         "attention": _pad_attention(layout, segs, needs, bucket[3], c, p, arena),
         "lm": lm,
     }
-    return host, bucket
+    return host, bucket, work
 
 
 _MARK = 1 << 48  # ranges starting here count rows of a padding cycle, not compact rows (see `_cycled`)

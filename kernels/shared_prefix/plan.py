@@ -52,6 +52,8 @@ class Plan:
     # padded to bucket counts (`bucket.py`): (C*, per GDN round (sequences, chunks, rows), conv (segments,
     # chunks, rows), attention (segments, keys, max_seqlen_q, max_seqlen_k)); None when not padded
     bucket: tuple | None = None
+    work: float | None = None  # the layout's own work (`bucket.cost` of its own bucket), when bucket counts were made
+    eager: bool = False  # a bucket gate declined to pad it: the layer stack runs eagerly (`graphs/choice.py`)
 
     def for_layers(self) -> Plan:
         """The plan without what only the embedding, the LM head and the expansion read (their shapes
@@ -115,6 +117,7 @@ def build_plan(
     held_buckets: tuple = (),
     device: torch.device | None = None,
     padding_regret=None,
+    bucket_gate=None,
 ) -> Plan | None:
     """Plan shared-prefix execution of one packed row, or `None` when no sequences share a prefix.
 
@@ -132,6 +135,9 @@ def build_plan(
     little more cost than its own (`bucket.choose_bucket`).
     `padding_regret`: a `bucket.PaddingRegret` choosing among held buckets by rent or buy (the bucket bench's A/B;
     None: `bucket.choose_bucket`'s fixed bound).
+    `bucket_gate`: with `pad_to_bucket`, asked per layout whether to pad (`graphs.choice.Gate`: a graph replay on
+    the bucket, or an eager call on the unpadded plan, by measured times); a declined plan is built unpadded and
+    marked `eager`.
     `device`: where the plan's index tensors go (default: the device of `input_ids`; `plan_reuse` builds from
     the host copy it made for a batch on another device).
     """
@@ -230,11 +236,14 @@ def build_plan(
         "cu_seqlens": _blocks(arena, blocks, layout.compact_length),
         "positions": positions,
     }
-    bucket = None
+    host, bucket, work = None, None, None
     compact_length = layout.compact_length
     if pad_to_bucket:
         # the mixers' arrays built padded from the start (none of the unpadded ones is built)
-        host, bucket = padded_host(layout, plan_host, lm, conv_kernel_size, held_buckets, arena, padding_regret)
+        host, bucket, work = padded_host(
+            layout, plan_host, lm, conv_kernel_size, held_buckets, arena, padding_regret, bucket_gate
+        )
+    if bucket is not None:
         compact_length = bucket[0]
     else:
         host = {
@@ -263,6 +272,8 @@ def build_plan(
         layout=layout,
         level_cost=cost,
         bucket=bucket,
+        work=work,
+        eager=pad_to_bucket and bucket is None,
     )
 
 

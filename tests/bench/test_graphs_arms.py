@@ -71,6 +71,9 @@ def test_varied_micro_batches_fill_the_row(monkeypatch):
     assert row["vary_eager_ms"] > 0 and row["vary_graphs_ms"] > 0 and row["vary_padding"] > 1.0
     assert row["vary_loss_rel_diff"] < 1e-5
     assert f"{row['vary_captures']} captures" in vary_summary(row)
+    # the auto arm: every step a capture, a replay or an eager step; eager steps once a replay was measured
+    assert row["vary_auto_captures"] + row["vary_auto_replays"] + row["vary_auto_eager"] == 6
+    assert row["vary_auto_eager"] >= 1 and row["vary_auto_ms"] > 0 and "train eager" in row["vary_auto_choice"]
     assert layer_graphs.graphs_of(model) is None and not model.config.shared_prefix_cuda_graphs
     assert all(layer.gradient_checkpointing for layer in model.model.layers)
 

@@ -13,6 +13,8 @@ from patchgen.kernels.shared_prefix import build_plan
 from tests.models import tiny
 
 OTHER_BUCKET = [(150, [40, 3, 9, 21])]
+# the replays' machinery under test: every call replays (the default "auto" would run some eagerly by measured time)
+ALWAYS_REPLAY = dict(shared_prefix_cuda_graphs_training="graphs", shared_prefix_cuda_graphs_scoring="graphs")
 
 
 def _batch(groups, seed):
@@ -50,7 +52,7 @@ def test_the_layouts_share_one_bucket_and_the_other_does_not():
 
 
 def _model(model, graphs):
-    net = tiny.build(model, "gpu", shared_prefix_training=True, shared_prefix_cuda_graphs=graphs)
+    net = tiny.build(model, "gpu", shared_prefix_training=True, shared_prefix_cuda_graphs=graphs, **ALWAYS_REPLAY)
     if graphs:
         layer_graphs.use_graphs(net.model, layer_graphs.LayerGraphs(2, replay=EagerReplay))
     return net
@@ -132,7 +134,7 @@ def test_padding_rows_get_no_gradient():
 
 
 def test_buckets_off_key_the_exact_layout():
-    graphed = tiny.build("qwen3_5", "gpu", shared_prefix_training=True, shared_prefix_cuda_graphs=True,
+    graphed = tiny.build("qwen3_5", "gpu", shared_prefix_training=True, shared_prefix_cuda_graphs=True, **ALWAYS_REPLAY,
                          shared_prefix_cuda_graphs_buckets=False)
     layer_graphs.use_graphs(graphed.model, layer_graphs.LayerGraphs(4, replay=EagerReplay))
     for i, groups in enumerate(ONE_BUCKET):
@@ -185,7 +187,8 @@ TREES = [(85, [(72, [7, 33]), (64, [6, 9, 4])]), (80, [(70, [9, 30]), (65, [4, 1
 def test_tree_plans_bucket_too():
     tree = {"shared_prefix_max_depth": 2, "shared_prefix_level_cost": 0}
     eager = tiny.build("qwen3_5", "gpu", shared_prefix_training=True, **tree)
-    graphed = tiny.build("qwen3_5", "gpu", shared_prefix_training=True, shared_prefix_cuda_graphs=True, **tree)
+    graphed = tiny.build("qwen3_5", "gpu", shared_prefix_training=True, shared_prefix_cuda_graphs=True, **tree,
+                         **ALWAYS_REPLAY)
     layer_graphs.use_graphs(graphed.model, layer_graphs.LayerGraphs(2, replay=EagerReplay))
     depths = []
     with shared_prefix.observe_plans(lambda plan, tokens: depths.append(plan.depth)):

@@ -78,8 +78,9 @@ def test_inference_mode_scoring_runs_eagerly_too():
 
 
 def test_a_wrong_mode_names_the_field_and_the_modes():
-    with pytest.raises(SettingError, match="shared_prefix_cuda_graphs_scoring must be one of 'graphs', 'eager'"):
-        tiny.build("qwen3_5", "gpu", shared_prefix_training=True, shared_prefix_cuda_graphs_scoring="auto")
+    for name in ("shared_prefix_cuda_graphs_scoring", "shared_prefix_cuda_graphs_training"):
+        with pytest.raises(SettingError, match=f"{name} must be one of 'graphs', 'eager', 'auto'"):
+            tiny.build("qwen3_5", "gpu", shared_prefix_training=True, **{name: "sometimes"})
 
 
 def test_the_graphs_fields_set_on_a_vision_language_models_composite_config_are_read():

@@ -466,4 +466,5 @@ def reference_padded_plan(plan, held=()):
         layout=plan.layout,
         level_cost=plan.level_cost,
         bucket=bucket,
+        work=cost(own_bucket(Needs.of(host_arrays(plan), plan.layout))),  # what the layout's own bucket costs
     )

@@ -58,6 +58,8 @@ def _model(graphs: bool, cache: int = 2, dtype: torch.dtype = torch.bfloat16, bu
     )
     config.shared_prefix_training = True
     config.shared_prefix_cuda_graphs = graphs
+    # the replays under test: every call replays (the default "auto" runs some eagerly by measured time)
+    config.shared_prefix_cuda_graphs_training = config.shared_prefix_cuda_graphs_scoring = "graphs"
     config.shared_prefix_cuda_graphs_cache = cache
     config.shared_prefix_cuda_graphs_buckets = buckets
     torch.manual_seed(0)

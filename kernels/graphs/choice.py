@@ -1,0 +1,223 @@
+"""Replay or run eagerly, call by call, by the time each way has taken (``"auto"`` in
+``shared_prefix_cuda_graphs_training`` and ``shared_prefix_cuda_graphs_scoring``).
+
+A replay launches the whole layer stack at once on a plan padded to a bucket (`shared_prefix/bucket.py`): the
+host is nearly free, the device does the bucket's work. An eager call runs the layout's own, unpadded plan, and
+the host launches every kernel. Which is faster depends on the shape: on the H200 at 8 layers, n=4 P=2048 rows
+keep the device busy for less time than the host takes to launch an eager stack (replays win), n=8 P=4096 rows
+for more, and there the bucket's padding costs more than the launches (eager wins, in training steps and in
+scoring forwards alike; docs/cuda_graphs.md, "Replay or eager"). No fixed rule tells the two apart on another
+device, width or length, so each model measures.
+
+What is measured: per mode (training steps, scoring forwards) and way, the time of the layer stack per unit of its
+plan's work (`bucket.cost`: the bucket's for a replay, the layout's own for an eager call). A call's time is, per
+phase (the forward; a training step's backward too), the device's time between CUDA events recorded around it, read
+once the device has passed them (no sync). That interval is what the call adds to a loop's wall time either way:
+where the host is the bound the device waits inside it for the launches, and where the device is, the host's head
+start is hidden, as it is in the loop. The host's own clock is not used on CUDA: a host that runs ahead of a busy
+device blocks on the launch queue, and would charge the call with the earlier calls' device time. The median of the
+last `window` times counts, and each way's first measured call per mode is left out (first-use compiles and
+autotuning). Calls that capture are not measured (a capture is not a replay). Off CUDA the host clock is the time.
+
+How a call is decided (`ReplayOrEager.pads`): the first call of a mode replays (a capture: the replay's time is
+learnt first, because where the host is the bound a replay is the only fast way), and until a replay has been
+measured the others replay only a held bucket; then calls run eagerly until an eager call is measured; from then
+on the way predicted faster for this layout's work. A layout whose bucket is not held would capture: it runs
+eagerly while eager is predicted faster, and otherwise too until the time eager calls lost to the predicted replays
+adds up to a capture's cost (about `capture_steps` replays, rent or buy), then captures. The losing way runs again
+after `explore_after` calls, then after twice as many each time it still loses (the times drift: other layouts,
+a warmer host), and a replay is only ever explored on a held bucket.
+
+A decision changes no number: the eager and the replayed stack run the same kernels on the same real rows, and the
+padding rows are read by no real row.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+REPLAY, EAGER = "replay", "eager"
+MODES = ("train", "score")
+
+
+@dataclass
+class Phase:
+    """The host's and the device's start and end of one phase of a measured call."""
+
+    host_start: float
+    event_start: torch.cuda.Event | None
+    host_end: float | None = None
+    event_end: torch.cuda.Event | None = None
+
+    def done(self) -> bool:
+        return self.host_end is not None and (self.event_end is None or self.event_end.query())
+
+    def ms(self) -> float:
+        if self.event_start is None:  # off CUDA the host runs the kernels: its clock is the time
+            return (self.host_end - self.host_start) * 1e3
+        return self.event_start.elapsed_time(self.event_end)
+
+
+@dataclass
+class Timing:
+    """One measured call of the layer stack: its mode, its way, its plan's work and its phases."""
+
+    mode: str
+    way: str
+    work: float
+    device: torch.device
+    phases: list[Phase] = field(default_factory=list)
+    expected: int = 1  # phases it will have: 2 for a training step (forward and backward)
+
+    def begin(self, stream=None) -> None:
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(stream if stream is not None else torch.cuda.current_stream(self.device))
+        self.phases.append(Phase(time.perf_counter(), event))
+
+    def end(self, stream=None) -> None:
+        phase = self.phases[-1]
+        if phase.event_start is not None:
+            phase.event_end = torch.cuda.Event(enable_timing=True)
+            phase.event_end.record(stream if stream is not None else torch.cuda.current_stream(self.device))
+        phase.host_end = time.perf_counter()
+
+    def done(self) -> bool:
+        return len(self.phases) == self.expected and all(p.done() for p in self.phases)
+
+
+class _BackwardClock(torch.autograd.Function):
+    """Identity on the stack's output; its backward starts the timing's backward phase, and a callback at the end
+    of the backward pass ends it (the stack's backward is over by then; what follows, the embedding's, is small
+    and the same for both ways)."""
+
+    @staticmethod
+    def forward(ctx, out, timing):
+        ctx.timing = timing
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        timing = ctx.timing
+        stream = torch.cuda.current_stream(grad.device) if grad.device.type == "cuda" else None
+        timing.begin(stream)
+        torch.autograd.Variable._execution_engine.queue_callback(lambda: timing.end(stream))
+        return grad, None
+
+
+def time_backward(out: torch.Tensor, timing: Timing | None) -> torch.Tensor:
+    """`out`, with the backward phase of a training step's `timing` measured when its backward runs."""
+    if timing is None or not out.requires_grad:
+        return out
+    timing.expected = 2
+    return _BackwardClock.apply(out, timing)
+
+
+class Gate:
+    """What `build_plan` asks whether to pad a layout to its bucket (`bucket.padded_host`); one per mode and
+    chooser, so that equal plans built under it compare equal in `plan_reuse`'s key."""
+
+    def __init__(self, choice: ReplayOrEager, mode: str):
+        self.choice, self.mode = choice, mode
+
+    def __call__(self, own_work: float, bucket_work: float, held: bool) -> bool:
+        return self.choice.pads(self.mode, own_work, bucket_work, held)
+
+
+class ReplayOrEager:
+    """Per mode, replay or eager for each call, by the times measured so far (see the module docstring)."""
+
+    def __init__(self, explore_after: int = 8, explore_cap: int = 256, window: int = 5, skip_first: int = 1,
+                 capture_steps: float = 4.0, keep: int = 32):
+        self.explore_after, self.explore_cap = explore_after, explore_cap
+        self.window, self.skip_first, self.capture_steps, self.keep = window, skip_first, capture_steps, keep
+        self.samples: dict[tuple[str, str], deque] = {}  # (mode, way) -> the last ms per unit of work
+        self.skipped: dict[tuple[str, str], int] = {}
+        self.waited: dict[tuple[str, str], int] = {}  # calls since the way last ran
+        self.interval: dict[tuple[str, str], int] = {}  # calls the losing way waits before it runs again
+        self.owed: dict[str, float] = {}  # ms eager calls lost to replays of buckets not held (rent)
+        self.best: dict[str, str] = {}
+        self.pending: list[Timing] = []
+        self.decided: dict[tuple[str, str], int] = {}  # calls run each way (for reports and tests)
+        self._gates = {mode: Gate(self, mode) for mode in MODES}
+
+    def gate(self, mode: str) -> Gate:
+        return self._gates[mode]
+
+    def timing(self, mode: str, way: str, work: float | None, device: torch.device) -> Timing | None:
+        """A timing to fill for one call (None without a work figure: nothing to compare it with)."""
+        if work is None or work <= 0:
+            return None
+        timing = Timing(mode, way, float(work), torch.device(device))
+        self.pending.append(timing)
+        del self.pending[: -self.keep]  # a training forward whose backward never ran is never done: forgotten
+        return timing
+
+    def measured_ms(self, timing: Timing) -> float:
+        return sum(phase.ms() for phase in timing.phases)
+
+    def harvest(self) -> None:
+        """Fold the finished timings into the rates (the device has passed their events: no wait)."""
+        still = []
+        for timing in self.pending:
+            if not timing.done():
+                still.append(timing)
+                continue
+            key = (timing.mode, timing.way)
+            if self.skipped.get(key, 0) < self.skip_first:
+                self.skipped[key] = self.skipped.get(key, 0) + 1
+                continue
+            self.samples.setdefault(key, deque(maxlen=self.window)).append(self.measured_ms(timing) / timing.work)
+        self.pending = still
+
+    @property
+    def rates(self) -> dict[tuple[str, str], float]:
+        """(mode, way) -> ms per unit of work: the median of the last `window` measured calls."""
+        return {key: statistics.median(values) for key, values in self.samples.items() if values}
+
+    def predicted_ms(self, mode: str, way: str, work: float) -> float | None:
+        values = self.samples.get((mode, way))
+        return statistics.median(values) * work if values else None
+
+    def pads(self, mode: str, own_work: float, bucket_work: float, held: bool) -> bool:
+        """Whether a call of `mode` replays on its bucket (True: pad the plan) or runs eagerly on its own plan."""
+        self.harvest()
+        replay, eager = self.predicted_ms(mode, REPLAY, bucket_work), self.predicted_ms(mode, EAGER, own_work)
+        if replay is None:  # the first call captures; until a replay is measured, others replay only a held bucket
+            return self._run(mode, REPLAY if held or not self.decided.get((mode, REPLAY)) else EAGER)
+        if eager is None:
+            return self._run(mode, EAGER)
+        if held or eager <= replay:
+            best = REPLAY if replay < eager else EAGER
+        else:  # a capture: rent (eager) until what the replays would have saved pays for it
+            self.owed[mode] = self.owed.get(mode, 0.0) + eager - replay
+            best = REPLAY if self.owed[mode] >= self.capture_steps * replay else EAGER
+        if best == REPLAY and not held:
+            self.owed[mode] = 0.0
+        other = EAGER if best == REPLAY else REPLAY
+        if self.best.get(mode) != best:  # the loser starts waiting anew
+            self.best[mode] = best
+            self.interval[(mode, other)] = self.explore_after
+        waited = self.waited.get((mode, other), 0)
+        if waited >= self.interval[(mode, other)] and (other == EAGER or held):
+            self.interval[(mode, other)] = min(2 * self.interval[(mode, other)], self.explore_cap)
+            return self._run(mode, other)
+        return self._run(mode, best)
+
+    def _run(self, mode: str, way: str) -> bool:
+        other = EAGER if way == REPLAY else REPLAY
+        self.waited[(mode, way)] = 0
+        self.waited[(mode, other)] = self.waited.get((mode, other), 0) + 1
+        self.decided[(mode, way)] = self.decided.get((mode, way), 0) + 1
+        return way == REPLAY
+
+    def describe(self) -> str:
+        rates = ", ".join(f"{m} {w} {r:.4g} ms/unit" for (m, w), r in sorted(self.rates.items()))
+        calls = ", ".join(f"{m} {w} {n}" for (m, w), n in sorted(self.decided.items()))
+        return f"replay or eager: rates {rates or 'none yet'}; calls {calls or 'none'}"

@@ -1,0 +1,152 @@
+"""``"auto"`` in `shared_prefix_cuda_graphs_training` / `_scoring`: per call, a graph replay on the padded bucket or an
+eager call on the unpadded plan, whichever this model has measured faster (`graphs/choice.py`).
+
+The chooser's rules on measured times fed in; then the models (CPU, float64, `EagerReplay`): whichever way a call
+runs, loss, logits and gradients are the model's without graphs, and the plan is padded exactly when it replays;
+CPU timings are measured (host clock) for both ways and both modes."""
+
+import pytest
+import torch
+from patchgen.kernels.graphs import EagerReplay
+from patchgen.kernels.graphs.choice import EAGER, REPLAY, Phase, ReplayOrEager
+from patchgen.kernels.modeling import layer_graphs, shared_prefix
+
+from tests.models import tiny
+
+
+def _measure(choice, mode, way, work, ms):
+    timing = choice.timing(mode, way, work, torch.device("cpu"))
+    timing.phases.append(Phase(0.0, None, ms / 1e3))
+
+
+def _learnt(replay_rate, eager_rate, mode="score"):
+    """A chooser past its first calls, with these ms per unit of work measured for each way (after a first call each
+    way that is left out: a compile's time)."""
+    choice = ReplayOrEager()
+    assert choice.pads(mode, 100, 110, held=False)  # the first call captures
+    for ms in (1e4, 110 * replay_rate):
+        assert choice.pads(mode, 100, 110, held=True)  # replays until one is measured
+        _measure(choice, mode, REPLAY, 110, ms)
+    for ms in (1e4, 100 * eager_rate):
+        assert not choice.pads(mode, 100, 110, held=True)  # then eager calls until one is measured
+        _measure(choice, mode, EAGER, 100, ms)
+    return choice
+
+
+def test_the_first_call_captures_and_until_a_replay_is_measured_only_a_held_bucket_replays():
+    choice = ReplayOrEager()
+    assert choice.pads("train", 100, 110, held=False)
+    assert not choice.pads("train", 100, 120, held=False)  # another capture would not be measured either
+    assert choice.pads("train", 100, 110, held=True)
+    assert choice.pads("score", 100, 110, held=False)  # each mode learns on its own
+
+
+def test_the_way_measured_faster_runs_and_the_other_is_tried_again_after_doubling_waits():
+    choice = _learnt(replay_rate=1.0, eager_rate=2.0)  # the host is the bound: eager is twice as slow
+    ways = [choice.pads("score", 100, 110, held=True) for _ in range(130)]
+    eager_calls = [i + 1 for i, replays in enumerate(ways) if not replays]
+    assert eager_calls == [9, 26, 59, 124]  # after 8, 16, 32 and 64 replays
+
+
+def test_where_eager_is_faster_a_held_bucket_is_still_retried_but_an_unheld_one_never_captures():
+    choice = _learnt(replay_rate=1.3, eager_rate=1.0)  # padding costs more than the launches
+    unheld = [choice.pads("score", 100, 110, held=False) for _ in range(40)]
+    assert not any(unheld)
+    held = [choice.pads("score", 100, 110, held=True) for _ in range(9)]
+    assert held == [True] + [False] * 8  # waited since the last replay: tried once, then eager again
+
+
+def test_a_bucket_not_held_captures_once_the_eager_calls_have_lost_a_captures_worth():
+    choice = _learnt(replay_rate=1.0, eager_rate=1.5)  # replays would save 50 ms a call of 100 units
+    ways = [choice.pads("score", 100, 100, held=False) for _ in range(10)]
+    # a capture costs capture_steps (4) replays, 400 ms: the eighth call has lost 400 ms, and captures
+    assert ways == [False] * 7 + [True] + [False] * 2
+
+
+def test_the_rate_is_the_median_of_the_last_measured_calls_after_the_first():
+    choice = _learnt(replay_rate=1.0, eager_rate=2.0)
+    choice.harvest()
+    assert choice.rates == {("score", REPLAY): 1.0, ("score", EAGER): 2.0}  # the first 1e4 ms calls left out
+    for rate in (3.0, 50.0, 2.5, 2.2, 2.4, 2.6):  # one outlier among them; the window holds the last 5
+        _measure(choice, "score", EAGER, 50, 50 * rate)
+    choice.harvest()
+    assert choice.rates[("score", EAGER)] == pytest.approx(2.5)
+
+
+def test_a_training_forward_whose_backward_never_runs_is_forgotten():
+    choice = ReplayOrEager(keep=4)
+    timing = choice.timing("train", EAGER, 10, torch.device("cpu"))
+    timing.expected = 2
+    timing.begin()
+    timing.end()
+    for _ in range(4):
+        _measure(choice, "train", REPLAY, 10, 10)
+    assert timing not in choice.pending and len(choice.pending) == 4
+
+
+class Fixed(ReplayOrEager):
+    """Measured times as set: `rates` ms per unit of work, whatever the host clock says."""
+
+    def __init__(self, replay_rate, eager_rate):
+        super().__init__()
+        self.fixed = {REPLAY: replay_rate, EAGER: eager_rate}
+
+    def measured_ms(self, timing):
+        return self.fixed[timing.way] * timing.work
+
+
+def _models(choice=None):
+    plain = tiny.build("qwen3_5", "gpu", shared_prefix_training=True)
+    graphed = tiny.build(
+        "qwen3_5", "gpu", shared_prefix_training=True, shared_prefix_cuda_graphs=True,
+        shared_prefix_cuda_graphs_training="auto", shared_prefix_cuda_graphs_scoring="auto",
+    )
+    graphs = layer_graphs.LayerGraphs(4, replay=EagerReplay)
+    if choice is not None:
+        graphs.choice = choice
+    layer_graphs.use_graphs(graphed.model, graphs)
+    return plain, graphed, graphs
+
+
+def _step(net, seed, train):
+    """Loss and gradients (training) or logits (scoring) of one GRPO micro-batch, and its plan."""
+    ids, cu, prompt = tiny.grpo_batch([(70, [5, 9, 3])], seed=seed)
+    plans = []
+    net.zero_grad(set_to_none=True)
+    with shared_prefix.observe_plans(lambda plan, tokens: plans.append(plan)), torch.set_grad_enabled(train):
+        out = net(input_ids=ids, labels=ids.masked_fill(prompt, -100) if train else None, **tiny.packed_kwargs(cu))
+        if train:
+            out.loss.backward()
+            return (out.loss.detach(), tiny.grads(net)), plans[0]
+    return out.logits, plans[0]
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["training", "scoring"])
+@pytest.mark.parametrize("rates", [(1.0, 2.0), (1.3, 1.0)], ids=["replays-faster", "eager-faster"])
+def test_either_way_a_call_gives_the_numbers_of_the_model_without_graphs(train, rates):
+    plain, graphed, graphs = _models(Fixed(*rates))
+    ways = []
+    for seed in range(1, 13):
+        want, _ = _step(plain, seed, train)
+        got, plan = _step(graphed, seed, train)
+        ways.append(EAGER if plan.eager else REPLAY)
+        assert (plan.bucket is None) == plan.eager  # padded exactly when it replays
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+    mode = "train" if train else "score"
+    faster = REPLAY if rates[0] < rates[1] else EAGER
+    # a capture, two replays and two eager calls (the first of each left out), then the faster way (the other
+    # tried again once 8 calls have passed since it last ran)
+    assert ways[:5] == [REPLAY, REPLAY, REPLAY, EAGER, EAGER] and ways[5:].count(faster) >= 6, ways
+    assert graphs.stats.eager == ways.count(EAGER)
+    assert set(graphs.choice.rates) == {(mode, REPLAY), (mode, EAGER)}
+
+
+def test_on_the_cpu_both_ways_are_measured_by_the_host_clock_in_both_modes():
+    _, graphed, graphs = _models()
+    for seed in range(1, 6):  # a capture, two replays, two eager calls
+        _step(graphed, seed, True)
+        _step(graphed, seed, False)
+    graphs.choice.harvest()
+    assert set(graphs.choice.rates) == {(m, w) for m in ("train", "score") for w in (REPLAY, EAGER)}
+    assert all(rate > 0 for rate in graphs.choice.rates.values())
+    assert "train replay" in graphs.choice.describe()
