@@ -10,7 +10,7 @@ from typing import Any
 
 from .errors import SettingError
 from .registry import SLOTS
-from .shared_prefix.level_cost import parse_level_cost
+from .shared_prefix.level_cost import ENV_LEVEL_COST, parse_level_cost
 from .shared_prefix.plan import DEFAULT_MAX_DEPTH
 
 AUTO = "auto"
@@ -67,9 +67,11 @@ def from_env(slot: str, environ: Mapping[str, str] | None = None) -> str | None:
 
 
 def check_environment(environ: Mapping[str, str] | None = None) -> None:
-    """Refuse a ``PATCHGEN_OPS_*`` (or ``PATCHGEN_OP_*``) variable that names no op slot.
+    """Refuse a ``PATCHGEN_OPS_*`` (or ``PATCHGEN_OP_*``) variable that names no op slot, and a
+    ``PATCHGEN_SHARED_PREFIX_*`` one that names no shared-prefix setting.
 
-    A misspelt variable would otherwise be ignored and ``auto`` would silently pick another kernel.
+    A misspelt variable would otherwise be ignored: ``auto`` would silently pick another kernel, a
+    shared-prefix setting would silently keep its default. Read when op slots are resolved (a model's build).
     """
     environ = os.environ if environ is None else environ
     known = [env_var(slot) for slot in SLOTS]
@@ -78,6 +80,13 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
             raise SettingError(
                 f"environment variable {key}={environ[key]!r} names no op slot{_did_you_mean(key, known)}; "
                 f"the op-slot variables are {ENV_PREFIX}<SLOT> for the slots {', '.join(SLOTS)}: rename or unset it"
+            )
+        # PATCHGEN_SHARED, not the whole prefix: a typo inside the prefix (PATCHGEN_SHARED_PERFIX_...) is caught too
+        if key.startswith("PATCHGEN_SHARED") and key not in SHARED_PREFIX_ENV_VARS:
+            raise SettingError(
+                f"environment variable {key}={environ[key]!r} is not one patchgen reads{_shared_prefix_hint(key)}; "
+                f"the shared-prefix variables are {', '.join(SHARED_PREFIX_ENV_VARS)} (the other shared_prefix_* "
+                "settings are model config fields): rename or unset it"
             )
 
 
@@ -97,6 +106,7 @@ SHARED_PREFIX_CUDA_GRAPHS_TRAINING = "shared_prefix_cuda_graphs_training"
 GRAPHS_WAYS = ("graphs", "eager", "auto")
 SCORING_MODES = GRAPHS_WAYS  # the name the bench reads
 ENV_SHARED_PREFIX_CUDA_GRAPHS = "PATCHGEN_SHARED_PREFIX_CUDA_GRAPHS"
+SHARED_PREFIX_ENV_VARS = (ENV_SHARED_PREFIX_CUDA_GRAPHS, ENV_LEVEL_COST)
 BOOL_FIELDS = (
     SHARED_PREFIX_TRAINING,
     SHARED_PREFIX_VERIFY,
@@ -281,6 +291,17 @@ def store_ops_implementation_as_dict(config: Any) -> None:
         value = getattr(holder, "ops_implementation", None) if holder is not None else None
         if isinstance(value, OpsImplementationConfig):
             holder.ops_implementation = {slot: name for slot, name in asdict(value).items() if name != AUTO}
+
+
+def _shared_prefix_hint(variable: str) -> str:
+    """What a misspelt ``PATCHGEN_SHARED_PREFIX_*`` variable was likely meant to be: a config field written as a
+    variable, else the variable one typo away (the 0.85 cutoff of the config-field check: the long common prefix
+    makes every name look close at 0.6)."""
+    field_name = "shared_prefix_" + variable.removeprefix("PATCHGEN_SHARED_PREFIX_").lower()
+    if field_name in FIELDS:
+        return f" ({field_name} is a model config field, not a variable: set config.{field_name})"
+    close = difflib.get_close_matches(variable, SHARED_PREFIX_ENV_VARS, n=1, cutoff=0.85)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def _did_you_mean(name: str, choices) -> str:

@@ -37,8 +37,9 @@ def resolve_packed(kwargs: dict, position_ids, tokens: torch.Tensor, cache=None,
     kwargs unchanged for an unpacked batch; else with ``cu_seq_lens_q/k`` and a ``PackedRow`` (whose
     host copy of the boundaries the mixers reuse). Raises ``PackedMetadataError`` for boundaries that
     do not fit the row, ``cu_seq_lens_k`` different from ``cu_seq_lens_q``, positions that do not
-    restart at 0 at every sequence start and count up by one within it, and a batch of several rows
-    whose positions restart inside a row. Under a padding ``attention_mask`` only restarts on real
+    restart at 0 at every sequence start and count up by one within it, a batch of several rows
+    whose positions restart inside a row, ``max_length_q/k`` shorter than the longest sequence, and
+    ``input_ids`` without a batch dimension. Under a padding ``attention_mask`` only restarts on real
     tokens count: pads sit at 0 in a padded batch (``clip(cumsum(mask) - 1, 0)``).
 
     ``uploaded``: the `host_rows.HostRow` of a row the top model uploaded; its boundaries and positions are
@@ -46,6 +47,7 @@ def resolve_packed(kwargs: dict, position_ids, tokens: torch.Tensor, cache=None,
     """
     if kwargs.get(PACKED_ROW) is not None:
         return kwargs  # checked by the top model already
+    _refuse_missing_batch_dim(tokens, kwargs)
     batch, length = tokens.shape[:2]
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if cu_q is None and cu_k is not None:
@@ -73,6 +75,7 @@ def resolve_packed(kwargs: dict, position_ids, tokens: torch.Tensor, cache=None,
             return kwargs
         kwargs = {**kwargs, "cu_seq_lens_q": cu_q, "cu_seq_lens_k": cu_q}
         host = cu_q.cpu()
+        _check_max_lengths(kwargs, host)
         if not padded and positions is not None and (position_ids.ndim == 2 or position_ids.shape[0] == 4):
             source = "from seq_idx" if seq_idx is not None else "restarting at 0, no cu_seq_lens_q"
             _check_positions(positions, cu_q, f"position_ids ({source})")
@@ -86,6 +89,7 @@ def resolve_packed(kwargs: dict, position_ids, tokens: torch.Tensor, cache=None,
                     f"cu_seq_lens_k {cu_k.tolist()} differs from cu_seq_lens_q {host.tolist()}: a packed row attends "
                     "within each of its own sequences, so both must be the same boundaries (pass cu_seq_lens_q as both)"
                 )
+        _check_max_lengths(kwargs, host)
         if cache is not None:
             raise PackedMetadataError(
                 "a packed row (cu_seq_lens_q) with a cache: the cached (generation) path runs one sequence per batch "
@@ -97,6 +101,41 @@ def resolve_packed(kwargs: dict, position_ids, tokens: torch.Tensor, cache=None,
             _check_positions(positions, cu_q, "position_ids")
     row = packed_row({**kwargs, PACKED_ROW: None}, batch, length, tokens.device, host=host)
     return {**kwargs, PACKED_ROW: row}
+
+
+def _refuse_missing_batch_dim(tokens: torch.Tensor, kwargs: dict) -> None:
+    """Raise for ``input_ids`` ``[T]`` (or ``inputs_embeds`` ``[T, d]``): a packed row is one batch row ``[1, T]``."""
+    embeds = tokens.is_floating_point()
+    if tokens.ndim >= (3 if embeds else 2):
+        return
+    name, fix = ("inputs_embeds", "inputs_embeds.unsqueeze(0)") if embeds else ("input_ids", "input_ids.unsqueeze(0)")
+    packed = " with cu_seq_lens_q" if kwargs.get("cu_seq_lens_q") is not None else ""
+    raise PackedMetadataError(
+        f"{name} of shape {tuple(tokens.shape)}{packed} has no batch dimension: the model takes rows [batch, T], "
+        f"and a packed row is one row [1, T] holding every sequence. Pass {fix} (and position_ids / labels as "
+        "[1, T] likewise)"
+    )
+
+
+def _check_max_lengths(kwargs: dict, host_cu: torch.Tensor) -> None:
+    """Raise for a caller's ``max_length_q`` / ``max_length_k`` shorter than the longest sequence of ``host_cu``.
+
+    Flash-style varlen kernels size their launch by these (flash-attn 2 launches ``ceil(max_length_q / block)``
+    query blocks per sequence), so a short one can leave the later tokens of a longer sequence uncomputed: wrong
+    outputs, no error. A larger one only costs idle blocks. Read off the host copy of the boundaries: no sync.
+    """
+    longest = int(host_cu.diff().max()) if host_cu.numel() > 1 else 0
+    for name in ("max_length_q", "max_length_k"):
+        given = kwargs.get(name)
+        if isinstance(given, torch.Tensor) and given.device.type != "cpu":
+            continue  # reading it would wait for the device; the kernels read it as given
+        if given is not None and int(given) < longest:
+            raise PackedMetadataError(
+                f"{name}={int(given)} is shorter than the longest sequence of the packed row ({longest} tokens; "
+                f"boundaries {host_cu.tolist()}): the varlen attention kernels would leave that sequence's tokens "
+                f"past {int(given)} uncomputed and give wrong outputs without an error. Pass {name}={longest} "
+                "(the largest of cu_seq_lens_q.diff()), or leave it out and it is read from the boundaries"
+            )
 
 
 def has_padding(attention_mask) -> bool:

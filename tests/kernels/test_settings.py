@@ -1,5 +1,7 @@
 """Misspelt or ill-valued patchgen settings are errors naming the setting as the user wrote it (issue 14, item 6)."""
 
+import re
+
 import pytest
 from patchgen.kernels import ops, registry
 from patchgen.kernels.config import check_environment, check_model_config, shared_prefix_min_length
@@ -92,3 +94,17 @@ def test_a_flag_set_after_the_build_to_a_string_is_refused_not_read_as_true(name
     ids, cu, _ = tiny.grpo_batch([(70, [5, 9, 3])], seed=1)
     with pytest.raises(SettingError, match=f"config field {name} must be True or False, got 'false'"):
         net(input_ids=ids, labels=ids, **tiny.packed_kwargs(cu))
+
+
+@pytest.mark.parametrize(("variable", "meant"), [
+    ("PATCHGEN_SHARED_PREFIX_LEVELCOST", "did you mean PATCHGEN_SHARED_PREFIX_LEVEL_COST?"),
+    ("PATCHGEN_SHARED_PERFIX_CUDA_GRAPHS", "did you mean PATCHGEN_SHARED_PREFIX_CUDA_GRAPHS?"),
+    ("PATCHGEN_SHARED_PREFIX_TRAINING", "shared_prefix_training is a model config field"),
+])
+def test_misspelt_shared_prefix_variable_is_an_error_naming_what_was_meant(variable, meant):
+    with pytest.raises(SettingError, match=re.escape(f"{variable}='1' is not one patchgen reads ({meant}")):
+        check_environment({variable: "1"})
+
+
+def test_every_shared_prefix_variable_is_accepted():
+    check_environment({"PATCHGEN_SHARED_PREFIX_CUDA_GRAPHS": "1", "PATCHGEN_SHARED_PREFIX_LEVEL_COST": "auto"})

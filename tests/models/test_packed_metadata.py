@@ -238,3 +238,59 @@ def test_a_row_packed_by_position_ids_with_a_padded_tail_is_refused():
     mask = (torch.arange(padded.shape[1]) < ids.shape[1]).long().unsqueeze(0)
     with pytest.raises(ValueError, match="attention_mask with padding on a packed row"):
         net(input_ids=padded, attention_mask=mask, position_ids=positions)
+
+
+def _call(net, callee):
+    return net if callee == "model" else net.model
+
+
+@pytest.mark.parametrize("callee", ["model", "backbone"])
+@pytest.mark.parametrize("name", ["max_length_q", "max_length_k"])
+@pytest.mark.parametrize("flag", [False, True])
+def test_a_max_length_shorter_than_the_longest_sequence_is_refused(flag, name, callee):
+    """Flash-style varlen kernels launch max_length_q / block queries per sequence: a short one leaves the later
+    tokens uncomputed, silently (CPU's reference attention ignores it, so only the check can tell)."""
+    net = tiny.build("qwen3_5", "gpu", shared_prefix_training=flag)
+    ids, cu, _ = _row()
+    longest = max(LENGTHS)
+    kwargs = {**tiny.packed_kwargs(cu), name: longest - 1}
+    with pytest.raises(PackedMetadataError, match=(
+        rf"{name}={longest - 1} is shorter than the longest sequence of the packed row \({longest} tokens; "
+        rf"boundaries \[0, 23, 28, 68, 69\]\).* Pass {name}={longest}"
+    )):
+        _call(net, callee)(input_ids=ids, **kwargs)
+
+
+def test_a_max_length_shorter_than_a_sequence_of_restarting_positions_is_refused():
+    net = tiny.build("qwen3_5", "gpu")
+    ids, _, positions = _row()
+    with pytest.raises(PackedMetadataError, match="max_length_q=10 is shorter than the longest sequence"):
+        net(input_ids=ids, position_ids=positions, max_length_q=10)
+
+
+@pytest.mark.parametrize("flag", [False, True])
+def test_a_max_length_longer_than_the_longest_sequence_is_accepted(flag):
+    net = tiny.build("qwen3_5", "gpu", shared_prefix_training=flag)
+    ids, cu, _ = _row()
+    roomy = {**tiny.packed_kwargs(cu), "max_length_q": ids.shape[1], "max_length_k": ids.shape[1]}
+    assert torch.equal(net(input_ids=ids, **roomy).logits, net(input_ids=ids, **tiny.packed_kwargs(cu)).logits)
+
+
+@pytest.mark.parametrize("callee", ["model", "backbone"])
+@pytest.mark.parametrize("flag", [False, True])
+def test_input_ids_without_the_batch_dimension_are_refused_naming_the_fix(flag, callee):
+    net = tiny.build("qwen3_5", "gpu", shared_prefix_training=flag)
+    ids, cu, _ = _row()
+    with pytest.raises(PackedMetadataError, match=(
+        r"input_ids of shape \(69,\) with cu_seq_lens_q has no batch dimension: the model takes rows \[batch, T\], "
+        r"and a packed row is one row \[1, T\] holding every sequence. Pass input_ids.unsqueeze\(0\)"
+    )):
+        _call(net, callee)(input_ids=ids[0], **tiny.packed_kwargs(cu))
+
+
+def test_inputs_embeds_without_the_batch_dimension_are_refused_naming_the_fix():
+    net = tiny.build("qwen3_5", "gpu")
+    ids, cu, _ = _row()
+    embeds = net.get_input_embeddings()(ids)[0]
+    with pytest.raises(PackedMetadataError, match=r"inputs_embeds of shape \(69, 32\) .*Pass inputs_embeds.unsqueeze\(0\)"):
+        net(inputs_embeds=embeds, **tiny.packed_kwargs(cu))

@@ -48,3 +48,11 @@ def test_a_bad_level_cost_in_the_environment_names_the_variable_at_forward(monke
     ids, cu = tiny.packed_batch([10, 10], shared=6, seed=1)
     with pytest.raises(SettingError, match="PATCHGEN_SHARED_PREFIX_LEVEL_COST='-5' must be a whole number"):
         net(input_ids=ids, **tiny.packed_kwargs(cu))
+
+
+def test_a_misspelt_shared_prefix_variable_fails_at_model_build_naming_the_variable_meant(monkeypatch):
+    """Read nowhere, the misspelt variable would leave the graphs off without a word."""
+    monkeypatch.setenv("PATCHGEN_SHARED_PREFIX_CUDA_GRAPH", "1")
+    with pytest.raises(SettingError, match=r"PATCHGEN_SHARED_PREFIX_CUDA_GRAPH='1' is not one patchgen reads "
+                                           r"\(did you mean PATCHGEN_SHARED_PREFIX_CUDA_GRAPHS\?\)"):
+        tiny.build("qwen3_5", "gpu", shared_prefix_training=True)
