@@ -109,7 +109,7 @@ from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config, Qwe
 from patchgen.kernels import ops
 from patchgen.kernels.modeling import fields, host_rows, layer_graphs, shared_prefix, verify
 from patchgen.kernels.modeling.boundaries import resolve_packed
-from patchgen.kernels.modeling.generation import slot_rows, starts_from_zero_state, use_cache_for
+from patchgen.kernels.modeling.generation import settle_use_cache, slot_rows, starts_from_zero_state, use_cache_for
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
 from patchgen.kernels.modeling.packing import PACKED_ROW, packed_max_lengths, packed_row, varlen_attention, warn_dropout_unapplied, without_packed
 from patchgen.kernels.modeling.plain_modules import conv_weight, plain_linears
@@ -1998,8 +1998,7 @@ class Qwen3_5ForConditionalGeneration(Qwen3_5PreTrainedModel, GenerationMixin):
                 mm_encoder_outputs=mm_encoder_outputs, **kwargs,
             ))
         request = HeadRequest.pop(kwargs, uploaded)
-        asked_for_cache = kwargs.get("use_cache")  # the config's use_cache is no request to keep a packed row's cache
-        kwargs["use_cache"] = use_cache_for(asked_for_cache, cache, self.config, self)
+        asked_for_cache = settle_use_cache(kwargs, cache, self.config, self)
         if pixel_values is None and pixel_values_videos is None:
             kwargs = resolve_packed(
                 kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache, attention_mask=attention_mask, uploaded=uploaded

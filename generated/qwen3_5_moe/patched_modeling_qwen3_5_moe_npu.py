@@ -114,7 +114,7 @@ from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5Moe
 from patchgen.kernels import ops
 from patchgen.kernels.modeling import fields, host_rows, layer_graphs, shared_prefix, verify
 from patchgen.kernels.modeling.boundaries import resolve_packed
-from patchgen.kernels.modeling.generation import routed_tokens_mask, slot_rows, starts_from_zero_state, use_cache_for
+from patchgen.kernels.modeling.generation import routed_tokens_mask, settle_use_cache, slot_rows, starts_from_zero_state, use_cache_for
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
 from patchgen.kernels.modeling.packing import PACKED_ROW, packed_max_lengths, packed_row, varlen_attention, warn_dropout_unapplied, without_packed
 from patchgen.kernels.modeling.plain_modules import conv_weight, plain_linears
@@ -2211,7 +2211,7 @@ class Qwen3_5MoeForConditionalGeneration(Qwen3_5MoePreTrainedModel, GenerationMi
         output_router_logits = (
             output_router_logits if output_router_logits is not None else self.config.text_config.output_router_logits
         )
-        kwargs["use_cache"] = use_cache_for(kwargs.get("use_cache"), cache, self.config, self)
+        asked_for_cache = settle_use_cache(kwargs, cache, self.config, self)
         if pixel_values is None and pixel_values_videos is None:
             kwargs = resolve_packed(
                 kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache, attention_mask=attention_mask, uploaded=uploaded
@@ -2223,7 +2223,7 @@ class Qwen3_5MoeForConditionalGeneration(Qwen3_5MoePreTrainedModel, GenerationMi
             input_ids=input_ids,
             position_ids=position_ids,
             cache=cache,
-            use_cache=kwargs.get("use_cache"),
+            use_cache=asked_for_cache,
             kwargs=kwargs,
             pixel_values=pixel_values,
             pixel_values_videos=pixel_values_videos,

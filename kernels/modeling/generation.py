@@ -29,6 +29,15 @@ def use_cache_for(use_cache, cache, config, module) -> bool:
     return bool(getattr(text, "use_cache", False))
 
 
+def settle_use_cache(kwargs: dict, cache, config, module) -> bool | None:
+    """Sets ``kwargs["use_cache"]`` to what the text model reads (``use_cache_for``) and returns the caller's own
+    ``use_cache`` (None when not given), for the shared-prefix plan: the config's default is no request to keep
+    a packed row's cache, so a row scored in eval mode or under ``no_grad`` is still shared."""
+    asked_for_cache = kwargs.get("use_cache")
+    kwargs["use_cache"] = use_cache_for(asked_for_cache, cache, config, module)
+    return asked_for_cache
+
+
 def starts_from_zero_state(cache, layer_idx: int) -> bool:
     """True when this linear-attention layer of ``cache`` holds no state yet (a prefill), so the op slots can run it.
 

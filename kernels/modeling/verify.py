@@ -82,6 +82,15 @@ def bound(dtype: torch.dtype, scale: float) -> float:
     return BOUNDS.get(dtype, BOUNDS[torch.float32]) * max(1.0, scale)
 
 
+def compute_dtype(model, device: torch.device) -> torch.dtype:
+    """The dtype the model computes in, which sets the bound: autocast's where it is on, else the least precise of its
+    weights'. Not the log-probs': the head upcasts them to float32 whatever the model runs in."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    weights = {p.dtype for p in model.parameters() if p.dtype in BOUNDS}
+    return max(weights, key=BOUNDS.__getitem__, default=torch.float32)
+
+
 def run(model, call: dict):
     """Run ``call`` shared and packed, compare, and return the shared output or, on a mismatch, the packed one."""
     current = state(model)
@@ -91,7 +100,7 @@ def run(model, call: dict):
         with _flag(current, "packed_only"), torch.no_grad():
             packed = model(**call)
     tokens = call["input_ids"].shape[-1]
-    dtype = shared.log_probs.dtype
+    dtype = compute_dtype(model, call["input_ids"].device)
     diffs = {"log_probs": (shared.log_probs.detach() - packed.log_probs).abs().max().item()}
     scale = packed.log_probs.abs().max().item()
     if shared.loss is not None and packed.loss is not None:

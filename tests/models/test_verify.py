@@ -96,3 +96,38 @@ def test_a_row_marked_by_seq_idx_alone_is_verified(monkeypatch):
     out = net(input_ids=ids, labels=ids, seq_idx=seq_idx)
     assert verify.state(net).checks == 1 and len(built) == 1 and built[0] is not None
     assert torch.equal(out.loss, net(input_ids=ids, labels=ids, **tiny.packed_kwargs(cu)).loss)
+
+
+def _bounds_asked(monkeypatch):
+    dtypes = []
+    real = verify.bound
+
+    def spy(dtype, scale):
+        dtypes.append(dtype)
+        return real(dtype, scale)
+
+    monkeypatch.setattr(verify, "bound", spy)
+    return dtypes
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_low_precision_model_is_held_to_its_own_dtypes_bound(monkeypatch, caplog, dtype):
+    """The log-probs compared are float32 (the head upcasts), which once set the bound: a bf16 model was held to
+    float32's 1e-3 instead of bf16's 0.125 and could warn of a mismatch that was only rounding."""
+    net = _net().to(dtype)
+    dtypes = _bounds_asked(monkeypatch)
+    ids, cu, _ = _batch()
+    with caplog.at_level(logging.INFO, logger="patchgen.kernels.modeling.verify"):
+        out = net(input_ids=ids, labels=ids, **tiny.packed_kwargs(cu))
+    assert out.log_probs.dtype == torch.float32
+    assert dtypes == [dtype]
+    assert str(dtype) in caplog.text
+
+
+def test_under_autocast_the_bound_is_autocasts_dtype(monkeypatch):
+    net = _net().float()
+    dtypes = _bounds_asked(monkeypatch)
+    ids, cu, _ = _batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        net(input_ids=ids, labels=ids, **tiny.packed_kwargs(cu))
+    assert dtypes == [torch.bfloat16]

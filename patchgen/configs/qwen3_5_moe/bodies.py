@@ -25,7 +25,7 @@ from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import (
 from patchgen.kernels import ops
 from patchgen.kernels.modeling import host_rows, shared_prefix, verify
 from patchgen.kernels.modeling.boundaries import resolve_packed
-from patchgen.kernels.modeling.generation import routed_tokens_mask, use_cache_for
+from patchgen.kernels.modeling.generation import routed_tokens_mask, settle_use_cache, use_cache_for
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
 
 # Stand-in for the constant the generator writes into each generated module (as in Qwen3.5's bodies).
@@ -204,7 +204,7 @@ class Qwen3_5MoeForConditionalGeneration(upstream.Qwen3_5MoeForConditionalGenera
         output_router_logits = (
             output_router_logits if output_router_logits is not None else self.config.text_config.output_router_logits
         )
-        kwargs["use_cache"] = use_cache_for(kwargs.get("use_cache"), cache, self.config, self)
+        asked_for_cache = settle_use_cache(kwargs, cache, self.config, self)
         if pixel_values is None and pixel_values_videos is None:
             kwargs = resolve_packed(
                 kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache, attention_mask=attention_mask, uploaded=uploaded
@@ -216,7 +216,7 @@ class Qwen3_5MoeForConditionalGeneration(upstream.Qwen3_5MoeForConditionalGenera
             input_ids=input_ids,
             position_ids=position_ids,
             cache=cache,
-            use_cache=kwargs.get("use_cache"),
+            use_cache=asked_for_cache,
             kwargs=kwargs,
             pixel_values=pixel_values,
             pixel_values_videos=pixel_values_videos,
