@@ -21,8 +21,9 @@ class GraphsRecapturing(UserWarning):
 
 @dataclass
 class GraphStats:
-    """What the cache did: captures (misses), replays (hits), evictions; and the scoring forwards that ran eagerly
-    with the graphs on (``shared_prefix_cuda_graphs_scoring="eager"``: neither a capture nor a replay)."""
+    """What the cache did: captures (misses), replays (hits), evictions; and the calls that ran eagerly with the graphs
+    on (``"eager"``, or ``"auto"``'s choice in ``shared_prefix_cuda_graphs_training`` / ``_scoring``: neither a
+    capture nor a replay)."""
 
     captures: int = 0
     replays: int = 0
@@ -96,15 +97,16 @@ class GraphCache:
     def describe(self) -> str:
         s = self.stats
         return (f"{s.captures} captures, {s.replays} replays, {s.evictions} evictions, {len(self)}/{self.max_entries} held, "
-                f"{s.eager} scoring forwards eager")
+                f"{s.eager} calls eager")
 
     def _maybe_warn(self) -> None:
         s = self.stats
-        if self._warned or s.calls < self.warn_after or s.captures * 2 <= s.calls:
+        # eager calls ("auto"'s or an "eager" setting's) count: they are the calls the captures are weighed against
+        if self._warned or s.calls + s.eager < self.warn_after or s.captures * 2 <= s.calls + s.eager:
             return
         self._warned = True
         warnings.warn(
-            f"shared_prefix_cuda_graphs: {s.captures} of {s.calls} graphed layer-stack calls captured a new graph "
+            f"shared_prefix_cuda_graphs: {s.captures} of {s.calls + s.eager} layer-stack calls captured a new graph "
             f"({self.describe()}): the batches' layouts (sequence lengths, shared prefixes) rarely fall into the "
             "buckets of the graphs held, and every capture costs a few eager steps. Keep "
             "shared_prefix_cuda_graphs_buckets on (the default), raise shared_prefix_cuda_graphs_cache so that more "

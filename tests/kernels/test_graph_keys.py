@@ -137,6 +137,20 @@ def test_the_cache_warns_once_when_most_calls_capture():
     assert "6 of 6" not in str(seen[0].message) and "4 of 4" in str(seen[0].message)
 
 
+def test_eager_calls_count_against_the_captures_before_the_cache_warns():
+    """Under "auto" most calls may run eagerly and only a few capture: that is no recapturing."""
+    cache = GraphCache(max_entries=1, warn_after=4)
+    cache.stats.eager = 10
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for i in range(11):
+            cache.make_room()
+            cache.put(i, _entry())
+            if i < 10:  # 10 captures of 20 calls: not most
+                assert seen == []
+    assert [w.category for w in seen] == [GraphsRecapturing] and "11 of 21" in str(seen[0].message)
+
+
 def test_a_cache_of_no_entries_is_refused():
     with pytest.raises(ValueError, match="at least one entry"):
         GraphCache(max_entries=0)
