@@ -28,8 +28,14 @@ adds up to a capture's cost (about `capture_steps` replays, rent or buy), then c
 after `explore_after` calls, then after twice as many each time it still loses (the times drift: other layouts,
 a warmer host), and a replay is only ever explored on a held bucket.
 
-A decision changes no number: the eager and the replayed stack run the same kernels on the same real rows, and the
-padding rows are read by no real row.
+The eager and the replayed stack run the same kernels on the same real rows, and the padding rows are read by no
+real row; but a GEMM or reduction over more rows may round differently (float32 logits 3e-8 apart on the CPU; bit-equal
+in every H200 run so far), and which way a call takes depends on measured times: for runs reproducible bit for bit,
+set ``"graphs"`` or ``"eager"``. A plan kept by `plan_reuse` keeps the way chosen when it was built. The backward
+phase runs from the stack output's backward to its input's (to the end of the backward pass when the input wants no
+gradient: frozen embeddings). Known limits: the time per unit of work has no fixed part, so layouts of very
+different sizes share one rate; a frozen model scored with gradients on is planned under the training gate but runs
+as a scoring call; with ``shared_prefix_cuda_graphs_buckets=False`` nothing is padded and "auto" replays as "graphs".
 """
 
 from __future__ import annotations
@@ -73,6 +79,7 @@ class Timing:
     device: torch.device
     phases: list[Phase] = field(default_factory=list)
     expected: int = 1  # phases it will have: 2 for a training step (forward and backward)
+    ends_at_input: bool = False  # the backward phase ends at the stack input's backward (`mark_backward_end`)
 
     def begin(self, stream=None) -> None:
         event = None
@@ -92,23 +99,58 @@ class Timing:
         return len(self.phases) == self.expected and all(p.done() for p in self.phases)
 
 
-class _BackwardClock(torch.autograd.Function):
-    """Identity on the stack's output; its backward starts the timing's backward phase, and a callback at the end
-    of the backward pass ends it (the stack's backward is over by then; what follows, the embedding's, is small
-    and the same for both ways)."""
+def _stream(tensor: torch.Tensor):
+    return torch.cuda.current_stream(tensor.device) if tensor.device.type == "cuda" else None
+
+
+class _BackwardStart(torch.autograd.Function):
+    """Identity on the stack's output: its backward starts the timing's backward phase. Without a stack input that
+    wants a gradient (frozen embeddings) a callback at the end of the backward pass ends it (later, by the embedding's
+    backward and whatever else the pass holds)."""
 
     @staticmethod
-    def forward(ctx, out, timing):
-        ctx.timing = timing
+    def forward(ctx, out, timing, end_at_pass_end):
+        ctx.timing, ctx.end_at_pass_end = timing, end_at_pass_end
         return out.view_as(out)
 
     @staticmethod
     def backward(ctx, grad):
-        timing = ctx.timing
-        stream = torch.cuda.current_stream(grad.device) if grad.device.type == "cuda" else None
+        timing, stream = ctx.timing, _stream(grad)
         timing.begin(stream)
-        torch.autograd.Variable._execution_engine.queue_callback(lambda: timing.end(stream))
+        if ctx.end_at_pass_end:
+            torch.autograd.Variable._execution_engine.queue_callback(lambda: _end_quietly(timing, stream))
+        return grad, None, None
+
+
+class _BackwardEnd(torch.autograd.Function):
+    """Identity on the stack's input: its backward, the stack's last, ends the timing's backward phase."""
+
+    @staticmethod
+    def forward(ctx, hidden, timing):
+        ctx.timing = timing
+        return hidden.view_as(hidden)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.timing.phases and ctx.timing.phases[-1].host_end is None:
+            ctx.timing.end(_stream(grad))
         return grad, None
+
+
+def _end_quietly(timing: Timing, stream) -> None:
+    # an exception in an end-of-backward callback on a device thread aborts the process: a lost sample is better
+    try:
+        timing.end(stream)
+    except Exception:  # noqa: BLE001
+        timing.expected = -1  # never done: forgotten with the oldest pending
+
+
+def mark_backward_end(hidden: torch.Tensor, timing: Timing | None) -> torch.Tensor:
+    """The stack's input, marked so that a training step's backward phase ends where the stack's backward does."""
+    if timing is None or not hidden.requires_grad:
+        return hidden
+    timing.ends_at_input = True
+    return _BackwardEnd.apply(hidden, timing)
 
 
 def time_backward(out: torch.Tensor, timing: Timing | None) -> torch.Tensor:
@@ -116,7 +158,7 @@ def time_backward(out: torch.Tensor, timing: Timing | None) -> torch.Tensor:
     if timing is None or not out.requires_grad:
         return out
     timing.expected = 2
-    return _BackwardClock.apply(out, timing)
+    return _BackwardStart.apply(out, timing, not timing.ends_at_input)
 
 
 class Gate:
@@ -189,8 +231,12 @@ class ReplayOrEager:
         """Whether a call of `mode` replays on its bucket (True: pad the plan) or runs eagerly on its own plan."""
         self.harvest()
         replay, eager = self.predicted_ms(mode, REPLAY, bucket_work), self.predicted_ms(mode, EAGER, own_work)
-        if replay is None:  # the first call captures; until a replay is measured, others replay only a held bucket
-            return self._run(mode, REPLAY if held or not self.decided.get((mode, REPLAY)) else EAGER)
+        if replay is None:
+            # the first call captures; until a replay is measured others replay a held bucket, and capture one not held
+            # once `explore_after` calls have run eagerly (the layouts may have outgrown the first capture's bucket)
+            waited = self.waited.get((mode, REPLAY), 0)
+            first = not self.decided.get((mode, REPLAY))
+            return self._run(mode, REPLAY if held or first or waited >= self.explore_after else EAGER)
         if eager is None:
             return self._run(mode, EAGER)
         if held or eager <= replay:

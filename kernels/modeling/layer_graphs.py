@@ -4,7 +4,9 @@ The generated ``TextModel.forward`` hands its layer loop to `run_layers`. With t
 call without a shared-prefix plan (generation, unpacked batches), the loop runs as it is. A training
 step (a plan, gradients wanted) runs the stack as one forward and one backward graph replay; a scoring
 forward (a plan, no gradient: an RL step's old-policy or reference log-probs, evaluation) as one
-forward replay (or eagerly on an unpadded plan with ``shared_prefix_cuda_graphs_scoring="eager"``). Both are keyed by everything the graphs baked in (`patchgen.kernels.graphs.signature`)
+forward replay. Under ``"auto"`` (the default of ``shared_prefix_cuda_graphs_training`` and ``_scoring``) a call
+whose plan the gate left unpadded runs eagerly instead, timed (`graphs/choice.py`); under ``"eager"`` every call of
+that kind does. Both are keyed by everything the graphs baked in (`patchgen.kernels.graphs.signature`)
 and by the mode; a batch whose key was never seen captures first (a few eager steps' time), and at
 most ``shared_prefix_cuda_graphs_cache`` captured stacks are kept. Loss, logits and gradients are the
 eager step's: the same kernels on the same rows.
@@ -30,7 +32,7 @@ from ..config import (
 from ..errors import CudaGraphsUnavailable
 from ..graphs import CudaGraphReplay, EagerReplay, GraphCache, StackReplay, StaticCall, call_signature
 from ..graphs.cache import Entry
-from ..graphs.choice import EAGER, REPLAY, ReplayOrEager, time_backward
+from ..graphs.choice import EAGER, REPLAY, ReplayOrEager, mark_backward_end, time_backward
 from ..graphs.replay import CudaGraphScoring, EagerScoring, replay_scoring
 from ..shared_prefix.bucket import cost
 from . import shared_prefix
@@ -90,8 +92,10 @@ class LayerGraphs:
                 entry = Entry(static, self.scoring(layers_fn, static), [], bucket=bucket, mode="score")
             self.cache.put(key, entry)
         if not training:
-            return _timed(timing, False, lambda: self._score(entry, hidden, position_embeddings, masks, kwargs))
-        return _timed(timing, True, lambda: self._train(entry, hidden, position_embeddings, masks, kwargs))
+            return _timed(timing, False, lambda t: self._score(entry, hidden, position_embeddings, masks, kwargs))
+        return _timed(
+            timing, True, lambda t: self._train(entry, mark_backward_end(hidden, t), position_embeddings, masks, kwargs)
+        )
 
     @staticmethod
     def _score(entry, hidden, position_embeddings, masks, kwargs) -> torch.Tensor:
@@ -233,16 +237,20 @@ def run_layers(text_model, layers_fn, hidden_states, position_embeddings, masks,
     if not training and _asked_outputs(text_model, kwargs):
         # a scoring pass that wants per-layer outputs gets them eagerly: nothing to lose but the replay's speed
         return layers_fn(hidden_states, position_embeddings, masks, **kwargs)
-    _refuse(text_model, graphs, hidden_states, kwargs, training)
     config = shared_prefix.fields_config(text_model.config)
     way = shared_prefix_cuda_graphs_training(config) if training else shared_prefix_cuda_graphs_scoring(config)
     mode = "train" if training else "score"
-    if way == "eager" or kwargs[KWARG].eager:
-        # eagerly, on the plan left unpadded for it (`shared_prefix.graphs_way`, or a gate that chose eager; a frozen
-        # model scored with gradients on may get a padded one, decided before the layers know: the same rows)
+    if way == "eager":  # never graphed: nothing a graph could not do is refused (checkpointing, router logits)
+        graphs.stats.eager += 1
+        return layers_fn(hidden_states, position_embeddings, masks, **kwargs)
+    _refuse(text_model, graphs, hidden_states, kwargs, training)
+    if kwargs[KWARG].eager:
+        # "auto"'s gate chose eager for this plan (left unpadded); under another way a kept plan built under "auto"
+        # (`plan_reuse`) runs as built: the same rows either way
         graphs.stats.eager += 1
         timing = graphs.choice.timing(mode, EAGER, kwargs[KWARG].work, hidden_states.device) if way == "auto" else None
-        return _timed(timing, training, lambda: layers_fn(hidden_states, position_embeddings, masks, **kwargs))
+        return _timed(timing, training, lambda t: layers_fn(mark_backward_end(hidden_states, t), position_embeddings, masks,
+                                                               **kwargs))
     # read by the loss only (HF Trainer's token count, new every step): in the key, every step would capture
     kwargs = {k: v for k, v in kwargs.items() if k not in LOSS_ONLY}
     # the layers read the plan's mixer indices only; the rest follows the packed row (its length, the LM rows)
@@ -251,10 +259,11 @@ def run_layers(text_model, layers_fn, hidden_states, position_embeddings, masks,
 
 
 def _timed(timing, training: bool, run):
-    """`run()`, its forward measured into `timing` (and a training step's backward when it runs), when given."""
+    """`run(timing or None)` (the stack, given the timing to mark its input with), its forward measured into `timing`
+    (and a training step's backward, from its output's backward to its input's), when given."""
     if timing is None:
-        return run()
+        return run(None)
     timing.begin()
-    out = run()
+    out = run(timing if training else None)
     timing.end()
     return time_backward(out, timing) if training else out

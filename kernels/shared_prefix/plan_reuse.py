@@ -88,7 +88,9 @@ def build_or_reuse(
     cost = resolve_level_cost(device, knobs.get("level_cost")).rows if deep else None
     # the compact positions keep the dtype of the batch's: equal values of another dtype are another plan
     shape = None if position_ids is None else (tuple(position_ids.shape), position_ids.dtype)
-    key = (device, shape, tuple(sorted(knobs.items())), cost)
+    # not the bucket gate ("auto": replay or eager by measured time, one per mode): a kept plan, padded or not, gives
+    # every forward the same rows, and keeps the way chosen when it was built
+    key = (device, shape, tuple(sorted((k, v) for k, v in knobs.items() if k != "bucket_gate")), cost)
     arrays = (bounds, ids, pos)
     found, plan = reuse.find(key, arrays)
     if found:

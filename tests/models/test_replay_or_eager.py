@@ -150,3 +150,41 @@ def test_on_the_cpu_both_ways_are_measured_by_the_host_clock_in_both_modes():
     assert set(graphs.choice.rates) == {(m, w) for m in ("train", "score") for w in (REPLAY, EAGER)}
     assert all(rate > 0 for rate in graphs.choice.rates.values())
     assert "train replay" in graphs.choice.describe()
+
+
+def test_layouts_that_outgrew_the_first_capture_capture_again_after_a_wait():
+    """No replay measured yet and no held bucket fits (longer rollouts than the first call's): eager for
+    `explore_after` calls, then a capture, so that a replay can be measured at all."""
+    choice = ReplayOrEager()
+    assert choice.pads("train", 100, 110, held=False)  # the first capture
+    for ms in (1e4, 200.0):
+        assert not choice.pads("train", 300, 330, held=False)
+        _measure(choice, "train", EAGER, 300, ms)
+    ways = [choice.pads("train", 300, 330, held=False) for _ in range(9)]
+    assert ways == [False] * 6 + [True] + [False] * 2  # 8 eager calls since the capture, then one capture
+
+
+def test_under_auto_a_scoring_forwards_plan_is_reused_by_the_training_forward_of_the_batch():
+    from patchgen.kernels.shared_prefix.plan_reuse import PLANS
+
+    _, graphed, _ = _models()
+    graphed.config.shared_prefix_plan_reuse = True
+    PLANS.clear()
+    hits = PLANS.hits
+    _, scored_plan = _step(graphed, 7, False)
+    _, trained_plan = _step(graphed, 7, True)
+    assert PLANS.hits == hits + 1 and trained_plan is scored_plan
+
+
+def test_training_eager_never_graphs_a_step_so_checkpointing_is_not_refused():
+    plain = tiny.build("qwen3_5", "gpu", shared_prefix_training=True)
+    graphed = tiny.build("qwen3_5", "gpu", shared_prefix_training=True, shared_prefix_cuda_graphs=True,
+                         shared_prefix_cuda_graphs_training="eager")
+    graphs = layer_graphs.LayerGraphs(2, replay=EagerReplay)
+    layer_graphs.use_graphs(graphed.model, graphs)
+    for net in (plain, graphed):
+        net.activation_checkpointing_enable()
+    want, _ = _step(plain, 3, True)
+    got, plan = _step(graphed, 3, True)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+    assert plan.bucket is None and graphs.stats.eager == 1 and graphs.stats.captures == 0
