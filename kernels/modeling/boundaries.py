@@ -124,12 +124,14 @@ def _check_max_lengths(kwargs: dict, host_cu: torch.Tensor) -> None:
     query blocks per sequence), so a short one can leave the later tokens of a longer sequence uncomputed: wrong
     outputs, no error. A larger one only costs idle blocks. Read off the host copy of the boundaries: no sync.
     """
-    longest = int(host_cu.diff().max()) if host_cu.numel() > 1 else 0
+    longest = None  # read only when a length was given (most callers give none)
     for name in ("max_length_q", "max_length_k"):
         given = kwargs.get(name)
-        if isinstance(given, torch.Tensor) and given.device.type != "cpu":
-            continue  # reading it would wait for the device; the kernels read it as given
-        if given is not None and int(given) < longest:
+        if given is None or (isinstance(given, torch.Tensor) and given.device.type != "cpu"):
+            continue  # none given, or reading it would wait for the device (the kernels read it as given)
+        if longest is None:
+            longest = int(host_cu.diff().max()) if host_cu.numel() > 1 else 0
+        if int(given) < longest:
             raise PackedMetadataError(
                 f"{name}={int(given)} is shorter than the longest sequence of the packed row ({longest} tokens; "
                 f"boundaries {host_cu.tolist()}): the varlen attention kernels would leave that sequence's tokens "
