@@ -27,6 +27,10 @@ to them) or capture; the report adds the graphs' captures, replays and eager cal
 C become the
 loop's means (the bound is their ratio: the loop's total tokens over its total compact rows).
 
+`--mix` scores one loop of micro-batches drawn from every `--shapes` shape in a seeded random order (with
+`--vary`, each varied): an RL dataset's prompts of very different lengths, where `--scoring auto` meets calls of very
+different sizes in one model (its fixed part per call decides them apart).
+
 Off CUDA (`--tiny`) the same loop runs at tiny widths: it checks the script, it measures nothing.
 """
 
@@ -37,6 +41,7 @@ import contextlib
 import gc
 import importlib
 import itertools
+import random
 import statistics
 import time
 
@@ -222,7 +227,21 @@ def micro_batches(shape, count: int, vocab: int, device, labels: bool = False, v
     return on_device, on_host
 
 
-def measure_shape(model, shape, args, device, module) -> dict:
+def mixed_batches(shapes, count: int, vocab: int, device, labels: bool = False, vary: bool = False):
+    """`count` micro-batches, each of a shape drawn from `shapes` (seeded), as `micro_batches` makes them."""
+    made = [micro_batches(shape, count, vocab, device, labels, vary) for shape in shapes]
+    taken = [0] * len(shapes)
+    on_device, on_host = [], []
+    for i in random.Random(0).choices(range(len(shapes)), k=count):
+        on_device.append(made[i][0][taken[i]])
+        on_host.append(made[i][1][taken[i]])
+        taken[i] += 1
+    return on_device, on_host
+
+
+def measure_shape(model, shape, args, device, module, given=None, name=None) -> dict:
+    """The arms over `shape`'s micro-batches (or those `given`, `(on_device, on_host)`, under `name`)."""
+
     from patchgen.kernels.modeling.layer_graphs import use_graphs
     from patchgen.kernels.modeling.shared_prefix import observe_plans
 
@@ -231,10 +250,11 @@ def measure_shape(model, shape, args, device, module) -> dict:
     model.config.shared_prefix_level_cost = tree["level_cost"]
     from patchgen.kernels.modeling.layer_graphs import graphs_of
 
-    on_device, on_host = micro_batches(shape, args.batches, model.config.vocab_size, device, args.labels, args.vary)
+    on_device, on_host = given or micro_batches(shape, args.batches, model.config.vocab_size, device, args.labels,
+                                                  args.vary)
     rows = {"device rows": on_device, "host rows": on_host}
     sizes = {}
-    result = {"shape": shape[0]}
+    result = {"shape": name or shape[0]}
     outputs = {}
     # (arm, shared-prefix flag, CUDA graphs); `shared eager` only with rows on the host: can a loop that never
     # waits hide eager launching behind the device's work, and save the graphs' bucket padding?
@@ -329,6 +349,9 @@ def main(argv=None):
                              "default), eagerly on the unpadded plan (eager), or per call the way measured faster (auto)")
     parser.add_argument("--vary", action="store_true",
                         help="micro-batches of drawn prompt and response lengths (a new layout every call, as in RL)")
+    parser.add_argument("--mix", action="store_true",
+                        help="one loop of micro-batches drawn from every --shapes shape in a seeded random order (prompts "
+                             "of very different lengths in one model)")
     parser.add_argument("--gc-off", action="store_true",
                         help="diagnostic: Python's garbage collector off during each loop (collected before it)")
     args = parser.parse_args(argv)
@@ -355,12 +378,19 @@ def main(argv=None):
     shapes = parse_shapes(args.shapes)
     if args.vary and any(getattr(shape, "turns", ()) for shape in shapes):
         raise SystemExit("--vary draws one prompt and response length per group: multi-turn shapes are not varied")
-    for shape in shapes:
-        r = measure_shape(model, shape, args, device, module)
+    if args.mix and (len(shapes) < 2 or any(tree_settings(shape) != tree_settings(shapes[0]) for shape in shapes)):
+        raise SystemExit("--mix draws from two or more --shapes of one kind (GRPO groups: n x P x R), say 4x512x256,"
+                         "8x4096x256")
+    runs = [(shape, None, None) for shape in shapes]
+    if args.mix:
+        mixed = mixed_batches(shapes, args.batches, model.config.vocab_size, device, args.labels, args.vary)
+        runs = [(shapes[0], mixed, "mix of " + " + ".join(shape[0] for shape in shapes))]
+    for shape, batches, name in runs:
+        r = measure_shape(model, shape, args, device, module, batches, name)
         results.append(r)
         print(
             f"[{args.layers}L] {r['shape']}{' varied' if args.vary else ''}: T={r['T']:.0f} C={r['C']:.0f} "
-            f"{'(means) ' if args.vary else ''}bound {r['T'] / r['C']:.2f}, "
+            f"{'(means) ' if args.vary or args.mix else ''}bound {r['T'] / r['C']:.2f}, "
             f"{args.batches} micro-batches a loop | device rows: packed {r.get('packed device rows ms'):.1f} / shared "
             f"{r.get('shared device rows ms'):.1f} ms (host {r.get('shared device rows host ms'):.1f}), eff "
             f"{r.get('efficiency device rows'):.2f} | host rows: packed {r.get('packed host rows ms'):.1f} / shared "

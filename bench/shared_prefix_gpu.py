@@ -403,6 +403,14 @@ def parse_args(argv):
         help="with --graphs: also N micro-batches per shape with drawn prompt and response lengths, eager and "
         "graphed (captures vs replays and step ms under RL-like variation; bench/shared_prefix_vary.py)",
     )
+    parser.add_argument(
+        "--graphs-cache",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --graphs: graphs held per model (shared_prefix_cuda_graphs_cache, default 2); 1 where two "
+        "uncheckpointed training graphs of the shape do not fit (32 layers, n=8 P=4096 under --vary)",
+    )
     add_bucket_knobs(parser)
     parser.add_argument("--vary-prompt", type=float, default=0.1, help="--vary: prompt lengths in P (1 +- this)")
     parser.add_argument("--vary-response", type=float, default=0.5, help="--vary: response lengths in R (1 +- this)")
@@ -410,6 +418,8 @@ def parse_args(argv):
     apply_bucket_knobs(args)
     if args.vary and not args.graphs:
         raise SystemExit("--vary varies the --graphs arms: give --graphs too")
+    if args.graphs_cache is not None and not (args.graphs and args.graphs_cache >= 1):
+        raise SystemExit(f"--graphs-cache {args.graphs_cache}: give a count of 1 or more, with --graphs")
     if args.graphs and args.tiny:
         raise SystemExit("--graphs needs a CUDA device: CUDA graphs do not run in the --tiny CPU run")
     if args.baselines is None:
@@ -457,6 +467,8 @@ def main(argv=None):
         depth_began = time.perf_counter()
         model = our_model(widths, layers, device, dtype)
         model.config.shared_prefix_chunk_aligned = args.chunk_aligned
+        if args.graphs_cache is not None:
+            model.config.shared_prefix_cuda_graphs_cache = args.graphs_cache
         if layers == args.layers[0]:
             from patchgen.kernels import ops
 

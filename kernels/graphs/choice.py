@@ -9,15 +9,22 @@ for more, and there the bucket's padding costs more than the launches (eager win
 scoring forwards alike; docs/cuda_graphs.md, "Replay or eager"). No fixed rule tells the two apart on another
 device, width or length, so each model measures.
 
-What is measured: per mode (training steps, scoring forwards) and way, the time of the layer stack per unit of its
-plan's work (`bucket.cost`: the bucket's for a replay, the layout's own for an eager call). A call's time is, per
+What is measured: per mode (training steps, scoring forwards) and way, the time of the layer stack against its plan's
+work (`bucket.cost`: the bucket's for a replay, the layout's own for an eager call). A call's time is, per
 phase (the forward; a training step's backward too), the device's time between CUDA events recorded around it, read
 once the device has passed them (no sync). That interval is what the call adds to a loop's wall time either way:
 where the host is the bound the device waits inside it for the launches, and where the device is, the host's head
 start is hidden, as it is in the loop. The host's own clock is not used on CUDA: a host that runs ahead of a busy
-device blocks on the launch queue, and would charge the call with the earlier calls' device time. The median of the
-last `window` times counts, and each way's first measured call per mode is left out (first-use compiles and
-autotuning). Calls that capture are not measured (a capture is not a replay). Off CUDA the host clock is the time.
+device blocks on the launch queue, and would charge the call with the earlier calls' device time. The last `window` calls count,
+and each way's first measured call per mode is left out (first-use compiles and autotuning). Calls that capture are
+not measured (a capture is not a replay). Off CUDA the host clock is the time.
+
+How a time is predicted (`CallTime`): a fixed part plus a part per unit of work. An eager call's launches cost about
+the same whatever its rows, so where the host is the bound a small layout's eager call costs nearly what a large
+one's does; a time per unit of work alone would carry a large layout's rate to a small one and call eager cheap
+there (and the reverse). The two parts are a Theil-Sen fit (the median of the slopes between pairs of calls, then
+the median of what is left): one stalled call among the window moves neither. Where the window's works lie too
+close together to tell the parts apart (RL's micro-batches of one shape), the time is the median time per unit.
 
 How a call is decided (`ReplayOrEager.pads`): the first call of a mode replays (a capture: the replay's time is
 learnt first, because where the host is the bound a replay is the only fast way), and until a replay has been
@@ -33,22 +40,55 @@ real row; but a GEMM or reduction over more rows may round differently (float32 
 in every H200 run so far), and which way a call takes depends on measured times: for runs reproducible bit for bit,
 set ``"graphs"`` or ``"eager"``. A plan kept by `plan_reuse` keeps the way chosen when it was built. The backward
 phase runs from the stack output's backward to its input's (to the end of the backward pass when the input wants no
-gradient: frozen embeddings). Known limits: the time per unit of work has no fixed part, so layouts of very
-different sizes share one rate; a frozen model scored with gradients on is planned under the training gate but runs
-as a scoring call; with ``shared_prefix_cuda_graphs_buckets=False`` nothing is padded and "auto" replays as "graphs".
+gradient: frozen embeddings). Known limits: a frozen model scored with gradients on is planned under the training
+gate but runs as a scoring call; with ``shared_prefix_cuda_graphs_buckets=False`` nothing is padded and "auto" replays as "graphs".
 """
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 REPLAY, EAGER = "replay", "eager"
 MODES = ("train", "score")
+
+
+@dataclass(frozen=True)
+class CallTime:
+    """A predicted call time: `fixed` ms a call plus `per_unit` ms per unit of the plan's work."""
+
+    fixed: float
+    per_unit: float
+
+    def ms(self, work: float) -> float:
+        return self.fixed + self.per_unit * work
+
+
+def fit_call_time(calls: Sequence[tuple[float, float]], spread: float = 1.25, distinct: float = 1.05) -> CallTime:
+    """The call time of measured `(work, ms)` calls: a robust line where their works span `spread` or more, else the
+    median time per unit of work (see the module docstring).
+
+    Slopes come from the pairs whose works differ by `distinct` or more (closer pairs' slopes are noise); a line with
+    a negative part (the noise of a narrow window) gives way to the time per unit of work."""
+    proportional = CallTime(0.0, statistics.median(ms / work for work, ms in calls))
+    works = [work for work, _ in calls]
+    if len(calls) < 3 or max(works) < spread * min(works):
+        return proportional
+    slopes = [(m1 - m0) / (w1 - w0) for (w0, m0), (w1, m1) in itertools.combinations(sorted(calls), 2)
+              if w1 >= distinct * w0]
+    if len(slopes) < 3:
+        return proportional
+    per_unit = statistics.median(slopes)
+    fixed = statistics.median(ms - per_unit * work for work, ms in calls)
+    if per_unit < 0 or fixed < 0:
+        return proportional
+    return CallTime(fixed, per_unit)
 
 
 @dataclass
@@ -175,11 +215,12 @@ class Gate:
 class ReplayOrEager:
     """Per mode, replay or eager for each call, by the times measured so far (see the module docstring)."""
 
-    def __init__(self, explore_after: int = 8, explore_cap: int = 256, window: int = 5, skip_first: int = 1,
+    def __init__(self, explore_after: int = 8, explore_cap: int = 256, window: int = 8, skip_first: int = 1,
                  capture_steps: float = 4.0, keep: int = 32):
         self.explore_after, self.explore_cap = explore_after, explore_cap
         self.window, self.skip_first, self.capture_steps, self.keep = window, skip_first, capture_steps, keep
-        self.samples: dict[tuple[str, str], deque] = {}  # (mode, way) -> the last ms per unit of work
+        self.samples: dict[tuple[str, str], deque] = {}  # (mode, way) -> the last measured calls' (work, ms)
+        self._fits: dict[tuple[str, str], CallTime] = {}  # (mode, way) -> the fit of its samples (dropped on a new one)
         self.skipped: dict[tuple[str, str], int] = {}
         self.waited: dict[tuple[str, str], int] = {}  # calls since the way last ran
         self.interval: dict[tuple[str, str], int] = {}  # calls the losing way waits before it runs again
@@ -215,17 +256,25 @@ class ReplayOrEager:
             if self.skipped.get(key, 0) < self.skip_first:
                 self.skipped[key] = self.skipped.get(key, 0) + 1
                 continue
-            self.samples.setdefault(key, deque(maxlen=self.window)).append(self.measured_ms(timing) / timing.work)
+            self.samples.setdefault(key, deque(maxlen=self.window)).append((timing.work, self.measured_ms(timing)))
+            self._fits.pop(key, None)
         self.pending = still
 
     @property
     def rates(self) -> dict[tuple[str, str], float]:
-        """(mode, way) -> ms per unit of work: the median of the last `window` measured calls."""
-        return {key: statistics.median(values) for key, values in self.samples.items() if values}
+        """(mode, way) -> ms per unit of work: the median over the last `window` measured calls (for reports)."""
+        return {key: statistics.median(ms / work for work, ms in calls) for key, calls in self.samples.items() if calls}
+
+    def call_time(self, mode: str, way: str) -> CallTime | None:
+        """The fitted time of a call of `mode` run `way` (None before one has been measured)."""
+        key = (mode, way)
+        if key not in self._fits and self.samples.get(key):
+            self._fits[key] = fit_call_time(self.samples[key])
+        return self._fits.get(key)
 
     def predicted_ms(self, mode: str, way: str, work: float) -> float | None:
-        values = self.samples.get((mode, way))
-        return statistics.median(values) * work if values else None
+        fit = self.call_time(mode, way)
+        return None if fit is None else fit.ms(work)
 
     def pads(self, mode: str, own_work: float, bucket_work: float, held: bool) -> bool:
         """Whether a call of `mode` replays on its bucket (True: pad the plan) or runs eagerly on its own plan."""
@@ -264,6 +313,7 @@ class ReplayOrEager:
         return way == REPLAY
 
     def describe(self) -> str:
-        rates = ", ".join(f"{m} {w} {r:.4g} ms/unit" for (m, w), r in sorted(self.rates.items()))
+        fits = {key: self.call_time(*key) for key in self.samples if self.samples[key]}
+        rates = ", ".join(f"{m} {w} {f.fixed:.3g} ms + {f.per_unit:.4g} ms/unit" for (m, w), f in sorted(fits.items()))
         calls = ", ".join(f"{m} {w} {n}" for (m, w), n in sorted(self.decided.items()))
         return f"replay or eager: rates {rates or 'none yet'}; calls {calls or 'none'}"

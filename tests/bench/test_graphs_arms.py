@@ -81,3 +81,10 @@ def test_varied_micro_batches_fill_the_row(monkeypatch):
 def test_vary_needs_the_graphs():
     with pytest.raises(SystemExit, match="--vary varies the --graphs arms"):
         shared_prefix_gpu.parse_args(["--vary", "4"])
+
+
+def test_a_graphs_cache_needs_the_graphs_and_one_graph_or_more():
+    with pytest.raises(SystemExit, match="--graphs-cache 0: give a count of 1 or more"):
+        shared_prefix_gpu.parse_args(["--graphs", "--graphs-cache", "0"])
+    with pytest.raises(SystemExit, match="with --graphs"):
+        shared_prefix_gpu.parse_args(["--graphs-cache", "1"])

@@ -196,3 +196,20 @@ def torch_equal(a, b):
     import torch
 
     return torch.equal(a, b) if torch.is_tensor(a) else a == b
+
+
+def test_a_mixed_loop_draws_each_micro_batch_from_one_of_the_shapes():
+    """`--mix`: one loop over micro-batches of very different sizes (prompts of an RL dataset), for "auto"'s chooser
+    to meet them in one model; T and C are the loop's means."""
+    import pytest
+
+    shapes = scoring_loop.parse_shapes("2x64x16,4x128x32")
+    _, on_host = scoring_loop.mixed_batches(shapes, 6, 1000, "cpu")
+    tokens = [int(ids.shape[1]) for ids, *_ in on_host]
+    assert set(tokens) == {2 * 80, 4 * 160} and len(tokens) == 6
+    (row,) = scoring_loop.main(["--tiny", "--layers", "4", "--shapes", "2x64x16,4x128x32", "--batches", "6",
+                                "--repeats", "1", "--mix"])
+    assert row["shape"] == "mix of n=2 P=64 R=16 + n=4 P=128 R=32"
+    assert row["T"] == sum(tokens) / 6 and row["shared host rows bit-equal"] is True
+    with pytest.raises(SystemExit, match="--mix draws from two or more"):
+        scoring_loop.main(["--tiny", "--shapes", "2x64x16", "--mix"])

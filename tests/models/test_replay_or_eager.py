@@ -5,10 +5,12 @@ The chooser's rules on measured times fed in; then the models (CPU, float64, `Ea
 runs, loss, logits and gradients are the model's without graphs, and the plan is padded exactly when it replays;
 CPU timings are measured (host clock) for both ways and both modes."""
 
+import statistics
+
 import pytest
 import torch
 from patchgen.kernels.graphs import EagerReplay
-from patchgen.kernels.graphs.choice import EAGER, REPLAY, Phase, ReplayOrEager
+from patchgen.kernels.graphs.choice import EAGER, REPLAY, Phase, ReplayOrEager, fit_call_time
 from patchgen.kernels.modeling import layer_graphs, shared_prefix
 
 from tests.models import tiny
@@ -67,10 +69,38 @@ def test_the_rate_is_the_median_of_the_last_measured_calls_after_the_first():
     choice = _learnt(replay_rate=1.0, eager_rate=2.0)
     choice.harvest()
     assert choice.rates == {("score", REPLAY): 1.0, ("score", EAGER): 2.0}  # the first 1e4 ms calls left out
-    for rate in (3.0, 50.0, 2.5, 2.2, 2.4, 2.6):  # one outlier among them; the window holds the last 5
+    for rate in (3.0, 50.0, 2.5, 2.2, 2.4, 2.6, 2.3, 2.1):  # one outlier; the window holds the last 8
         _measure(choice, "score", EAGER, 50, 50 * rate)
     choice.harvest()
-    assert choice.rates[("score", EAGER)] == pytest.approx(2.5)
+    assert choice.rates[("score", EAGER)] == pytest.approx(2.45)  # 2.0 has left the window
+    assert choice.predicted_ms("score", EAGER, 100) == pytest.approx(245)  # one size: the time per unit of work
+
+
+def test_an_eager_calls_launches_are_a_fixed_part_so_small_layouts_replay_and_large_ones_run_eagerly():
+    # host-bound eager calls: 40 ms of launches plus 0.01 ms a unit; replays 0.03 ms a unit of their bucket (10 % more)
+    choice = _learnt(replay_rate=0.03, eager_rate=0.41)
+    for work in (1000, 2000, 1500, 3000, 2500, 1200, 2800):
+        _measure(choice, "score", EAGER, work, 40 + 0.01 * work)
+        _measure(choice, "score", REPLAY, 1.1 * work, 0.03 * 1.1 * work)
+    choice.harvest()
+    fit = choice.call_time("score", EAGER)
+    assert (fit.fixed, fit.per_unit) == (pytest.approx(40), pytest.approx(0.01))
+    # a time per unit of work alone (about 0.027 here) would call eager dearer than a replay at 6000 units
+    assert choice.predicted_ms("score", EAGER, 6000) < choice.predicted_ms("score", REPLAY, 6600)
+    assert not choice.pads("score", 6000, 6600, held=True)
+    assert choice.pads("score", 600, 660, held=True)
+
+
+def test_one_stalled_call_moves_neither_part_of_the_fit():
+    calls = [(w, 40 + 0.01 * w) for w in (1000, 1400, 1800, 2200, 2600, 3000, 3400)] + [(2000, 400.0)]
+    fit = fit_call_time(calls)
+    assert (fit.fixed, fit.per_unit) == (pytest.approx(40), pytest.approx(0.01))
+
+
+def test_works_too_close_to_tell_the_parts_apart_give_the_median_time_per_unit():
+    calls = [(1000, 30.0), (1050, 33.0), (1100, 31.0), (1020, 32.0)]
+    fit = fit_call_time(calls)
+    assert fit.fixed == 0 and fit.per_unit == pytest.approx(statistics.median(ms / w for w, ms in calls))
 
 
 def test_a_training_forward_whose_backward_never_runs_is_forgotten():

@@ -301,3 +301,70 @@ def test_a_padded_step_equals_the_unpadded_step_up_to_bf16_rounding(bucket_model
           f"(floor {floor:.3g}, largest gradient {scale:.3g})")
     assert abs(plain[0][0].item() - padded[0][0].item()) <= 1e-2 * abs(plain[0][0].item())
     assert diff <= 0.05 * scale
+
+
+# "auto" (the default): per call a replay on the padded bucket or an eager call on the unpadded plan, by CUDA-event
+# times; the sequence gives it a capture, replays to measure, eager calls to measure, then its own choices
+AUTO_STEPS = [A, A, A, A, D, E, A, C, D, A, E, C]
+
+
+@pytest.fixture(scope="module")
+def auto_models():
+    eager, auto = _model(graphs=False), _model(graphs=True, buckets=True)
+    auto.config.shared_prefix_cuda_graphs_training = auto.config.shared_prefix_cuda_graphs_scoring = "auto"
+    auto.load_state_dict(eager.state_dict())
+    return eager, auto
+
+
+def test_auto_takes_both_ways_and_each_step_gives_the_eager_models_loss_and_gradients(auto_models):
+    """An eager call runs the no-graphs model's kernels on the same unpadded plan: its loss bit for bit, gradients
+    within the eager-vs-eager floor; a replay ran the padded plan (a gross-error guard, as for padded steps)."""
+    from patchgen.kernels.modeling.layer_graphs import graphs_of
+
+    eager_model, auto_model = auto_models
+    ways = []
+    for i, shape in enumerate(AUTO_STEPS):
+        batch = [_batch(shape, seed=40 + i)]
+        plain, again = _run(eager_model, batch), _run(eager_model, batch)
+        stats = graphs_of(auto_model).stats if graphs_of(auto_model) is not None else None
+        eager_before = 0 if stats is None else stats.eager
+        auto = _run(auto_model, batch)
+        went_eager = graphs_of(auto_model).stats.eager > eager_before
+        ways.append("eager" if went_eager else "graph")
+        floor, diff = _largest(plain[1], again[1]), _largest(plain[1], auto[1])
+        scale = max(g.abs().max().item() for g in plain[1].values())
+        print(f"auto step {i} ({ways[-1]}): loss {plain[0][0].item()} / {auto[0][0].item()}; max |d grad| {diff:.3g} "
+              f"(floor {floor:.3g})")
+        if went_eager:
+            assert torch.equal(plain[0][0], auto[0][0]), (i, plain[0][0].item(), auto[0][0].item())
+            assert diff <= 2 * floor if floor > 0 else diff == 0.0, (i, diff, floor)
+        else:
+            assert abs(plain[0][0].item() - auto[0][0].item()) <= 1e-2 * abs(plain[0][0].item())
+            assert diff <= 0.05 * scale
+    choice = graphs_of(auto_model).choice
+    print(ways, choice.describe())
+    assert ways[0] == "graph" and "eager" in ways  # the first step captures; eager calls are measured too
+    # both ways were timed on the device (CUDA events, read without a sync) and fitted
+    assert choice.call_time("train", "replay").ms(1000) > 0 and choice.call_time("train", "eager").ms(1000) > 0
+
+
+def test_auto_scoring_forwards_give_the_eager_models_logits(auto_models):
+    from patchgen.kernels.modeling.layer_graphs import graphs_of
+
+    eager_model, auto_model = auto_models
+    ways = []
+    with torch.no_grad():
+        for i, shape in enumerate(AUTO_STEPS):
+            ids, _, kwargs = _batch(shape, seed=60 + i)
+            plain = eager_model(input_ids=ids, **kwargs).logits
+            before = graphs_of(auto_model).stats.eager if graphs_of(auto_model) is not None else 0
+            auto = auto_model(input_ids=ids, **kwargs).logits
+            went_eager = graphs_of(auto_model).stats.eager > before
+            ways.append("eager" if went_eager else "graph")
+            if went_eager:
+                assert torch.equal(plain, auto), i
+            else:
+                assert (plain.float() - auto.float()).abs().max().item() <= 0.05 * plain.float().abs().max().item()
+    print(ways, graphs_of(auto_model).choice.describe())
+    assert "eager" in ways and "graph" in ways
+    assert graphs_of(auto_model).choice.call_time("score", "eager") is not None
