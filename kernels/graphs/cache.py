@@ -42,7 +42,8 @@ class Entry:
     params: list
     generation: int = 0  # forward replays so far (the backward checks it is still the latest)
     bucket: tuple | None = None  # the padded plan's bucket counts (None: keyed on the exact layout)
-    mode: str = "train"  # "train" (forward and backward graphs) or "score" (a forward-only graph)
+    mode: str = "train"  # "train" (forward and backward graphs), "score" / "infer" (a forward-only graph captured
+    # under no_grad / inference mode)
 
 
 @dataclass

@@ -63,17 +63,16 @@ class LayerGraphs:
         return self.cache.stats
 
     def held_buckets(self, training: bool = True) -> tuple:
-        """Buckets of the held stacks of one mode (training steps or scoring forwards), most recently used first:
-        a plan pads to one when it fits."""
-        return self.cache.held_buckets("train" if training else "score")
+        """Buckets of the held stacks this kind of call can replay (training steps, scoring forwards under no_grad,
+        or under inference mode), most recently used first: a plan pads to one when it fits."""
+        return self.cache.held_buckets(_entry_mode(training))
 
     def __call__(
         self, text_model, layers_fn, hidden, position_embeddings, masks, kwargs: dict, training: bool = True,
         timed: bool = False,
     ) -> torch.Tensor:
         layers = list(text_model.layers[: text_model.config.num_hidden_layers])
-        # a scoring graph captured in inference mode holds inference tensors, which plain no_grad cannot write
-        mode = "train" if training else ("score", torch.is_inference_mode_enabled())
+        mode = _entry_mode(training)
         candidates = []
         key = (mode, call_signature(hidden, position_embeddings, masks, kwargs, layers, KWARG, candidates))
         _refuse_hooks(layers, candidates)
@@ -89,7 +88,7 @@ class LayerGraphs:
                 params = list(dict.fromkeys(p for layer in layers for p in layer.parameters() if p.requires_grad))
                 entry = Entry(static, self.replay(layers_fn, static, params), params, bucket=bucket, mode="train")
             else:
-                entry = Entry(static, self.scoring(layers_fn, static), [], bucket=bucket, mode="score")
+                entry = Entry(static, self.scoring(layers_fn, static), [], bucket=bucket, mode=mode)
             self.cache.put(key, entry)
         if not training:
             return _timed(timing, False, lambda t: self._score(entry, hidden, position_embeddings, masks, kwargs))
@@ -106,6 +105,14 @@ class LayerGraphs:
     def _train(entry, hidden, position_embeddings, masks, kwargs) -> torch.Tensor:
         entry.static.load(position_embeddings, masks, kwargs)
         return StackReplay.apply(entry, hidden, *entry.params)
+
+
+def _entry_mode(training: bool) -> str:
+    # a scoring graph captured in inference mode holds inference tensors, which plain no_grad cannot write: the two
+    # are held apart, and a plan pads only to a bucket its own kind of call holds
+    if training:
+        return "train"
+    return "infer" if torch.is_inference_mode_enabled() else "score"
 
 
 def graphs_of(model) -> LayerGraphs | None:

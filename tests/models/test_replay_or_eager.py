@@ -218,3 +218,15 @@ def test_training_eager_never_graphs_a_step_so_checkpointing_is_not_refused():
     got, plan = _step(graphed, 3, True)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
     assert plan.bucket is None and graphs.stats.eager == 1 and graphs.stats.captures == 0
+
+
+def test_a_scoring_graph_captured_under_no_grad_is_not_a_held_bucket_for_inference_mode():
+    """The two hold different tensors (inference ones cannot be written under no_grad) and key apart: a plan priced as
+    a replay of a held bucket must be one its own kind of call can replay, not a capture in disguise."""
+    _, graphed, graphs = _models()
+    _step(graphed, 1, train=False)  # the first scoring call captures, under no_grad
+    with torch.no_grad():
+        assert len(graphs.held_buckets(training=False)) == 1
+    with torch.inference_mode():
+        assert graphs.held_buckets(training=False) == ()
+    assert graphs.held_buckets(training=True) == ()
