@@ -116,7 +116,7 @@ from patchgen.kernels.modeling.generation import routed_tokens_mask, settle_use_
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
 from patchgen.kernels.modeling.packing import PACKED_ROW, packed_max_lengths, packed_row, varlen_attention, warn_dropout_unapplied, without_packed
 from patchgen.kernels.modeling.plain_modules import conv_weight, plain_linears
-from patchgen.kernels.shared_prefix import shared_prefix_attention, shared_prefix_causal_conv1d, shared_prefix_gated_delta_rule
+from patchgen.kernels.shared_prefix import has_media, shared_prefix_attention, shared_prefix_causal_conv1d, shared_prefix_gated_delta_rule
 
 PATCHGEN_DEVICE = "gpu"
 PATCHGEN_OP_DEFAULTS = {
@@ -2195,7 +2195,8 @@ class Qwen3_5MoeForConditionalGeneration(Qwen3_5MoePreTrainedModel, GenerationMi
         input_ids, position_ids, attention_mask, labels, kwargs, uploaded = host_rows.upload(
             self, input_ids, position_ids, attention_mask, labels, kwargs
         )
-        if verify.due(self, input_ids, position_ids, cache, kwargs.get("use_cache"), kwargs, pixel_values, pixel_values_videos):
+        media = (pixel_values, pixel_values_videos, mm_encoder_outputs)
+        if verify.due(self, input_ids, position_ids, cache, kwargs.get("use_cache"), kwargs, *media):
             # First use (or a longer row than verified): run shared and packed, compare, keep the checked result.
             return verify.run(self, dict(
                 input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
@@ -2208,7 +2209,7 @@ class Qwen3_5MoeForConditionalGeneration(Qwen3_5MoePreTrainedModel, GenerationMi
             output_router_logits if output_router_logits is not None else self.config.text_config.output_router_logits
         )
         asked_for_cache = settle_use_cache(kwargs, cache, self.config, self)
-        if pixel_values is None and pixel_values_videos is None:
+        if not has_media(*media):
             kwargs = resolve_packed(
                 kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache, attention_mask=attention_mask, uploaded=uploaded
             )
@@ -2223,6 +2224,7 @@ class Qwen3_5MoeForConditionalGeneration(Qwen3_5MoePreTrainedModel, GenerationMi
             kwargs=kwargs,
             pixel_values=pixel_values,
             pixel_values_videos=pixel_values_videos,
+            mm_encoder_outputs=mm_encoder_outputs,
             uploaded=uploaded,
         )
         model_kwargs = kwargs if plan is None else {**kwargs, "shared_prefix": plan, "use_cache": False}

@@ -20,11 +20,16 @@ class PackedMetadataError(ValueError):
 
 
 def text_positions(position_ids: torch.Tensor | None) -> torch.Tensor | None:
-    """The text positions ``[B, T]`` of 2-D ids, of the 4-row (text + M-RoPE) layout, or row 0 of M-RoPE's 3."""
+    """The positions ``[B, T]`` whose zeros start sequences: the text positions of 2-D ids and of the 4-row (text +
+    M-RoPE) layout; for M-RoPE's 3 rows, which have no text row, 0 only where all three rows are.
+
+    M-RoPE's temporal row is no counter: an image or video opening a sequence holds it at 0 over all its tokens
+    (upstream's ``get_rope_index``), while a sequence starts at (0, 0, 0) once.
+    """
     if position_ids is None or position_ids.ndim == 2:
         return position_ids
     if position_ids.ndim == 3:
-        return position_ids[0]
+        return position_ids[0] if position_ids.shape[0] != 3 else position_ids.abs().amax(0)
     raise PackedMetadataError(
         f"position_ids must be [B, T], [3, B, T] or [4, B, T]; got shape {tuple(position_ids.shape)}"
     )

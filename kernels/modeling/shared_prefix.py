@@ -149,7 +149,7 @@ def packed_positions(position_ids, input_ids, inputs_embeds, cache, kwargs):
 
 def plan_for(
     config, table, *, input_ids, position_ids, cache, use_cache, kwargs, pixel_values=None, pixel_values_videos=None,
-    uploaded=None,
+    mm_encoder_outputs=None, uploaded=None,
 ):
     """The shared-prefix plan of this micro-batch, or None for the ordinary path.
 
@@ -157,7 +157,8 @@ def plan_for(
     (a cache or ``use_cache=True``) and unpacked rows (no ``cu_seq_lens_q``, no restarting
     ``position_ids``) take the ordinary path, so one model trains and generates. On a packed row it
     raises ``NotImplementedError`` for MTP and sequence parallelism, and ``BackendUnavailable`` when a
-    bound backend lacks what the compact row needs. Builds nothing when the flag is off or media are present.
+    bound backend lacks what the compact row needs. Builds nothing when the flag is off or media are present (pixels or
+    precomputed ``mm_encoder_outputs``).
 
     The plan reads the row on the host: the host copy a row came in (``uploaded``, `host_rows.upload`), and the
     boundaries `resolve_packed` already copied; only what came on the device alone is copied back (one sync).
@@ -165,7 +166,7 @@ def plan_for(
     cfg = text_config(config)
     if cfg is not config:
         _COMPOSITES[id(cfg)] = config
-    if takes_ordinary_path(enabled(config), input_ids, pixel_values, pixel_values_videos):
+    if takes_ordinary_path(enabled(config), input_ids, pixel_values, pixel_values_videos, mm_encoder_outputs):
         return None
     if cache is not None or use_cache or kwargs.get("cu_seq_lens_q") is None:
         return None

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import SHARED_PREFIX_VERIFY, bool_field
+from ..shared_prefix import has_media
 from .shared_prefix import embeddings_noised, enabled
 
 logger = logging.getLogger(__name__)
@@ -60,7 +61,10 @@ def sharing_allowed(model) -> bool:
     return not embeddings_noised(model)
 
 
-def due(model, input_ids, position_ids, cache, use_cache, kwargs, pixel_values=None, pixel_values_videos=None) -> bool:
+def due(
+    model, input_ids, position_ids, cache, use_cache, kwargs, pixel_values=None, pixel_values_videos=None,
+    mm_encoder_outputs=None,
+) -> bool:
     """True when this forward must be verified: a packed training row longer than any verified one.
 
     A batch with images or videos runs the ordinary path (nothing is shared), so it is never verified.
@@ -68,7 +72,7 @@ def due(model, input_ids, position_ids, cache, use_cache, kwargs, pixel_values=N
     config = model.config
     if not (enabled(config) and bool_field(config, FIELD)):
         return False
-    if pixel_values is not None or pixel_values_videos is not None:
+    if has_media(pixel_values, pixel_values_videos, mm_encoder_outputs):
         return False
     current = state(model)
     if current.inside or current.disabled or input_ids is None or cache is not None or use_cache:

@@ -101,9 +101,18 @@ def reject_unsupported(
         raise NotImplementedError("shared_prefix_training does not support multi-token prediction (MTP) yet")
 
 
-def takes_ordinary_path(enabled: bool, input_ids=None, pixel_values=None, pixel_values_videos=None) -> bool:
+def has_media(pixel_values=None, pixel_values_videos=None, mm_encoder_outputs=None) -> bool:
+    """Whether a forward carries images or videos: as pixels, or as the vision tower's outputs computed beforehand
+    (upstream's ``mm_encoder_outputs``, which it scatters into the row just as it does the pixels' features)."""
+    encoded = any(value is not None for value in (mm_encoder_outputs or {}).values())
+    return pixel_values is not None or pixel_values_videos is not None or encoded
+
+
+def takes_ordinary_path(
+    enabled: bool, input_ids=None, pixel_values=None, pixel_values_videos=None, mm_encoder_outputs=None
+) -> bool:
     """True when the ordinary packed path runs instead: flag off, no token ids, or media present.
 
     With media, placeholder ids repeat across different images, so equal ids do not mean equal rows.
     """
-    return not enabled or input_ids is None or pixel_values is not None or pixel_values_videos is not None
+    return not enabled or input_ids is None or has_media(pixel_values, pixel_values_videos, mm_encoder_outputs)

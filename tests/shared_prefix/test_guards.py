@@ -74,6 +74,10 @@ def test_ordinary_path_conditions():
     assert takes_ordinary_path(True, None)
     assert takes_ordinary_path(True, ids, pixel_values=torch.zeros(1))
     assert takes_ordinary_path(True, ids, pixel_values_videos=torch.zeros(1))
+    # images given as the vision tower's outputs, computed beforehand: media too
+    encoded = {"image": object()}
+    assert takes_ordinary_path(True, ids, mm_encoder_outputs=encoded)
+    assert not takes_ordinary_path(True, ids, mm_encoder_outputs={"image": None, "video": None})
 
 
 def test_positions_from_cu_seqlens_restart_per_sequence():

@@ -27,6 +27,7 @@ from patchgen.kernels.modeling import host_rows, shared_prefix, verify
 from patchgen.kernels.modeling.boundaries import resolve_packed
 from patchgen.kernels.modeling.generation import routed_tokens_mask, settle_use_cache, use_cache_for
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
+from patchgen.kernels.shared_prefix import has_media
 
 # Stand-in for the constant the generator writes into each generated module (as in Qwen3.5's bodies).
 PATCHGEN_OP_DEFAULTS: dict[str, str] = {}
@@ -192,7 +193,8 @@ class Qwen3_5MoeForConditionalGeneration(upstream.Qwen3_5MoeForConditionalGenera
         input_ids, position_ids, attention_mask, labels, kwargs, uploaded = host_rows.upload(
             self, input_ids, position_ids, attention_mask, labels, kwargs
         )
-        if verify.due(self, input_ids, position_ids, cache, kwargs.get("use_cache"), kwargs, pixel_values, pixel_values_videos):
+        media = (pixel_values, pixel_values_videos, mm_encoder_outputs)
+        if verify.due(self, input_ids, position_ids, cache, kwargs.get("use_cache"), kwargs, *media):
             # First use (or a longer row than verified): run shared and packed, compare, keep the checked result.
             return verify.run(self, dict(
                 input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
@@ -205,7 +207,7 @@ class Qwen3_5MoeForConditionalGeneration(upstream.Qwen3_5MoeForConditionalGenera
             output_router_logits if output_router_logits is not None else self.config.text_config.output_router_logits
         )
         asked_for_cache = settle_use_cache(kwargs, cache, self.config, self)
-        if pixel_values is None and pixel_values_videos is None:
+        if not has_media(*media):
             kwargs = resolve_packed(
                 kwargs, position_ids, input_ids if input_ids is not None else inputs_embeds, cache, attention_mask=attention_mask, uploaded=uploaded
             )
@@ -220,6 +222,7 @@ class Qwen3_5MoeForConditionalGeneration(upstream.Qwen3_5MoeForConditionalGenera
             kwargs=kwargs,
             pixel_values=pixel_values,
             pixel_values_videos=pixel_values_videos,
+            mm_encoder_outputs=mm_encoder_outputs,
             uploaded=uploaded,
         )
         model_kwargs = kwargs if plan is None else {**kwargs, "shared_prefix": plan, "use_cache": False}
