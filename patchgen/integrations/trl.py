@@ -63,7 +63,8 @@ class SharedPrefixGRPOTrainer(GRPOTrainer):
     Use it as ``GRPOTrainer``, with a patchgen model instance (``shared_prefix_training=True`` on its
     text config to share prompts). Batches it cannot pack (media, a mask with holes, a non-patchgen
     or PEFT-wrapped model, ``cast_lm_head_to_fp32``) are scored by TRL's own path, with one warning.
-    ``packed_tokens`` counts the tokens of every packed row scored, per pass (``policy``, ``old``, ``ref``);
+    ``packed_tokens`` counts the tokens of every packed row scored, per pass (``policy``, ``old``, ``ref``, and
+    ``eval`` for the policy model's passes while evaluating);
     ``shared_prefix_tokens`` the packed (T) and compact (C) tokens of the rows that shared a prefix,
     also logged as ``shared_prefix/packed_over_compact``.
     """
@@ -76,7 +77,7 @@ class SharedPrefixGRPOTrainer(GRPOTrainer):
                 "patchgen.generated.qwen3_5.patched_modeling_qwen3_5_gpu.Qwen3_5ForCausalLM.from_pretrained(path)"
             )
         super().__init__(model, *args, **kwargs)
-        self.packed_tokens = {"policy": 0, "old": 0, "ref": 0}
+        self.packed_tokens = {"policy": 0, "old": 0, "ref": 0, "eval": 0}
         self.shared_prefix_tokens = {"packed": 0, "compact": 0}
         self._fallback_warned = False
         self._unshared_warned = False
@@ -148,6 +149,8 @@ class SharedPrefixGRPOTrainer(GRPOTrainer):
     def _pass_name(self, model) -> str:
         if self.ref_model is not None and model is self.ref_model:
             return "ref"
+        if not self.model.training:
+            return "eval"  # evaluation scores the policy without gradients too: it is no old-policy pass
         return "policy" if torch.is_grad_enabled() else "old"
 
     def _cannot_pack(self, model, media) -> str | None:

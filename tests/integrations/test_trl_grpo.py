@@ -343,3 +343,19 @@ def test_tokens_counted_as_computed_leave_out_a_graph_buckets_padding_rows(tmp_p
     trainer._count_plan(padded, ids.shape[1])
     assert trainer.shared_prefix_tokens["compact"] - before.get("compact", 0) == 87
     assert trainer.shared_prefix_tokens["packed"] - before.get("packed", 0) == ids.shape[1]
+
+
+def test_evaluation_passes_are_counted_as_eval_not_as_an_old_policy_pass(tmp_path):
+    """Evaluation scores the policy without gradients; with num_iterations=1 and accumulation covering the generation
+    batch there is no old-policy pass, so nothing may be counted under "old"."""
+    from patchgen.integrations.trl import SharedPrefixGRPOTrainer
+
+    trainer = SharedPrefixGRPOTrainer(
+        model=tiny_trl.model(True), reward_funcs=tiny_trl.even_word_reward,
+        args=_config(tmp_path, per_device_eval_batch_size=4, num_generations_eval=4),
+        train_dataset=tiny_trl.prompts(8, 12), eval_dataset=tiny_trl.prompts(4, 12, seed=1),
+        processing_class=tiny_trl.tokenizer(),
+    )
+    trainer.evaluate()
+    assert trainer.packed_tokens["old"] == 0 and trainer.packed_tokens["policy"] == 0
+    assert trainer.packed_tokens["eval"] > 0
