@@ -54,3 +54,16 @@ class GraphReplayOverwritten(RuntimeError):
 class WrappedModuleUnsupported(RuntimeError):
     """A module a fused kernel reads the weight of (and never calls) is wrapped, subclassed or hooked:
     the wrapper's computation would be skipped. The message names the module and the fix."""
+
+
+class ExpertWeightsUnloadable(RuntimeError):
+    """``load_state_dict`` got per-expert tensors (a checkpoint's layout) it cannot turn into a fused experts
+    parameter: the experts would keep their old weights. The message names the parameter, why, and the fix."""
+
+    def __init__(self, fused_key: str, reason: str):
+        self.fused_key, self.reason = fused_key, reason
+        super().__init__(
+            f"load_state_dict: cannot load the checkpoint's per-expert tensors into '{fused_key}': {reason}. "
+            "Load a checkpoint saved for this model's config (per-expert keys as save_pretrained writes them, or the "
+            "fused keys of model.state_dict(), not both), or build the model with from_pretrained(checkpoint)."
+        )

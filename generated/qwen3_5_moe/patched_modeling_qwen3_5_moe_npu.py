@@ -21,7 +21,7 @@
 #   override_method Qwen3_5MoeModel.__init__ [upstream d25d11bffee5]: build this module's patched text model (AutoModel would build upstream's)
 #   override_method Qwen3_5MoeForCausalLM.forward [upstream a30c5b416438]: shared-prefix plan and guards; LM head through ops.cross_entropy; aux loss over packed tokens
 #   override_method Qwen3_5MoeForConditionalGeneration.forward [upstream 6adedac07954]: shared-prefix plan (text only); LM head through ops.cross_entropy; aux loss over packed tokens
-#   replace_class Qwen3_5MoeExperts [upstream 30d0d1aad48a]: experts through ops.moe_experts, without upstream's experts-implementation dispatch
+#   replace_class Qwen3_5MoeExperts [upstream 30d0d1aad48a]: experts through ops.moe_experts, without upstream's experts-implementation dispatch; load_state_dict fuses a checkpoint's per-expert tensors (Trainer's resume)
 #   add_method Qwen3_5MoePreTrainedModel._can_set_experts_implementation [upstream fe04537fe740]: experts_implementation is always settable: it maps onto the moe_experts op slot
 #   add_method Qwen3_5MoePreTrainedModel._check_and_adjust_experts_implementation [upstream fe04537fe740]: an unset experts_implementation stays unset: the moe_experts op slot decides
 #   add_method Qwen3_5MoePreTrainedModel.set_experts_implementation [upstream fe04537fe740]: a new experts_implementation re-resolves the op slots (moe_experts follows it)
@@ -112,7 +112,7 @@ from transformers.models.auto import AutoModel
 from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeConfig, Qwen3_5MoeTextConfig, Qwen3_5MoeVisionConfig
 
 from patchgen.kernels import ops
-from patchgen.kernels.modeling import fields, host_rows, layer_graphs, shared_prefix, verify
+from patchgen.kernels.modeling import expert_weights, fields, host_rows, layer_graphs, shared_prefix, verify
 from patchgen.kernels.modeling.boundaries import resolve_packed
 from patchgen.kernels.modeling.generation import routed_tokens_mask, settle_use_cache, slot_rows, starts_from_zero_state, use_cache_for
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
@@ -939,13 +939,14 @@ class Qwen3_5MoeMLP(nn.Module):
         return ops.of(self).swiglu_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)
 
 
-# patchgen[replace_class]: experts through ops.moe_experts, without upstream's experts-implementation dispatch
+# patchgen[replace_class]: experts through ops.moe_experts, without upstream's experts-implementation dispatch; load_state_dict fuses a checkpoint's per-expert tensors (Trainer's resume)
 class Qwen3_5MoeExperts(nn.Module):
     """Collection of expert weights stored as 3D tensors, computed through the `moe_experts` op slot.
 
     Replaces upstream's class to drop transformers' experts dispatch: the op slot is the one place
     that picks the experts kernel, and `experts_implementation` maps onto it (weights, names and
-    init are upstream's).
+    init are upstream's). `load_state_dict` also takes a checkpoint's per-expert tensors, as
+    `from_pretrained` does (Trainer's resume loads checkpoints through it).
     """
 
     def __init__(self, config):
@@ -956,6 +957,7 @@ class Qwen3_5MoeExperts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(self.num_experts, 2 * self.intermediate_dim, self.hidden_dim))
         self.down_proj = nn.Parameter(torch.empty(self.num_experts, self.hidden_dim, self.intermediate_dim))
         self.act_fn = ACT2FN[config.hidden_act]
+        self.register_load_state_dict_pre_hook(expert_weights.fuse_per_expert_weights)
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         return ops.of(self).moe_experts(

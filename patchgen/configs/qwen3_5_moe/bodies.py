@@ -23,7 +23,7 @@ from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import (
 )
 
 from patchgen.kernels import ops
-from patchgen.kernels.modeling import host_rows, shared_prefix, verify
+from patchgen.kernels.modeling import expert_weights, host_rows, shared_prefix, verify
 from patchgen.kernels.modeling.boundaries import resolve_packed
 from patchgen.kernels.modeling.generation import routed_tokens_mask, settle_use_cache, use_cache_for
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
@@ -38,7 +38,8 @@ class Qwen3_5MoeExperts(nn.Module):
 
     Replaces upstream's class to drop transformers' experts dispatch: the op slot is the one place
     that picks the experts kernel, and `experts_implementation` maps onto it (weights, names and
-    init are upstream's).
+    init are upstream's). `load_state_dict` also takes a checkpoint's per-expert tensors, as
+    `from_pretrained` does (Trainer's resume loads checkpoints through it).
     """
 
     def __init__(self, config):
@@ -49,6 +50,7 @@ class Qwen3_5MoeExperts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(self.num_experts, 2 * self.intermediate_dim, self.hidden_dim))
         self.down_proj = nn.Parameter(torch.empty(self.num_experts, self.hidden_dim, self.intermediate_dim))
         self.act_fn = ACT2FN[config.hidden_act]
+        self.register_load_state_dict_pre_hook(expert_weights.fuse_per_expert_weights)
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         return ops.of(self).moe_experts(

@@ -26,7 +26,10 @@ def moe_config(dense: PatchConfig, op_defaults: dict[str, str]) -> PatchConfig:
 
     config.replace_class(
         "Qwen3_5MoeExperts",
-        reason="experts through ops.moe_experts, without upstream's experts-implementation dispatch",
+        reason=(
+            "experts through ops.moe_experts, without upstream's experts-implementation dispatch; "
+            "load_state_dict fuses a checkpoint's per-expert tensors (Trainer's resume)"
+        ),
         body=f"{BODIES}:Qwen3_5MoeExperts",
     )
     config.add_method(
