@@ -42,7 +42,7 @@ def fuse_per_expert_weights(module, state_dict, prefix, local_metadata, strict, 
         if len(pieces) == module.num_experts * len(sources):
             state_dict[prefix + fused] = _fused(pieces, module.num_experts, sources)
         else:
-            _write_slices(module, prefix + fused, pieces, sources)
+            _write_slices(module, prefix, fused, pieces, sources)
     for index, source in found:
         del state_dict[f"{prefix}{index}.{source}.weight"]
 
@@ -69,8 +69,8 @@ def _check_indices(module, fused_key: str, pieces) -> None:
         raise ExpertWeightsUnloadable(fused_key, f"expert indices {beyond} beyond the model's {module.num_experts} experts")
 
 
-def _write_slices(module, fused_key: str, pieces, sources) -> None:
-    parameter = getattr(module, fused_key.rsplit(".", 1)[1])
+def _write_slices(module, prefix: str, fused: str, pieces, sources) -> None:
+    parameter, fused_key = getattr(module, fused), prefix + fused
     if parameter.is_meta:
         raise ExpertWeightsUnloadable(fused_key, "only some experts are in this state dict and the parameter is on the meta device")
     rows = parameter.shape[1] // len(sources)
