@@ -1,6 +1,6 @@
 """Where the host's time goes in one training step: CPU time vs GPU time, and the Python hot spots (GPU).
 
-    python bench/host_profile.py [--shapes 4x2048x256] [--layers 8,32] [--top 30] [--out DIR]
+    python bench/host_profile.py [--shapes 4x2048x256] [--layers 8,32] [--pass train|logprob] [--top 30] [--out DIR]
 
 Same model and batches as `bench/shared_prefix_gpu.py`. The CUDA context is made with blocking
 synchronisation (`CU_CTX_SCHED_BLOCKING_SYNC`), so a host waiting for the GPU sleeps instead of
@@ -8,7 +8,10 @@ spinning and the process's CPU time is the host's own work. Per shape, depth and
 wall time (median of 5), its CPU time (process time, every thread: autograd runs backward on a
 thread of its own), the GPU's busy time (sum of kernel times, torch.profiler), kernels per step, the profiler's
 host ops by self CPU time, and a cProfile of one step sorted by own time (backward on the calling
-thread for that step): what to cut to make the step GPU-bound.
+thread for that step): what to cut to make the step GPU-bound. `--pass logprob` profiles the log-prob
+pass instead (forward under `no_grad`, the model in eval mode, no graphs: the eager pass whose host
+time bounds a scoring loop), and adds the cProfile sorted by cumulative time, which names the
+stages (fla's, ours) a GDN layer's host time is spent in.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ def main(argv=None):
     parser.add_argument(
         "--arms", default="packed,shared,aligned", help="packed, shared, aligned (shared, shared_prefix_chunk_aligned)"
     )
+    parser.add_argument("--pass", dest="which", choices=("train", "logprob"), default="train")
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args(argv)
@@ -55,6 +59,7 @@ def main(argv=None):
         WIDTHS,
         checkpointed,
         config_for,
+        logprob_pass,
         parse_shapes,
         shape_batch,
         train_step,
@@ -74,13 +79,14 @@ def main(argv=None):
         with torch.device("cuda"):
             model = importlib.import_module(MODULE).Qwen3_5ForCausalLM(config_for(WIDTHS, layers)).bfloat16()
         checkpointed(model)
-        model.train()
+        model.train(args.which == "train")
+        run = train_step if args.which == "train" else logprob_pass
         for shape in parse_shapes(args.shapes):
             ids, cu, max_len, _ = shape_batch(shape, WIDTHS["vocab_size"], "cuda")
             for arm in args.arms.split(","):
                 model.config.shared_prefix_training = arm in ("shared", "aligned")
                 model.config.shared_prefix_chunk_aligned = arm == "aligned"
-                step = functools.partial(train_step, model, ids, cu, max_len)
+                step = functools.partial(run, model, ids, cu, max_len)
                 for _ in range(2):
                     step()
                 torch.cuda.synchronize()
@@ -100,7 +106,7 @@ def main(argv=None):
                 busy = sum(e.self_device_time_total for e in kernels) / 1e3
                 launches = sum(e.count for e in kernels)
                 say(
-                    f"=== {shape[0]} layers={layers} {arm}: wall {statistics.median(walls):.1f} ms, "
+                    f"=== {args.which} {shape[0]} layers={layers} {arm}: wall {statistics.median(walls):.1f} ms, "
                     f"host CPU {statistics.median(cpus):.1f} ms, GPU busy {busy:.1f} ms, {launches} kernels"
                 )
                 say(events.table(sort_by="self_cpu_time_total", row_limit=args.top, max_name_column_width=70))
@@ -112,11 +118,15 @@ def main(argv=None):
                     torch.cuda.synchronize()
                     profiler.disable()
                 text = io.StringIO()
-                pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(args.top)
-                say("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:6000])
+                stats = pstats.Stats(profiler, stream=text)
+                stats.sort_stats("tottime").print_stats(args.top)
+                if args.which == "logprob":
+                    stats.sort_stats("cumulative").print_stats(2 * args.top)
+                limit = 6000 if args.which == "train" else 16000
+                say("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:limit])
         del model
         torch.cuda.empty_cache()
-    (out / "host_profile.txt").write_text(report.getvalue())
+    (out / f"host_profile{'' if args.which == 'train' else '_logprob'}.txt").write_text(report.getvalue())
 
 
 if __name__ == "__main__":

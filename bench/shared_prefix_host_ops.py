@@ -70,6 +70,10 @@ def build(layer_types, checkpointing: bool, conv_look_back: str = "rows"):
 
 
 def step(model, ids, cu, max_len, labels):
+    if labels is None:  # the log-prob pass: forward under no_grad, per-token log-probs, no loss
+        with torch.no_grad():
+            return model(input_ids=ids, return_log_probs=True, return_logits=False,
+                         **packed_kwargs(cu, max_len)).log_probs
     model.zero_grad(set_to_none=True)
     out = model(input_ids=ids, labels=labels, return_logits=False, **packed_kwargs(cu, max_len))
     out.loss.backward()
@@ -83,9 +87,9 @@ ARMS = {  # arm -> (shared_prefix_training, shared_prefix_chunk_aligned)
 }
 
 
-def measure(model, arm: str, inputs, repeats: int):
+def measure(model, arm: str, inputs, repeats: int, logprob: bool = False):
     ids, cu, max_len = inputs
-    labels = boundary_labels(ids, cu)
+    labels = None if logprob else boundary_labels(ids, cu)
     model.config.shared_prefix_training, model.config.shared_prefix_chunk_aligned = ARMS[arm]
     for _ in range(2):
         step(model, ids, cu, max_len, labels)
@@ -141,6 +145,8 @@ def main(argv=None):
     parser.add_argument("--conv-look-back", choices=CONV_LOOK_BACK, default="rows",
                         help="the shared conv's look-back: gathered rows, a state gathered around the call (fla), "
                              "or read by the kernels from x (our Triton conv); default: the torch reference's (rows)")
+    parser.add_argument("--pass", dest="which", choices=("train", "logprob"), default="train",
+                        help="a training step, or the log-prob pass (forward under no_grad, per-token log-probs)")
     parser.add_argument("--out", default=None, help="also write the report to this file")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -149,7 +155,8 @@ def main(argv=None):
     results = {}
     for kind, layer_types in MODELS.items():
         model = build(layer_types, not args.no_checkpointing, args.conv_look_back)
-        results[kind] = {arm: measure(model, arm, (ids, cu, max_len), args.repeats) for arm in ARMS}
+        results[kind] = {arm: measure(model, arm, (ids, cu, max_len), args.repeats, args.which == "logprob")
+                         for arm in ARMS}
     lines = report(results, args, n, p, r)
     text = "\n".join(lines)
     print(text)
@@ -160,7 +167,7 @@ def main(argv=None):
 
 def report(results, args, n, p, r):
     arms = list(ARMS)
-    lines = [(f"{args.groups} group(s) of n={n} P={p} R={r}, tiny widths, float32, torch {torch.__version__}, "
+    lines = [(f"{args.which} pass, {args.groups} group(s) of n={n} P={p} R={r}, tiny widths, float32, torch {torch.__version__}, "
              f"checkpointing {'off' if args.no_checkpointing else 'on'}, conv look-back {args.conv_look_back}, "
              "1 thread; arms: packed, shared (default plan), aligned (shared_prefix_chunk_aligned)"),
              "launches = aten ops outside the op slots that launch a kernel on CUDA; slot calls = backend calls",

@@ -33,7 +33,10 @@ on the way predicted faster for this layout's work. A layout whose bucket is not
 eagerly while eager is predicted faster, and otherwise too until the time eager calls lost to the predicted replays
 adds up to a capture's cost (about `capture_steps` replays, rent or buy), then captures. The losing way runs again
 after `explore_after` calls, then after twice as many each time it still loses (the times drift: other layouts,
-a warmer host), and a replay is only ever explored on a held bucket.
+a warmer host), and at once at a work none of its measured calls lies within `reach` of: there its time would be
+carried over from other works (layouts of two sizes, the small ones eager while their bucket is not held, would
+otherwise price eager for the large ones by the small ones' time per unit, and never try it there, since the small
+ones' eager calls keep resetting the wait). A replay is only ever explored on a held bucket.
 
 The eager and the replayed stack run the same kernels on the same real rows, and the padding rows are read by no
 real row; but a GEMM or reduction over more rows may round differently (float32 logits 3e-8 apart on the CPU; bit-equal
@@ -216,8 +219,8 @@ class ReplayOrEager:
     """Per mode, replay or eager for each call, by the times measured so far (see the module docstring)."""
 
     def __init__(self, explore_after: int = 8, explore_cap: int = 256, window: int = 8, skip_first: int = 1,
-                 capture_steps: float = 4.0, keep: int = 32):
-        self.explore_after, self.explore_cap = explore_after, explore_cap
+                 capture_steps: float = 4.0, keep: int = 32, reach: float = 1.25):
+        self.explore_after, self.explore_cap, self.reach = explore_after, explore_cap, reach
         self.window, self.skip_first, self.capture_steps, self.keep = window, skip_first, capture_steps, keep
         self.samples: dict[tuple[str, str], deque] = {}  # (mode, way) -> the last measured calls' (work, ms)
         self._fits: dict[tuple[str, str], CallTime] = {}  # (mode, way) -> the fit of its samples (dropped on a new one)
@@ -299,11 +302,20 @@ class ReplayOrEager:
         if self.best.get(mode) != best:  # the loser starts waiting anew
             self.best[mode] = best
             self.interval[(mode, other)] = self.explore_after
-        waited = self.waited.get((mode, other), 0)
-        if waited >= self.interval[(mode, other)] and (other == EAGER or held):
-            self.interval[(mode, other)] = min(2 * self.interval[(mode, other)], self.explore_cap)
-            return self._run(mode, other)
+        if other == EAGER or held:
+            if self.waited.get((mode, other), 0) >= self.interval[(mode, other)]:
+                self.interval[(mode, other)] = min(2 * self.interval[(mode, other)], self.explore_cap)
+                return self._run(mode, other)
+            if not self.reaches(mode, other, bucket_work if other == REPLAY else own_work):
+                return self._run(mode, other)  # its time here would be a guess: learn it
         return self._run(mode, best)
+
+    def reaches(self, mode: str, way: str, work: float) -> bool:
+        """Whether a call of `work` lies within `reach` of a call measured (or being measured) that way: if not, the
+        prediction there is carried from other works (a rate learnt on small layouts put on a large one)."""
+        works = [w for w, _ in self.samples.get((mode, way), ())]
+        works += [t.work for t in self.pending if (t.mode, t.way) == (mode, way)]
+        return any(w <= self.reach * work and work <= self.reach * w for w in works)
 
     def _run(self, mode: str, way: str) -> bool:
         other = EAGER if way == REPLAY else REPLAY

@@ -87,8 +87,39 @@ def test_an_eager_calls_launches_are_a_fixed_part_so_small_layouts_replay_and_la
     assert (fit.fixed, fit.per_unit) == (pytest.approx(40), pytest.approx(0.01))
     # a time per unit of work alone (about 0.027 here) would call eager dearer than a replay at 6000 units
     assert choice.predicted_ms("score", EAGER, 6000) < choice.predicted_ms("score", REPLAY, 6600)
+    assert choice.pads("score", 6000, 6600, held=True)  # no replay measured near 6600: tried there once
+    _measure(choice, "score", REPLAY, 6600, 0.03 * 6600)
     assert not choice.pads("score", 6000, 6600, held=True)
-    assert choice.pads("score", 600, 660, held=True)
+    assert choice.pads("score", 800, 880, held=True)  # (within `reach` of the measured works: no trial there)
+
+
+def test_a_way_is_tried_where_its_calls_have_not_reached_and_then_chosen_by_its_own_time_there():
+    """Two sizes of layout: the large one's bucket held, the small ones eager (their bucket not held). Eager's samples
+    are all small, so its time per unit (host launches spread over few rows) prices a large eager call dearer than its
+    replay, and the small ones' eager calls keep resetting eager's wait: without trying eager where no eager call
+    reaches, the large layouts replay for ever though eager is faster there."""
+    def eager(w):
+        return 5.4 + 0.0028 * w  # the ninth session's fit on the H200, 8 layers
+
+    def replay(b):
+        return 0.0035 * b
+
+    choice = ReplayOrEager()
+    assert choice.pads("score", 7000, 8000, held=False)  # the large layout captures first
+    for ms in (1e4, replay(8000)):
+        assert choice.pads("score", 7000, 8000, held=True)
+        _measure(choice, "score", REPLAY, 8000, ms)
+    for ms in (1e4, eager(2000), eager(2100), eager(1900)):
+        assert not choice.pads("score", 2000, 2300, held=False)
+        _measure(choice, "score", EAGER, 2000, ms)
+    choice.harvest()
+    assert choice.predicted_ms("score", EAGER, 7000) > choice.predicted_ms("score", REPLAY, 8000)  # carried over
+    assert not choice.pads("score", 7000, 8000, held=True)  # tried where no eager call reaches
+    pending = choice.timing("score", EAGER, 7000, torch.device("cpu"))  # still on the device
+    assert choice.pads("score", 7100, 8000, held=True)  # a call being measured there reaches: not tried twice
+    pending.phases.append(Phase(0.0, None, eager(7000) / 1e3))
+    assert not choice.pads("score", 7000, 8000, held=True)  # now its own time there decides: eager
+    assert choice.pads("score", 2000, 2300, held=True)  # and the small layouts, their bucket now held, replay
 
 
 def test_one_stalled_call_moves_neither_part_of_the_fit():
