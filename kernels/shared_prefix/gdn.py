@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from ..errors import CudaGraphsUnavailable
+from .gdn_call_graph import CALL_GRAPHS
 from .gdn_rounds import gated_delta_rule_rounds, round_kernels
 from .layout import Layout
 from .rows import Arena, counting, interleave
@@ -330,6 +331,12 @@ def shared_prefix_gated_delta_rule(
         check_plan_tables(gdn_fn, kernels, q.dtype)
     if kernels is not None:
         scale = float(k.shape[-1] ** -0.5 if scale is None else scale)
+        inputs = (q, k, v, g, beta)
+        # a scoring forward on CUDA replays one graph of the rounds per forward; a padded plan is the layer-stack graphs'
+        if not idx.bucketed and CALL_GRAPHS.applies(kernels, inputs):
+            out = CALL_GRAPHS.run(kernels, idx, scale, use_qk_l2norm_in_kernel, inputs)
+            if out is not None:
+                return out
         return gated_delta_rule_rounds(kernels, idx, q, k, v, g, beta, scale, use_qk_l2norm_in_kernel)
     inputs = (q, k, v, g, beta)
     common = {"scale": scale, "use_qk_l2norm_in_kernel": use_qk_l2norm_in_kernel}

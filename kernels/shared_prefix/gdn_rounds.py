@@ -134,29 +134,36 @@ def loop_backward(kernels: RoundKernels, q, k, v, g, beta, scale, idx: GDNIndex,
     return tuple(torch.cat(parts, dim=1) if len(parts) > 1 else parts[0] for parts in zip(*grads))
 
 
+def rounds_forward(kernels: RoundKernels, idx: GDNIndex, scale: float, l2norm: bool, q, k, v, g, beta) -> tuple:
+    """Every round's forward: (the compact row's outputs, what `GDNRounds.backward` reads)."""
+    if idx.src_identity:
+        # the rounds read the compact row in place; the stages take contiguous rows (fla's l2norm
+        # views them flat), so q, k, v split from the conv output are copied, g and beta are not
+        qs, ks, vs, gs, bs = (x.contiguous() for x in (q, k, v, g, beta))
+    else:
+        qs, ks, vs, gs, bs = (x.index_select(1, idx.src) for x in (q, k, v, g, beta))
+    q_rstd = k_rstd = None
+    if l2norm:
+        qs, q_rstd = kernels.l2norm_fwd(qs)
+        ks, k_rstd = kernels.l2norm_fwd(ks)
+
+    def h0_of(rnd, states):
+        return initial_state(rnd, states, vs, ks.shape[3])
+
+    joint = getattr(kernels, "forward_rounds", None) if idx.joint is not None else None
+    if joint is not None:  # an index built without joint tables takes the loop, same results
+        o, initial, saved, meta = joint(qs, ks, vs, gs, bs, scale, idx, h0_of)
+    else:
+        o, initial, saved, meta = loop_forward(kernels, qs, ks, vs, gs, bs, scale, idx, h0_of)
+    out = o if idx.out_identity else o.index_select(1, idx.out_index)
+    return out, (qs, ks, vs, gs, bs, q_rstd, k_rstd, initial, saved, meta, joint is not None)
+
+
 class GDNRounds(torch.autograd.Function):
     @staticmethod
     def forward(ctx, kernels: RoundKernels, idx: GDNIndex, scale: float, l2norm: bool, q, k, v, g, beta):
-        if idx.src_identity:
-            # the rounds read the compact row in place; the stages take contiguous rows (fla's l2norm
-            # views them flat), so q, k, v split from the conv output are copied, g and beta are not
-            qs, ks, vs, gs, bs = (x.contiguous() for x in (q, k, v, g, beta))
-        else:
-            qs, ks, vs, gs, bs = (x.index_select(1, idx.src) for x in (q, k, v, g, beta))
-        q_rstd = k_rstd = None
-        if l2norm:
-            qs, q_rstd = kernels.l2norm_fwd(qs)
-            ks, k_rstd = kernels.l2norm_fwd(ks)
-
-        def h0_of(rnd, states):
-            return initial_state(rnd, states, vs, ks.shape[3])
-
-        joint = getattr(kernels, "forward_rounds", None) if idx.joint is not None else None
-        ctx.joint = joint is not None  # an index built without joint tables takes the loop, same results
-        if joint is not None:
-            o, initial, saved, meta = joint(qs, ks, vs, gs, bs, scale, idx, h0_of)
-        else:
-            o, initial, saved, meta = loop_forward(kernels, qs, ks, vs, gs, bs, scale, idx, h0_of)
+        out, kept = rounds_forward(kernels, idx, scale, l2norm, q, k, v, g, beta)
+        qs, ks, vs, gs, bs, q_rstd, k_rstd, initial, saved, meta, ctx.joint = kept
         # states travel through the saved tensors; None entries are kept as None by autograd
         ctx.rounds = len(initial)
         ctx.meta = meta
@@ -164,7 +171,7 @@ class GDNRounds(torch.autograd.Function):
         ctx.kernels, ctx.idx, ctx.scale, ctx.l2norm = kernels, idx, scale, l2norm
         ctx.dtypes = (q.dtype, k.dtype)
         ctx.shapes = (q.shape, k.shape, v.shape, g.shape, beta.shape)
-        return o if idx.out_identity else o.index_select(1, idx.out_index)
+        return out
 
     @staticmethod
     def backward(ctx, do):

@@ -1,0 +1,69 @@
+"""A scoring forward's GDN rounds replayed from one CUDA graph per forward (`gdn_call_graph.py`), on the GPU at
+Qwen3.5-4B widths, bf16: every layer's output is the eager rounds' bit for bit, the first layer of a forward runs
+eagerly and the second captures, a new plan captures anew, and training forwards never replay. Skipped without CUDA."""
+
+import pytest
+import torch
+from patchgen.kernels.shared_prefix import build_plan, shared_prefix_gated_delta_rule
+from patchgen.kernels.shared_prefix.gdn_call_graph import CALL_GRAPHS
+
+from tests.models.prefix_trees import pack
+from tests.shared_prefix.test_gdn_rounds_gpu import _backends, _gdn_inputs
+from tests.shared_prefix.test_tree import agentic, tokens
+
+pytestmark = pytest.mark.gpu
+
+LAYERS = 4
+
+
+def _plans():
+    two_rounds = [tokens(1000, 0) + tokens(96 + i, 1 + i) for i in range(4)]  # unaligned prompt: tails replayed
+    three_rounds = agentic(prompt=1000, turns=(130,), last=96, fan=3)
+    return [build_plan(*(x.cuda() for x in pack(seqs)), max_depth=4, level_cost=0) for seqs in (two_rounds, three_rounds)]
+
+
+def _layers(plan, gdn, enabled: bool, mode) -> list[torch.Tensor]:
+    """`LAYERS` GDN layers of one scoring forward: the same plan, other inputs each."""
+    CALL_GRAPHS.enabled = enabled
+    layers = []
+    for layer in range(LAYERS):
+        q, k, v, g, beta = (x.detach() for x in _gdn_inputs(plan.compact_length))
+        layers.append([q * (1 + layer / 8), k, v.flip(1), g, beta])  # other values per layer, same ranges
+    with mode():
+        return [shared_prefix_gated_delta_rule(plan, gdn, *inputs, use_qk_l2norm_in_kernel=True) for inputs in layers]
+
+
+@pytest.fixture
+def call_graphs():
+    before = CALL_GRAPHS.enabled
+    CALL_GRAPHS.release()
+    CALL_GRAPHS.captures = CALL_GRAPHS.replays = 0
+    yield CALL_GRAPHS
+    CALL_GRAPHS.release()
+    CALL_GRAPHS.enabled = before
+
+
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+@pytest.mark.parametrize("gdn", _backends())
+def test_every_layer_of_a_scoring_forward_replays_the_eager_rounds_bit_for_bit(gdn, mode, call_graphs):
+    for n, plan in enumerate(_plans(), start=1):
+        eager = _layers(plan, gdn, False, mode)
+        replayed = _layers(plan, gdn, True, mode)
+        for a, b in zip(eager, replayed):
+            assert torch.equal(a, b)
+        # the first layer eager, the second captured (and replayed), the rest replayed; a new plan captures anew
+        assert (call_graphs.captures, call_graphs.replays) == (n, n * (LAYERS - 1))
+    again = _layers(plan, gdn, True, mode)  # the same plan in the next forward: replays from its first layer
+    assert (call_graphs.captures, call_graphs.replays) == (2, 2 * (LAYERS - 1) + LAYERS)
+    assert all(torch.equal(a, b) for a, b in zip(again, eager))
+
+
+@pytest.mark.parametrize("gdn", _backends())
+def test_a_forward_that_builds_a_graph_for_backward_never_replays(gdn, call_graphs):
+    plan = _plans()[0]
+    call_graphs.enabled = True
+    for _ in range(LAYERS):
+        inputs = _gdn_inputs(plan.compact_length)  # inputs that want gradients, grad mode on
+        out = shared_prefix_gated_delta_rule(plan, gdn, *inputs, use_qk_l2norm_in_kernel=True)
+        assert out.grad_fn is not None
+    assert (call_graphs.captures, call_graphs.replays) == (0, 0)
