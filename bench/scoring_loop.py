@@ -410,9 +410,9 @@ def main(argv=None):
             print(f"    shared without graphs, host rows: {r['shared eager host rows ms']:.1f} ms (host "
                   f"{r['shared eager host rows host ms']:.1f}), eff {r['efficiency eager host rows']:.2f}, bit-equal to "
                   f"the graphed pass {r['shared eager bit-equal to shared']}", flush=True)
-        from patchgen.kernels.shared_prefix.gdn_call_graph import CALL_GRAPHS
+        from patchgen.kernels.shared_prefix.call_graphs import CALL_GRAPHS
 
-        print(f"    GDN call graphs (enabled {CALL_GRAPHS.enabled}) so far: {CALL_GRAPHS.captures} captures, "
+        print(f"    call graphs (GDN rounds, conv; enabled {CALL_GRAPHS.enabled}) so far: {CALL_GRAPHS.captures} captures, "
               f"{CALL_GRAPHS.replays} replays", flush=True)
         for text in r.get("timelines", ()):
             print(text, flush=True)

@@ -93,6 +93,7 @@ class _LookBack:
     table (no per-call chunk indices); the state in fla's own layout `[N, D, W]`, slot 0 unread."""
 
     layout = "fla"
+    plan_tables = True  # the plan's segment boundaries and chunk table, nothing derived and cached: capturable
 
     def forward(self, x, weight, bias, state, idx, activation):
         with _on(x.device):

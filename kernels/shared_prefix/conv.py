@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ..errors import CudaGraphsUnavailable
+from .call_graphs import CALL_GRAPHS
 from .gdn import chunk_indices
 from .layout import Layout
 from .rows import Arena, interleave
@@ -123,6 +124,14 @@ def look_back_kernels(conv_fn, dtype: torch.dtype):
     return getattr(fn, "look_back", None)
 
 
+def look_back_state(kernels, idx: ConvIndex, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Every segment's look-back in the kernels' state layout (see `LookBackConv`)."""
+    a, b = idx.state_gather(weight.shape[-1], x.shape[-1], kernels.layout)
+    if kernels.layout == "x":
+        return a
+    return torch.where(b, x.reshape(-1).index_select(0, a.reshape(-1)).view(a.shape), 0)
+
+
 class LookBackConv(torch.autograd.Function):
     """The conv over the compact row with every segment's look-back as its initial state, one autograd node.
 
@@ -135,11 +144,7 @@ class LookBackConv(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, kernels, idx: ConvIndex, activation, x, weight, bias):
-        a, b = idx.state_gather(weight.shape[-1], x.shape[-1], kernels.layout)
-        if kernels.layout == "x":
-            state = a
-        else:
-            state = torch.where(b, x.reshape(-1).index_select(0, a.reshape(-1)).view(a.shape), 0)
+        state = look_back_state(kernels, idx, x, weight)
         ctx.kernels, ctx.idx, ctx.activation = kernels, idx, activation
         ctx.save_for_backward(x, weight, bias, state)
         return kernels.forward(x, weight, bias, state, idx, activation)
@@ -188,6 +193,17 @@ def shared_prefix_causal_conv1d(
         x_all = torch.cat([x, x.index_select(1, idx.extra_src)], dim=1)
         return LookBackConv.apply(kernels, idx, activation, x_all, weight, bias)[:, :rows]
     if kernels is not None and weight.shape[-1] > 1:
-        return LookBackConv.apply(kernels, idx, activation, x.contiguous(), weight, bias)
+        x = x.contiguous()
+        inputs = (x, weight) if bias is None else (x, weight, bias)
+        # a scoring forward on CUDA replays one graph of the conv per forward (`call_graphs.py`)
+        if CALL_GRAPHS.applies(kernels, inputs):
+
+            def conv(x, weight, bias=None):
+                return kernels.forward(x, weight, bias, look_back_state(kernels, idx, x, weight), idx, activation)
+
+            y = CALL_GRAPHS.run("causal_conv1d", idx, (kernels, activation), conv, inputs)
+            if y is not None:
+                return y
+        return LookBackConv.apply(kernels, idx, activation, x, weight, bias)
     y = conv_fn(x.index_select(1, idx.src), weight, bias, activation=activation, cu_seqlens=idx.cu_seqlens)
     return y.index_select(1, idx.out_index)

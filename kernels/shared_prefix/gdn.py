@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from ..errors import CudaGraphsUnavailable
-from .gdn_call_graph import CALL_GRAPHS
-from .gdn_rounds import gated_delta_rule_rounds, round_kernels
+from .call_graphs import CALL_GRAPHS
+from .gdn_rounds import gated_delta_rule_rounds, round_kernels, rounds_forward
 from .layout import Layout
 from .rows import Arena, counting, interleave
 
@@ -334,7 +334,12 @@ def shared_prefix_gated_delta_rule(
         inputs = (q, k, v, g, beta)
         # a scoring forward on CUDA replays one graph of the rounds per forward; a padded plan is the layer-stack graphs'
         if not idx.bucketed and CALL_GRAPHS.applies(kernels, inputs):
-            out = CALL_GRAPHS.run(kernels, idx, scale, use_qk_l2norm_in_kernel, inputs)
+            settings = (kernels, scale, use_qk_l2norm_in_kernel)
+
+            def rounds(*xs):
+                return rounds_forward(kernels, idx, scale, use_qk_l2norm_in_kernel, *xs)[0]
+
+            out = CALL_GRAPHS.run("gated_delta_rule", idx, settings, rounds, inputs)
             if out is not None:
                 return out
         return gated_delta_rule_rounds(kernels, idx, q, k, v, g, beta, scale, use_qk_l2norm_in_kernel)

@@ -189,6 +189,7 @@ class LookBack:
     gathers nothing; the backward's dstate goes into dx by one index_add_."""
 
     layout = "x"
+    plan_tables = True  # the plan's segment boundaries only, no host read: capturable (`shared_prefix/call_graphs.py`)
 
     def forward(self, x, weight, bias, state, idx, activation):
         B, T, D = x.shape

@@ -1,11 +1,11 @@
-"""A scoring forward's GDN rounds replayed from one CUDA graph per forward (`gdn_call_graph.py`), on the GPU at
+"""A scoring forward's GDN rounds replayed from one CUDA graph per forward (`call_graphs.py`), on the GPU at
 Qwen3.5-4B widths, bf16: every layer's output is the eager rounds' bit for bit, the first layer of a forward runs
 eagerly and the second captures, a new plan captures anew, and training forwards never replay. Skipped without CUDA."""
 
 import pytest
 import torch
 from patchgen.kernels.shared_prefix import build_plan, shared_prefix_gated_delta_rule
-from patchgen.kernels.shared_prefix.gdn_call_graph import CALL_GRAPHS
+from patchgen.kernels.shared_prefix.call_graphs import CALL_GRAPHS
 
 from tests.models.prefix_trees import pack
 from tests.shared_prefix.test_gdn_rounds_gpu import _backends, _gdn_inputs

@@ -1,0 +1,122 @@
+"""A scoring forward's per-layer plan ops captured once and replayed for every layer of that forward.
+
+Every GDN layer of one forward runs its GDN rounds and its conv on the same plan (the same chunk tables,
+the same state hand-over, the same look-back rows) with inputs of the same shapes; only the values differ,
+and neither op reads a weight beyond the conv's few taps. Run eagerly, each layer launches these ops'
+kernels through fla's (or our) Python wrappers and Triton's launcher: on the H200 about as much host time
+per layer as the layer's GPU work at n=4 P=2048, which makes an eager scoring forward host-bound
+(docs/bench/README.md, the log-prob pass's host profile). Here, per op, the first layer of a forward runs
+eagerly (any compile or autotuning happens there, never under a capture, and the plan's lazily built index
+tensors are made there), the second captures the op on static copies of its inputs and replays it, and
+every later layer copies its inputs in and replays: a few copies and one graph launch per op and layer.
+
+A replay runs the captured kernels with the captured launch parameters on the same rows, so its output is
+the eager call's bit for bit. The graphs serve only calls that need no autograd node (a scoring forward:
+`no_grad`, `inference_mode`, or inputs that want no gradient), on CUDA, outside another capture (the
+layer-stack graphs of `shared_prefix_cuda_graphs` capture these ops themselves, on padded plans), and ops
+whose kernels read every table from the plan (`plan_tables`: nothing cached by tensor identity that a
+graph could outlive). One graph per op is kept, the last forward's: its inputs, outputs and working memory
+(a few hundred MB at 4B widths and 6k rows) stay allocated until a forward on another plan replaces it or
+`release()` drops it. ``PATCHGEN_CALL_GRAPHS=0`` turns them off (A/B runs).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+class CallGraphUnavailable(UserWarning):
+    """A call graph could not be captured: this process's scoring forwards run the plan ops eagerly."""
+
+
+@dataclass
+class _Entry:
+    key: tuple
+    index: object  # the plan's index of this op: held, so that `key`'s id of it stays its own
+    statics: list[torch.Tensor]
+    graph: object  # torch.cuda.CUDAGraph (a stand-in in the CPU tests)
+    out: torch.Tensor
+
+
+class CallGraphs:
+    """Per op, the last scoring forward's graph (see the module docstring)."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self.entries: dict[str, _Entry] = {}
+        self._seen: dict[str, tuple] = {}  # op -> (key last run eagerly, weak reference to its index)
+        self.captures = self.replays = 0  # for reports and tests
+
+    def applies(self, kernels, inputs: Sequence[torch.Tensor]) -> bool:
+        return (
+            self.enabled
+            and inputs[0].is_cuda
+            and getattr(kernels, "plan_tables", False)
+            and not (torch.is_grad_enabled() and any(x.requires_grad for x in inputs))
+            and not torch.cuda.is_current_stream_capturing()
+        )
+
+    def release(self) -> None:
+        """Drop the kept graphs and their memory."""
+        self.entries.clear()
+        self._seen.clear()
+
+    def run(self, op: str, index, settings: tuple, body: Callable, inputs: Sequence[torch.Tensor]):
+        """`body(*inputs)` from a replay, or None where the caller runs it eagerly (a forward's first layer).
+
+        `index` is the plan's part the op reads (the same object in every layer of a forward), `settings` whatever
+        else the captured kernels depend on besides the inputs' shapes (the backend, scale, flags)."""
+        key = (id(index), settings, tuple((x.shape, x.dtype) for x in inputs), inputs[0].device,
+               torch.is_inference_mode_enabled())
+        entry = self.entries.get(op)
+        if entry is None or entry.key != key:
+            seen = self._seen.get(op)
+            if seen is None or seen[0] != key or seen[1]() is not index:
+                self._seen[op] = (key, weakref.ref(index))
+                return None
+            self.entries.pop(op, None)  # the last forward's graph goes before this one is captured
+            entry = self._capture(key, index, body, inputs)
+            if entry is None:
+                return None
+            self.entries[op] = entry
+        torch._foreach_copy_(entry.statics, list(inputs))
+        entry.graph.replay()
+        self.replays += 1
+        return entry.out.clone()
+
+    def _capture(self, key, index, body, inputs) -> _Entry | None:
+        device = inputs[0].device
+        statics = [torch.empty(x.shape, dtype=x.dtype, device=device) for x in inputs]
+        torch._foreach_copy_(statics, list(inputs))
+        side, current = torch.cuda.Stream(device), torch.cuda.current_stream(device)
+        side.wait_stream(current)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.stream(side):
+                # thread_local: the capture fails only on what this thread does
+                graph.capture_begin(capture_error_mode="thread_local")
+                try:
+                    out = body(*statics)
+                finally:
+                    graph.capture_end()
+        except Exception as error:  # noqa: BLE001 - a failed capture leaves the eager ops, which work
+            self.enabled = False
+            warnings.warn(
+                f"a scoring forward's plan ops could not be captured into a CUDA graph ({error}); they run eagerly "
+                "from now on (PATCHGEN_CALL_GRAPHS=0 skips the attempt)",
+                CallGraphUnavailable,
+                stacklevel=3,
+            )
+            return None
+        current.wait_stream(side)
+        self.captures += 1
+        return _Entry(key, index, statics, graph, out)
+
+
+CALL_GRAPHS = CallGraphs(enabled=os.environ.get("PATCHGEN_CALL_GRAPHS") != "0")

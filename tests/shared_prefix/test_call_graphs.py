@@ -1,0 +1,127 @@
+"""When a scoring forward's plan ops (GDN rounds, conv) replay from a graph (`call_graphs.py`), on the CPU: which
+calls the graphs serve, the order in which a forward's layers run eagerly, capture and replay, and a whole model's
+scoring forward through them (a stand-in "captures" by keeping the op to run on the static inputs; the real graphs'
+bit-equality is checked on the GPU, test_call_graphs_gpu.py)."""
+
+import pytest
+import torch
+from patchgen.kernels.reference.gated_delta_rule import gated_delta_rule as reference_gdn
+from patchgen.kernels.shared_prefix import build_plan
+from patchgen.kernels.shared_prefix import call_graphs as call_graphs_module
+from patchgen.kernels.shared_prefix.call_graphs import CallGraphs, _Entry
+from patchgen.kernels.shared_prefix.gdn_rounds import ReferenceRounds, rounds_forward
+
+from tests.models import tiny
+from tests.models.prefix_trees import pack
+from tests.shared_prefix.test_tree import tokens
+
+
+class _EagerGraph:
+    def __init__(self, body):
+        self.body = body
+
+    def replay(self):
+        self.body()
+
+
+class _StandIn(CallGraphs):
+    """Serves CPU tensors and any kernels; a capture keeps the op, and a replay runs it on the static inputs."""
+
+    def applies(self, kernels, inputs):
+        return self.enabled and not (torch.is_grad_enabled() and any(x.requires_grad for x in inputs))
+
+    def _capture(self, key, index, body, inputs):
+        entry = _Entry(key, index, [x.clone() for x in inputs], None, torch.empty(0))
+
+        def replay():
+            entry.out = body(*entry.statics)
+
+        entry.graph = _EagerGraph(replay)
+        self.captures += 1
+        return entry
+
+
+def _plan(rollouts):
+    ids, cu = pack([tokens(100, 0) + tokens(9 + i, 1 + i) for i in range(rollouts)])
+    return build_plan(ids, cu, max_depth=4, level_cost=0)
+
+
+def _inputs(c, seed):
+    gen = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(1, c, 2, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(1, c, 4, 8, generator=gen, dtype=torch.float64)
+    g = torch.nn.functional.logsigmoid(torch.randn(1, c, 4, generator=gen, dtype=torch.float64))
+    beta = torch.rand(1, c, 4, generator=gen, dtype=torch.float64)
+    return q, k, v, g, beta
+
+
+KERNELS = ReferenceRounds(reference_gdn)
+
+
+def _rounds(plan, inputs):
+    return rounds_forward(KERNELS, plan.gdn, 8**-0.5, True, *inputs)[0]
+
+
+def _forward(graphs, plan, layers=4):
+    """`layers` GDN layers of one forward: the plan's rounds on other inputs each, through `graphs`."""
+    outs = []
+    for layer in range(layers):
+        inputs = _inputs(plan.compact_length, layer)
+        out = graphs.run("gated_delta_rule", plan.gdn, (KERNELS, 8**-0.5, True), lambda *xs: _rounds(plan, xs), inputs)
+        outs.append(_rounds(plan, inputs) if out is None else out)
+    return outs
+
+
+def test_a_forwards_first_layer_runs_eagerly_the_second_captures_and_the_rest_replay():
+    graphs, plan = _StandIn(), _plan(3)
+    with torch.no_grad():
+        expected = [_rounds(plan, _inputs(plan.compact_length, i)) for i in range(4)]
+        assert all(torch.equal(a, b) for a, b in zip(_forward(graphs, plan), expected))
+        assert (graphs.captures, graphs.replays) == (1, 3)
+        _forward(graphs, plan)  # the same plan again: every layer replays
+        assert (graphs.captures, graphs.replays) == (1, 7)
+        other = _plan(4)
+        _forward(graphs, other)  # another plan: eager, then a capture of its own
+        assert (graphs.captures, graphs.replays) == (2, 10)
+        assert graphs.entries["gated_delta_rule"].index is other.gdn
+    with torch.inference_mode():  # another kind of forward (its tensors cannot be written outside it): captured anew
+        _forward(graphs, other)
+    assert (graphs.captures, graphs.replays) == (3, 13)
+    graphs.release()
+    assert not graphs.entries
+
+
+def test_the_graphs_serve_no_forward_that_needs_an_autograd_node_and_none_off_cuda():
+    inputs = [x.requires_grad_() for x in _inputs(8, 0)]
+    assert not _StandIn().applies(KERNELS, inputs)  # grad mode on, inputs that want gradients: training
+    with torch.no_grad():
+        assert _StandIn().applies(KERNELS, inputs)
+        assert not _StandIn(enabled=False).applies(KERNELS, inputs)
+        assert not CallGraphs().applies(KERNELS, inputs)  # CPU tensors
+
+
+def _gdn_heavy_model():
+    layer_types = ["linear_attention"] * 3 + ["full_attention"]
+    return tiny.build("qwen3_5", "gpu", shared_prefix_training=True, num_hidden_layers=4, layer_types=layer_types)
+
+
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_a_models_scoring_forward_through_the_graphs_equals_its_eager_forward(mode, monkeypatch):
+    net = _gdn_heavy_model().eval()
+    # the GDN slot's rounds as one node (on the GPU: fla's or our stages), as the graphs serve them
+    rounds = {}  # one per backend function, as a backend's `rounds` attribute is
+    monkeypatch.setattr("patchgen.kernels.shared_prefix.gdn.round_kernels",
+                        lambda fn, dtype: rounds.setdefault(fn, ReferenceRounds(fn)))
+    ids, cu, _ = tiny.grpo_batch([(70, [9, 14, 5]), (66, [12, 3])], singles=[11])
+    with mode():
+        eager = net(input_ids=ids, return_log_probs=True, return_logits=False, **tiny.packed_kwargs(cu)).log_probs
+    stand_in = _StandIn()
+    monkeypatch.setattr(call_graphs_module, "CALL_GRAPHS", stand_in)
+    monkeypatch.setattr("patchgen.kernels.shared_prefix.gdn.CALL_GRAPHS", stand_in)
+    monkeypatch.setattr("patchgen.kernels.shared_prefix.conv.CALL_GRAPHS", stand_in)
+    with mode():
+        replayed = net(input_ids=ids, return_log_probs=True, return_logits=False, **tiny.packed_kwargs(cu)).log_probs
+    assert torch.equal(replayed, eager)
+    # three GDN layers: per op, the first eager, the second captured and replayed, the third replayed
+    assert (stand_in.captures, stand_in.replays) == (2, 4)
+    assert set(stand_in.entries) == {"gated_delta_rule", "causal_conv1d"}
