@@ -7,6 +7,7 @@ the loss exact. The algorithm is written down in `shared/shared_prefix.md`.
 """
 
 from .attention import AttentionIndex, attention_kv, shared_prefix_attention
+from .call_graphs import CallGraphUnavailable, release_call_graphs
 from .conv import ConvIndex, shared_prefix_causal_conv1d
 from .gdn import GDNIndex, GDNRound, shared_prefix_gated_delta_rule
 from .grouping import Group
@@ -40,6 +41,7 @@ __all__ = [
     "LEVEL_COST_TOKENS",
     "AttentionIndex",
     "BitIdentityNotGuaranteed",
+    "CallGraphUnavailable",
     "ConvIndex",
     "GDNIndex",
     "GDNRound",
@@ -58,6 +60,7 @@ __all__ = [
     "has_media",
     "positions_from_cu_seqlens",
     "reject_unsupported",
+    "release_call_graphs",
     "require_packed_metadata",
     "resolve_level_cost",
     "shared_prefix_attention",

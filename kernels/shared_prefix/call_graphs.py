@@ -17,7 +17,7 @@ layer-stack graphs of `shared_prefix_cuda_graphs` capture these ops themselves, 
 whose kernels read every table from the plan (`plan_tables`: nothing cached by tensor identity that a
 graph could outlive). One graph per op is kept, the last forward's: its inputs, outputs and working memory
 (a few hundred MB at 4B widths and 6k rows) stay allocated until a forward on another plan replaces it or
-`release()` drops it. ``PATCHGEN_CALL_GRAPHS=0`` turns them off (A/B runs).
+`release_call_graphs()` drops it. ``PATCHGEN_CALL_GRAPHS=0`` turns them off (A/B runs).
 """
 
 from __future__ import annotations
@@ -120,3 +120,8 @@ class CallGraphs:
 
 
 CALL_GRAPHS = CallGraphs(enabled=os.environ.get("PATCHGEN_CALL_GRAPHS") != "0")
+
+
+def release_call_graphs() -> None:
+    """Drop the graphs the last scoring forward kept, and their memory (they are captured again when next needed)."""
+    CALL_GRAPHS.release()
