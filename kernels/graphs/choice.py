@@ -223,7 +223,7 @@ class ReplayOrEager:
         self.explore_after, self.explore_cap, self.reach = explore_after, explore_cap, reach
         self.window, self.skip_first, self.capture_steps, self.keep = window, skip_first, capture_steps, keep
         self.samples: dict[tuple[str, str], deque] = {}  # (mode, way) -> the last measured calls' (work, ms)
-        # (mode, way) -> works measured, kept past the window: one within `reach` of each, so at most log(span)/log(reach)
+        # (mode, way) -> works measured, kept past the window (`reaches`): each out of `reach` of the others, so few
         self.reached: dict[tuple[str, str], list[float]] = {}
         self._fits: dict[tuple[str, str], CallTime] = {}  # (mode, way) -> the fit of its samples (dropped on a new one)
         self.skipped: dict[tuple[str, str], int] = {}
@@ -317,8 +317,9 @@ class ReplayOrEager:
     def reaches(self, mode: str, way: str, work: float) -> bool:
         """Whether a call of `work` lies within `reach` of a call measured (or being measured) that way: if not, the
         prediction there is carried from other works (a rate learnt on small layouts put on a large one). Measured
-        ever, not only in the window: the winning way's calls push the losing way's out of its window, and a trial
-        each time they did would explore every few calls for ever (the doubling waits then retry it)."""
+        ever, not only in the window: a way run at more works than its window holds pushes its calls at some out,
+        and a trial each time they were (twelve sizes cycling through a window of eight) ran every call that way for
+        ever; once measured there, the doubling waits retry it."""
         works = [*self.reached.get((mode, way), ())]
         works += [t.work for t in self.pending if (t.mode, t.way) == (mode, way)]
         return self._within_reach(work, works)

@@ -265,8 +265,8 @@ def test_a_scoring_graph_captured_under_no_grad_is_not_a_held_bucket_for_inferen
 
 def test_a_way_tried_at_every_work_once_then_waits_though_its_window_no_longer_holds_them():
     """Layouts of twelve sizes, replays far faster at all: after eager has been tried at each size, it waits the
-    doubling waits. Its window of eight calls cannot hold twelve sizes; trying it wherever the window does not reach
-    ran a quarter of all calls eagerly for ever, each 20 times a replay's time."""
+    doubling waits. Its window of eight calls cannot hold twelve sizes, cycled: trying it wherever the window did not
+    reach ran every call eagerly for ever, each about 20 times a replay's time."""
     choice = _learnt(replay_rate=0.01, eager_rate=2.01)
     works = [1000 * 1.3**k for k in range(12)]
     ways = []
