@@ -223,6 +223,8 @@ class ReplayOrEager:
         self.explore_after, self.explore_cap, self.reach = explore_after, explore_cap, reach
         self.window, self.skip_first, self.capture_steps, self.keep = window, skip_first, capture_steps, keep
         self.samples: dict[tuple[str, str], deque] = {}  # (mode, way) -> the last measured calls' (work, ms)
+        # (mode, way) -> works measured, kept past the window (`reaches`): each out of `reach` of the others, so few
+        self.reached: dict[tuple[str, str], list[float]] = {}
         self._fits: dict[tuple[str, str], CallTime] = {}  # (mode, way) -> the fit of its samples (dropped on a new one)
         self.skipped: dict[tuple[str, str], int] = {}
         self.waited: dict[tuple[str, str], int] = {}  # calls since the way last ran
@@ -261,6 +263,8 @@ class ReplayOrEager:
                 continue
             self.samples.setdefault(key, deque(maxlen=self.window)).append((timing.work, self.measured_ms(timing)))
             self._fits.pop(key, None)
+            if not self._within_reach(timing.work, self.reached.get(key, ())):
+                self.reached.setdefault(key, []).append(timing.work)
         self.pending = still
 
     @property
@@ -312,9 +316,15 @@ class ReplayOrEager:
 
     def reaches(self, mode: str, way: str, work: float) -> bool:
         """Whether a call of `work` lies within `reach` of a call measured (or being measured) that way: if not, the
-        prediction there is carried from other works (a rate learnt on small layouts put on a large one)."""
-        works = [w for w, _ in self.samples.get((mode, way), ())]
+        prediction there is carried from other works (a rate learnt on small layouts put on a large one). Measured
+        ever, not only in the window: a way run at more works than its window holds pushes its calls at some out,
+        and a trial each time they were (twelve sizes cycling through a window of eight) ran every call that way for
+        ever; once measured there, the doubling waits retry it."""
+        works = [*self.reached.get((mode, way), ())]
         works += [t.work for t in self.pending if (t.mode, t.way) == (mode, way)]
+        return self._within_reach(work, works)
+
+    def _within_reach(self, work: float, works) -> bool:
         return any(w <= self.reach * work and work <= self.reach * w for w in works)
 
     def _run(self, mode: str, way: str) -> bool:

@@ -261,3 +261,19 @@ def test_a_scoring_graph_captured_under_no_grad_is_not_a_held_bucket_for_inferen
     with torch.inference_mode():
         assert graphs.held_buckets(training=False) == ()
     assert graphs.held_buckets(training=True) == ()
+
+
+def test_a_way_tried_at_every_work_once_then_waits_though_its_window_no_longer_holds_them():
+    """Layouts of twelve sizes, replays far faster at all: after eager has been tried at each size, it waits the
+    doubling waits. Its window of eight calls cannot hold twelve sizes, cycled: trying it wherever the window did not
+    reach ran every call eagerly for ever, each about 20 times a replay's time."""
+    choice = _learnt(replay_rate=0.01, eager_rate=2.01)
+    works = [1000 * 1.3**k for k in range(12)]
+    ways = []
+    for work in works * 20:
+        replays = choice.pads("score", work, 1.1 * work, held=True)
+        way = REPLAY if replays else EAGER
+        _measure(choice, "score", way, 1.1 * work if replays else work, 0.011 * work if replays else 200 + 0.01 * work)
+        ways.append(way)
+    assert ways[:120].count(EAGER) <= len(works) + 4  # a trial at each size, and the waits of 8, 16, 32, 64 calls
+    assert ways[120:].count(EAGER) <= 2
