@@ -17,7 +17,8 @@ layer-stack graphs of `shared_prefix_cuda_graphs` capture these ops themselves, 
 whose kernels read every table from the plan (`plan_tables`: nothing cached by tensor identity that a
 graph could outlive). One graph per op is kept, the last forward's: its inputs, outputs and working memory
 (a few hundred MB at 4B widths and 6k rows) stay allocated until a forward on another plan replaces it or
-`release_call_graphs()` drops it. ``PATCHGEN_CALL_GRAPHS=0`` turns them off (A/B runs).
+`release_call_graphs()` drops it. ``PATCHGEN_CALL_GRAPHS=1`` turns them on, ``=0`` off; unset, they follow
+`ON_BY_DEFAULT`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,23 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+
+from ..errors import SettingError
+
+ENV_CALL_GRAPHS = "PATCHGEN_CALL_GRAPHS"
+# Off until the GPU tests of bit-equality (test_call_graphs_gpu.py) and the scoring loop's A/B have run on a GPU.
+ON_BY_DEFAULT = False
+
+
+def enabled_in(environ=None) -> bool:
+    """Whether the call graphs are on: ``PATCHGEN_CALL_GRAPHS`` (1 or 0), else `ON_BY_DEFAULT`; any other value is an
+    error rather than silently ignored."""
+    value = (os.environ if environ is None else environ).get(ENV_CALL_GRAPHS, "").strip()
+    if value in ("1", "0"):
+        return value == "1"
+    if value:
+        raise SettingError(f"environment variable {ENV_CALL_GRAPHS}={value!r}: expected 1 (on) or 0 (off), or unset it")
+    return ON_BY_DEFAULT
 
 
 class CallGraphUnavailable(UserWarning):
@@ -47,11 +65,21 @@ class _Entry:
 class CallGraphs:
     """Per op, the last scoring forward's graph (see the module docstring)."""
 
-    def __init__(self, enabled: bool = True):
-        self.enabled = enabled
+    def __init__(self, enabled: bool | None = None):
+        self._enabled = enabled
         self.entries: dict[str, _Entry] = {}
         self._seen: dict[str, tuple] = {}  # op -> (key last run eagerly, weak reference to its index)
         self.captures = self.replays = 0  # for reports and tests
+
+    @property
+    def enabled(self) -> bool:
+        if self._enabled is None:  # read at first use, so that a wrong value fails a forward, not an import
+            self._enabled = enabled_in()
+        return self._enabled
+
+    @enabled.setter
+    def enabled(self, value: bool) -> None:
+        self._enabled = value
 
     def applies(self, kernels, inputs: Sequence[torch.Tensor]) -> bool:
         return (
@@ -119,7 +147,7 @@ class CallGraphs:
         return _Entry(key, index, statics, graph, out)
 
 
-CALL_GRAPHS = CallGraphs(enabled=os.environ.get("PATCHGEN_CALL_GRAPHS") != "0")
+CALL_GRAPHS = CallGraphs()
 
 
 def release_call_graphs() -> None:

@@ -5,10 +5,11 @@ bit-equality is checked on the GPU, test_call_graphs_gpu.py)."""
 
 import pytest
 import torch
+from patchgen.kernels.errors import SettingError
 from patchgen.kernels.reference.gated_delta_rule import gated_delta_rule as reference_gdn
 from patchgen.kernels.shared_prefix import build_plan
 from patchgen.kernels.shared_prefix import call_graphs as call_graphs_module
-from patchgen.kernels.shared_prefix.call_graphs import CallGraphs, _Entry
+from patchgen.kernels.shared_prefix.call_graphs import ON_BY_DEFAULT, CallGraphs, _Entry, enabled_in
 from patchgen.kernels.shared_prefix.gdn_rounds import ReferenceRounds, rounds_forward
 
 from tests.models import tiny
@@ -26,6 +27,9 @@ class _EagerGraph:
 
 class _StandIn(CallGraphs):
     """Serves CPU tensors and any kernels; a capture keeps the op, and a replay runs it on the static inputs."""
+
+    def __init__(self, enabled: bool = True):
+        super().__init__(enabled)
 
     def applies(self, kernels, inputs):
         return self.enabled and not (torch.is_grad_enabled() and any(x.requires_grad for x in inputs))
@@ -125,3 +129,10 @@ def test_a_models_scoring_forward_through_the_graphs_equals_its_eager_forward(mo
     # three GDN layers: per op, the first eager, the second captured and replayed, the third replayed
     assert (stand_in.captures, stand_in.replays) == (2, 4)
     assert set(stand_in.entries) == {"gated_delta_rule", "causal_conv1d"}
+
+
+def test_the_environment_turns_them_on_or_off_and_a_wrong_value_is_an_error():
+    assert enabled_in({"PATCHGEN_CALL_GRAPHS": "1"}) and not enabled_in({"PATCHGEN_CALL_GRAPHS": "0"})
+    assert enabled_in({}) is ON_BY_DEFAULT
+    with pytest.raises(SettingError, match="PATCHGEN_CALL_GRAPHS='yes'.*expected 1 \\(on\\) or 0 \\(off\\)"):
+        enabled_in({"PATCHGEN_CALL_GRAPHS": "yes"})
