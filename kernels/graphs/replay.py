@@ -43,6 +43,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..errors import CudaGraphsUnavailable, GraphCaptureFailed, GraphReplayOverwritten
+from ..shared_prefix import call_graphs
 from .static import StaticCall
 
 
@@ -148,12 +149,14 @@ def allocating_to(pool, device: torch.device):
             "or set shared_prefix_cuda_graphs=False"
         )
     index = device.index if device.index is not None else torch.cuda.current_device()
-    begin(index, pool.id)
-    try:
-        yield
-    finally:
-        end(index, pool.id)
-        release(index, pool.id)
+    # a scoring forward's call graphs would be captured into this pool too (`call_graphs.CallGraphs.held_off`)
+    with call_graphs.CALL_GRAPHS.held_off():
+        begin(index, pool.id)
+        try:
+            yield
+        finally:
+            end(index, pool.id)
+            release(index, pool.id)
 
 
 def _capture_failed(error: BaseException) -> GraphCaptureFailed:

@@ -19,11 +19,22 @@ graph could outlive). One graph per op is kept, the last forward's: its inputs, 
 (a few hundred MB at 4B widths and 6k rows) stay allocated until a forward on another plan replaces it or
 `release_call_graphs()` drops it. ``PATCHGEN_CALL_GRAPHS=1`` turns them on, ``=0`` off; unset, they follow
 `ON_BY_DEFAULT`.
+
+Every graph of a device is captured on one side stream into one memory pool, so a graph captured for the next
+plan reuses the working memory of the one it replaces: a graph with a pool of its own would leave that pool
+reserved when it goes (torch frees a dead graph's pool only on `empty_cache` or an allocation that fails outside
+a capture), a few hundred MB more per plan. The graphs may share working memory because their replays never
+overlap: a lock makes each op's copy, replay and output copy one step for the process (models may score in
+several threads), and a replay waits for the last one when the caller runs on another stream. The layer-stack
+graphs' warm-ups hold the call graphs off (`held_off`): they route every allocation of the device into the stack's
+pool, a call graph's capture included.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -70,6 +81,10 @@ class CallGraphs:
         self.entries: dict[str, _Entry] = {}
         self._seen: dict[str, tuple] = {}  # op -> (key last run eagerly, weak reference to its index)
         self.captures = self.replays = 0  # for reports and tests
+        self._lock = threading.Lock()
+        self._held = 0  # layer-stack warm-ups under way (`held_off`)
+        self._capture_on: dict[torch.device, tuple] = {}  # device -> (memory pool, side stream) of every capture
+        self._last_stream: dict[torch.device, object] = {}  # device -> stream of the last replay
 
     @property
     def enabled(self) -> bool:
@@ -82,9 +97,11 @@ class CallGraphs:
         self._enabled = value
 
     def applies(self, kernels, inputs: Sequence[torch.Tensor]) -> bool:
+        return self.enabled and not self._held and self._serves(kernels, inputs)
+
+    def _serves(self, kernels, inputs: Sequence[torch.Tensor]) -> bool:
         return (
-            self.enabled
-            and inputs[0].is_cuda
+            inputs[0].is_cuda
             and getattr(kernels, "plan_tables", False)
             and not (torch.is_grad_enabled() and any(x.requires_grad for x in inputs))
             and not torch.cuda.is_current_stream_capturing()
@@ -92,8 +109,24 @@ class CallGraphs:
 
     def release(self) -> None:
         """Drop the kept graphs and their memory."""
-        self.entries.clear()
-        self._seen.clear()
+        with self._lock:
+            self.entries.clear()  # the graphs before their pool
+            self._seen.clear()
+            self._capture_on.clear()
+            self._last_stream.clear()
+
+    @contextlib.contextmanager
+    def held_off(self):
+        """No call graph inside (every thread): the layer-stack graphs' warm-ups, whose allocations all go to the
+        stack's pool (`graphs.replay.allocating_to`); a capture there would leave its working memory in that pool,
+        free for the warm-up's tensors while the graph still writes it at every replay."""
+        with self._lock:
+            self._held += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._held -= 1
 
     def run(self, op: str, index, settings: tuple, body: Callable, inputs: Sequence[torch.Tensor]):
         """`body(*inputs)` from a replay, or None where the caller runs it eagerly (a forward's first layer).
@@ -102,33 +135,64 @@ class CallGraphs:
         else the captured kernels depend on besides the inputs' shapes (the backend, scale, flags)."""
         key = (id(index), settings, tuple((x.shape, x.dtype) for x in inputs), inputs[0].device,
                torch.is_inference_mode_enabled())
-        entry = self.entries.get(op)
-        if entry is None or entry.key != key:
-            seen = self._seen.get(op)
-            if seen is None or seen[0] != key or seen[1]() is not index:
-                self._seen[op] = (key, weakref.ref(index))
-                return None
-            self.entries.pop(op, None)  # the last forward's graph goes before this one is captured
-            entry = self._capture(key, index, body, inputs)
-            if entry is None:
-                return None
-            self.entries[op] = entry
-        torch._foreach_copy_(entry.statics, list(inputs))
-        entry.graph.replay()
-        self.replays += 1
-        return entry.out.clone()
+        # one thread at a time from the copy into the static inputs to the copy of the output: another thread's
+        # copy in between would have this replay read its inputs
+        with self._lock:
+            self._after_last_replay(inputs[0].device)
+            entry = self.entries.get(op)
+            if entry is None or entry.key != key:
+                seen = self._seen.get(op)
+                if seen is None or seen[0] != key or seen[1]() is not index:
+                    self._seen[op] = (key, weakref.ref(index))
+                    return None
+                self._drop(op)  # the last forward's graph goes before this one is captured
+                entry = self._capture(key, index, body, inputs)
+                if entry is None:
+                    return None
+                self.entries[op] = entry
+            torch._foreach_copy_(entry.statics, list(inputs))
+            entry.graph.replay()
+            self.replays += 1
+            return entry.out.clone()
+
+    def _after_last_replay(self, device: torch.device) -> None:
+        """Order what follows after the device's last replay when the caller runs on another stream: the graphs share
+        their pool's working memory, and each graph its static inputs and output."""
+        if device.type != "cuda":
+            return
+        stream, last = torch.cuda.current_stream(device), self._last_stream.get(device)
+        if last is not None and last != stream:
+            stream.wait_stream(last)
+        self._last_stream[device] = stream
+
+    def _drop(self, op: str) -> None:
+        entry = self.entries.pop(op, None)
+        if entry is not None and entry.statics[0].is_cuda:
+            # a replay on another stream than the one they were made on may still read them
+            current = torch.cuda.current_stream(entry.statics[0].device)
+            for static in entry.statics:
+                static.record_stream(current)
+
+    def _capture_stream_and_pool(self, device: torch.device):
+        found = self._capture_on.get(device)
+        if found is None:
+            with torch.cuda.device(device):
+                pool = torch.cuda.MemPool() if hasattr(torch.cuda, "MemPool") else None  # torch < 2.8: one pool each
+                found = self._capture_on[device] = (pool, torch.cuda.Stream(device))
+        return found
 
     def _capture(self, key, index, body, inputs) -> _Entry | None:
         device = inputs[0].device
         statics = [torch.empty(x.shape, dtype=x.dtype, device=device) for x in inputs]
         torch._foreach_copy_(statics, list(inputs))
-        side, current = torch.cuda.Stream(device), torch.cuda.current_stream(device)
+        pool, side = self._capture_stream_and_pool(device)
+        current = torch.cuda.current_stream(device)
         side.wait_stream(current)
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.stream(side):
                 # thread_local: the capture fails only on what this thread does
-                graph.capture_begin(capture_error_mode="thread_local")
+                graph.capture_begin(pool=None if pool is None else pool.id, capture_error_mode="thread_local")
                 try:
                     out = body(*statics)
                 finally:

@@ -31,8 +31,8 @@ class _StandIn(CallGraphs):
     def __init__(self, enabled: bool = True):
         super().__init__(enabled)
 
-    def applies(self, kernels, inputs):
-        return self.enabled and not (torch.is_grad_enabled() and any(x.requires_grad for x in inputs))
+    def _serves(self, kernels, inputs):
+        return not (torch.is_grad_enabled() and any(x.requires_grad for x in inputs))
 
     def _capture(self, key, index, body, inputs):
         entry = _Entry(key, index, [x.clone() for x in inputs], None, torch.empty(0))
@@ -136,3 +136,68 @@ def test_the_environment_turns_them_on_or_off_and_a_wrong_value_is_an_error():
     assert enabled_in({}) is ON_BY_DEFAULT
     with pytest.raises(SettingError, match="PATCHGEN_CALL_GRAPHS='yes'.*expected 1 \\(on\\) or 0 \\(off\\)"):
         enabled_in({"PATCHGEN_CALL_GRAPHS": "yes"})
+
+
+def test_a_replay_reads_its_own_inputs_while_another_thread_scores_on_the_same_plan(monkeypatch):
+    """Two threads score on one plan (a reference model and the old policy, say, which `PlanReuse` hands the same
+    plan): the other thread's copy into the static inputs must not land between this thread's copy and replay."""
+    import threading
+
+    graphs, plan = _StandIn(), _plan(3)
+    with torch.no_grad():
+        _forward(graphs, plan, layers=2)  # the graph is held
+    first, second = _inputs(plan.compact_length, 10), _inputs(plan.compact_length, 11)
+    second_copied = threading.Event()
+    copy = torch._foreach_copy_
+
+    def copy_and_tell(dst, src):
+        copy(dst, src)
+        if threading.current_thread().name == "second":
+            second_copied.set()
+
+    monkeypatch.setattr(torch, "_foreach_copy_", copy_and_tell)
+    replay = graphs.entries["gated_delta_rule"].graph.body
+
+    def slow_replay():  # the first thread's replay lingers until the second has copied (or half a second)
+        if threading.current_thread().name == "first":
+            threading.Thread(target=score, args=(second, "second"), name="second").start()
+            second_copied.wait(0.5)
+        replay()
+
+    graphs.entries["gated_delta_rule"].graph.body = slow_replay
+    outs, done = {}, []
+
+    def score(inputs, name):
+        with torch.no_grad():
+            outs[name] = graphs.run("gated_delta_rule", plan.gdn, (KERNELS, 8**-0.5, True),
+                                    lambda *xs: _rounds(plan, xs), inputs)
+        done.append(name)
+
+    runner = threading.Thread(target=score, args=(first, "first"), name="first")
+    runner.start()
+    runner.join(10)
+    for _ in range(1000):
+        if len(done) == 2:
+            break
+        threading.Event().wait(0.01)
+    assert sorted(done) == ["first", "second"]
+    with torch.no_grad():
+        assert torch.equal(outs["first"], _rounds(plan, first))
+        assert torch.equal(outs["second"], _rounds(plan, second))
+
+
+def test_the_layer_stack_warm_ups_hold_the_call_graphs_off(monkeypatch):
+    """A layer-stack warm-up routes every allocation of the device into its pool (`allocating_to`), a call graph's
+    capture included: no call graph is captured or replayed inside one."""
+    from patchgen.kernels.graphs import replay as replay_module
+
+    for name in ("_cuda_beginAllocateToPool", "_cuda_endAllocateToPool", "_cuda_releasePool"):
+        monkeypatch.setattr(torch._C, name, lambda *args: None, raising=False)
+    stand_in = _StandIn()
+    monkeypatch.setattr(call_graphs_module, "CALL_GRAPHS", stand_in)
+    inputs = _inputs(8, 0)
+    with torch.no_grad():
+        assert stand_in.applies(KERNELS, inputs)
+        with replay_module.allocating_to(type("Pool", (), {"id": (1, 0)})(), torch.device("cuda", 0)):
+            assert not stand_in.applies(KERNELS, inputs)
+        assert stand_in.applies(KERNELS, inputs)

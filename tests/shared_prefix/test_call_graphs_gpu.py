@@ -4,10 +4,15 @@ eagerly and the second captures, a new plan captures anew, and training forwards
 
 import pytest
 import torch
-from patchgen.kernels.shared_prefix import build_plan, shared_prefix_gated_delta_rule
+from patchgen.kernels.shared_prefix import (
+    build_plan,
+    shared_prefix_causal_conv1d,
+    shared_prefix_gated_delta_rule,
+)
 from patchgen.kernels.shared_prefix.call_graphs import CALL_GRAPHS
 
 from tests.models.prefix_trees import pack
+from tests.shared_prefix.test_conv_state_gpu import _backends as _conv_backends
 from tests.shared_prefix.test_gdn_rounds_gpu import _backends, _gdn_inputs
 from tests.shared_prefix.test_tree import agentic, tokens
 
@@ -67,3 +72,67 @@ def test_a_forward_that_builds_a_graph_for_backward_never_replays(gdn, call_grap
         out = shared_prefix_gated_delta_rule(plan, gdn, *inputs, use_qk_l2norm_in_kernel=True)
         assert out.grad_fn is not None
     assert (call_graphs.captures, call_graphs.replays) == (0, 0)
+
+
+@pytest.mark.parametrize("conv", [p.values[0] for p in _conv_backends()], ids=[p.id for p in _conv_backends()])
+def test_every_layer_of_a_scoring_forward_replays_the_eager_conv_bit_for_bit(conv, call_graphs):
+    plan = _plans()[1]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    layers = [
+        (torch.randn(1, plan.compact_length, 8192, device="cuda", dtype=torch.bfloat16, generator=gen),
+         torch.randn(8192, 4, device="cuda", dtype=torch.bfloat16, generator=gen) / 2)
+        for _ in range(LAYERS)
+    ]
+
+    def forward(enabled):
+        CALL_GRAPHS.enabled = enabled
+        with torch.no_grad():
+            return [shared_prefix_causal_conv1d(plan, conv, x, w, activation="silu") for x, w in layers]
+
+    eager = forward(False)
+    replayed = forward(True)
+    assert all(torch.equal(a, b) for a, b in zip(eager, replayed))
+    assert (call_graphs.captures, call_graphs.replays) == (1, LAYERS - 1)
+
+
+@pytest.mark.parametrize("gdn", _backends())
+def test_graphs_captured_for_new_plans_reuse_the_memory_of_those_they_replace(gdn, call_graphs):
+    """Every micro-batch brings a new plan, so a graph is captured per forward. A graph with a pool of its own would
+    leave that pool reserved when it goes (torch frees it on empty_cache or a failed allocation only): the graphs
+    share one pool, and the reserved memory stays flat forward after forward."""
+    seqs = [tokens(1000, 0) + tokens(96 + i, 1 + i) for i in range(4)]
+    ids, cu = (x.cuda() for x in pack(seqs))
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    reserved = []
+    for _ in range(6):
+        plan = build_plan(ids, cu, max_depth=4, level_cost=0)  # equal to the last, but another plan: captured anew
+        _layers(plan, gdn, True, torch.no_grad)
+        torch.cuda.synchronize()
+        reserved.append(torch.cuda.memory_reserved())
+    assert call_graphs.captures == 6
+    assert reserved[-1] - reserved[2] < 16 * 2**20, [r / 2**20 for r in reserved]
+
+
+@pytest.mark.parametrize("gdn", _backends())
+def test_a_replay_on_another_stream_waits_for_the_last(gdn, call_graphs):
+    """Two streams taking turns (each a thread's or a caller's own): the outputs stay the eager ones."""
+    plan = _plans()[0]
+    eager = _layers(plan, gdn, False, torch.no_grad)
+    CALL_GRAPHS.enabled = True
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    inputs = []
+    for layer in range(LAYERS):
+        q, k, v, g, beta = (x.detach() for x in _gdn_inputs(plan.compact_length))
+        inputs.append([q * (1 + layer / 8), k, v.flip(1), g, beta])
+    outs = []
+    with torch.no_grad():
+        for layer, xs in enumerate(inputs):
+            stream = streams[layer % 2]
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                outs.append(shared_prefix_gated_delta_rule(plan, gdn, *xs, use_qk_l2norm_in_kernel=True))
+            torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    assert call_graphs.replays == LAYERS - 1
+    assert all(torch.equal(a, b) for a, b in zip(outs, eager))
