@@ -170,8 +170,10 @@ class CallGraphs:
         if entry is not None and entry.statics[0].is_cuda:
             # a replay on another stream than the one they were made on may still read them
             current = torch.cuda.current_stream(entry.statics[0].device)
-            for static in entry.statics:
-                static.record_stream(current)
+            # record_stream marks its tensor as written: an inference tensor takes it inside inference mode only
+            with torch.inference_mode(entry.statics[0].is_inference()):
+                for static in entry.statics:
+                    static.record_stream(current)
 
     def _capture_stream_and_pool(self, device: torch.device):
         found = self._capture_on.get(device)
