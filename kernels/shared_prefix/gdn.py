@@ -329,9 +329,9 @@ def shared_prefix_gated_delta_rule(
     kernels = round_kernels(gdn_fn, q.dtype)
     if idx.bucketed:
         check_plan_tables(gdn_fn, kernels, q.dtype)
+    inputs = (q, k, v, g, beta)
     if kernels is not None:
         scale = float(k.shape[-1] ** -0.5 if scale is None else scale)
-        inputs = (q, k, v, g, beta)
         # a scoring forward on CUDA replays one graph of the rounds per forward; a padded plan is the layer-stack graphs'
         if not idx.bucketed and CALL_GRAPHS.applies(kernels, inputs):
             settings = (kernels, scale, use_qk_l2norm_in_kernel)
@@ -343,7 +343,6 @@ def shared_prefix_gated_delta_rule(
             if out is not None:
                 return out
         return gated_delta_rule_rounds(kernels, idx, q, k, v, g, beta, scale, use_qk_l2norm_in_kernel)
-    inputs = (q, k, v, g, beta)
     common = {"scale": scale, "use_qk_l2norm_in_kernel": use_qk_l2norm_in_kernel}
     outputs, states, start = [], None, 0
     for r, rnd in enumerate(idx.rounds):
