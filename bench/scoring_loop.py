@@ -410,10 +410,11 @@ def main(argv=None):
             print(f"    shared without graphs, host rows: {r['shared eager host rows ms']:.1f} ms (host "
                   f"{r['shared eager host rows host ms']:.1f}), eff {r['efficiency eager host rows']:.2f}, bit-equal to "
                   f"the graphed pass {r['shared eager bit-equal to shared']}", flush=True)
-        from patchgen.kernels.shared_prefix.call_graphs import CALL_GRAPHS
+        from patchgen.kernels.shared_prefix.call_graphs import CALL_GRAPHS, LAYER_GRAPHS
 
         print(f"    call graphs (GDN rounds, conv; enabled {CALL_GRAPHS.enabled}) so far: {CALL_GRAPHS.captures} captures, "
-              f"{CALL_GRAPHS.replays} replays", flush=True)
+              f"{CALL_GRAPHS.replays} replays; layer graphs (enabled {LAYER_GRAPHS.enabled}): {LAYER_GRAPHS.captures} "
+              f"captures, {LAYER_GRAPHS.replays} replays", flush=True)
         for text in r.get("timelines", ()):
             print(text, flush=True)
     return results

@@ -107,7 +107,7 @@ from transformers.models.auto import AutoModel
 from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config, Qwen3_5TextConfig, Qwen3_5VisionConfig
 
 from patchgen.kernels import ops
-from patchgen.kernels.modeling import fields, host_rows, layer_graphs, shared_prefix, verify
+from patchgen.kernels.modeling import fields, host_rows, layer_graphs, scoring_layers, shared_prefix, verify
 from patchgen.kernels.modeling.boundaries import resolve_packed
 from patchgen.kernels.modeling.generation import settle_use_cache, slot_rows, starts_from_zero_state, use_cache_for
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
@@ -1424,8 +1424,11 @@ class Qwen3_5TextModel(Qwen3_5PreTrainedModel):
         position_embeddings = self.rotary_emb(hidden_states, position_ids)
 
         def decoder_layers(hidden_states, position_embeddings, masks, **layer_kwargs):
+            # each layer as it is, or in a shared-prefix scoring forward replayed from a graph of its kind's
+            call_layer = scoring_layers.layer_call(layer_kwargs)
             for i, decoder_layer in enumerate(self.layers[: self.config.num_hidden_layers]):
-                hidden_states = decoder_layer(
+                hidden_states = call_layer(
+                    decoder_layer,
                     hidden_states,
                     position_embeddings=position_embeddings,
                     attention_mask=masks[self.config.layer_types[i]],

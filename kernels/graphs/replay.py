@@ -150,7 +150,7 @@ def allocating_to(pool, device: torch.device):
         )
     index = device.index if device.index is not None else torch.cuda.current_device()
     # a scoring forward's call graphs would be captured into this pool too (`call_graphs.CallGraphs.held_off`)
-    with call_graphs.CALL_GRAPHS.held_off():
+    with call_graphs.held_off():
         begin(index, pool.id)
         try:
             yield

@@ -1,0 +1,122 @@
+"""A shared-prefix scoring forward's decoder layers replayed from one CUDA graph per kind of layer.
+
+An eager scoring forward (old-policy or reference log-probs under ``no_grad`` / ``inference_mode``) is host-bound
+at RL's sizes: at 32 layers, n=4 P=2048 on the H200 the host spends about 79 ms issuing what the GPU runs in about
+52, even with the plan ops' call graphs (`shared_prefix/call_graphs.py`); what is left is every layer's linears,
+norms, activations and gates, launched one by one. Yet every layer of a kind (GDN or full attention) runs the
+same code on inputs of the same shapes and on the same plan: only its weights and its input differ. So per kind,
+the first layer of a forward runs eagerly (compiles, autotuning, the plan's lazily built tables), the second is
+captured with its weights and inputs swapped for static copies (`torch.func.functional_call`), and every later one
+copies its weights and inputs into those statics and replays: one graph launch per layer instead of its launches.
+
+What it costs: the GPU copies each replayed layer's weights (about 0.13 ms for a 4B layer's 230 MB, read and
+written), and memory holds one layer's weights per kind and the graphs' working memory until a forward on another
+plan replaces them or `release_call_graphs()` drops them. A layer with more than `MAX_LAYER_BYTES` of weights (an
+MoE layer's experts) runs as it is: its copy would cost the GPU more than the launches it saves.
+
+A replay runs the captured kernels with the captured launch parameters on copies of the same values, so its
+output is the eager layer's bit for bit. Layers run as they are where a graph could be wrong or is not wanted:
+outside a shared-prefix plan (generation, packed rows), when autograd needs the layer's node, off CUDA, inside
+another capture (the layer-stack graphs of ``shared_prefix_cuda_graphs``) or its warm-ups, with hooks on the
+layer or per-layer outputs being recorded (a hook's Python does not run in a replay), and with arguments a key
+cannot describe.
+``PATCHGEN_LAYER_GRAPHS=1`` turns them on, ``=0`` off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from transformers.utils import output_capturing
+
+from ..shared_prefix import call_graphs
+from .layer_graphs import hooked_modules
+from .shared_prefix import KWARG
+
+# above this, copying a layer's weights costs the GPU more than its launches cost the host (4B widths: about
+# 230 MB a layer; a Qwen3.5-MoE layer's experts are several GB)
+MAX_LAYER_BYTES = 1 << 30
+SCALARS = (int, float, bool, str, type(None))
+
+
+def layer_call(layer_kwargs: dict) -> Callable:
+    """How the decoder-layer loop calls each layer in this forward: ``call(layer, hidden, **kwargs)``."""
+    if layer_kwargs.get(KWARG) is None or not call_graphs.LAYER_GRAPHS.enabled or _recording():
+        return _as_it_is
+    return _replayed
+
+
+def _recording() -> bool:
+    """Whether transformers is collecting per-layer outputs (hidden states, attentions, router logits) through its
+    module hooks, which run when a layer is called, not when a graph of it replays."""
+    collector = getattr(output_capturing, "_active_collector", None)
+    return bool(collector is not None and collector.get())
+
+
+def _as_it_is(layer, hidden, **kwargs):
+    return layer(hidden, **kwargs)
+
+
+def _replayed(layer, hidden: torch.Tensor, **kwargs):
+    graphs = call_graphs.LAYER_GRAPHS
+    if (
+        graphs._held
+        or not graphs.enabled
+        or not graphs.on_device(hidden)
+        or (torch.is_grad_enabled() and (hidden.requires_grad or _trains(layer)))
+        or (hidden.is_cuda and torch.cuda.is_current_stream_capturing())
+    ):
+        return layer(hidden, **kwargs)
+    split = _split_kwargs(kwargs)
+    named = [*layer.named_parameters(), *layer.named_buffers()]
+    if split is None or sum(t.numel() * t.element_size() for _, t in named) > MAX_LAYER_BYTES or hooked_modules([layer]):
+        return layer(hidden, **kwargs)
+    settings, tensors, rebuild = split
+    names = tuple(name for name, _ in named)
+    weights = [t for _, t in named]
+
+    def body(*statics):
+        kw_tensors, static_weights = statics[1 : 1 + len(tensors)], statics[1 + len(tensors) :]
+        return torch.func.functional_call(layer, dict(zip(names, static_weights)), (statics[0],), rebuild(kw_tensors))
+
+    kind = (type(layer).__qualname__, names)
+    out = graphs.run(kind, kwargs[KWARG], settings, body, [hidden, *tensors, *weights])
+    return layer(hidden, **kwargs) if out is None else out
+
+
+def _trains(layer) -> bool:
+    first = next(layer.parameters(), None)
+    return first is not None and first.requires_grad
+
+
+def _split_kwargs(kwargs: dict):
+    """(what the key holds by value, the tensors a replay copies in, how to rebuild the keyword arguments from copies
+    of those tensors), or None for an argument that is neither (a cache object: the layer runs as it is). The plan is
+    keyed by identity (`CallGraphs.run`'s index), the tables it holds are read in place."""
+    scalars, tensors, slots = {}, [], []
+    for name in sorted(kwargs):
+        value = kwargs[name]
+        if name == KWARG:
+            continue
+        if isinstance(value, torch.Tensor):
+            slots.append((name, len(tensors), 1, None))
+            tensors.append(value)
+        elif isinstance(value, (tuple, list)) and value and all(isinstance(x, torch.Tensor) for x in value):
+            slots.append((name, len(tensors), len(value), type(value)))
+            tensors.extend(value)
+        elif isinstance(value, SCALARS):
+            scalars[name] = value
+        else:
+            return None
+    plan = kwargs[KWARG]
+
+    def rebuild(copies):
+        rebuilt = dict(scalars)
+        for name, at, count, container in slots:
+            rebuilt[name] = copies[at] if container is None else container(copies[at : at + count])
+        rebuilt[KWARG] = plan
+        return rebuilt
+
+    settings = (tuple(scalars.items()), tuple((name, count, container) for name, _, count, container in slots))
+    return settings, tensors, rebuild

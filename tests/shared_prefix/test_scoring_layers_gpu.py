@@ -1,0 +1,66 @@
+"""A shared-prefix scoring forward's decoder layers replayed from one CUDA graph per kind (`modeling/scoring_layers.py`)
+on the GPU: the generated model's log-probs are the eager forward's bit for bit under no_grad and inference mode,
+per kind the first layer runs eagerly, the second captures and the rest replay, and the reserved memory stays flat
+over forwards on new plans. 8 layers at Qwen3.5-4B head widths (test_layer_graphs_gpu.py's model), bf16, real
+backends, the layer-stack graphs off. Skipped without CUDA."""
+
+import pytest
+import torch
+from patchgen.kernels.shared_prefix.call_graphs import LAYER_GRAPHS
+
+from tests.shared_prefix.test_layer_graphs_gpu import A, C, D, E, _batch, _model
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def layer_graphs():
+    before = LAYER_GRAPHS.enabled
+    LAYER_GRAPHS.release()
+    LAYER_GRAPHS.captures = LAYER_GRAPHS.replays = 0
+    yield LAYER_GRAPHS
+    LAYER_GRAPHS.release()
+    LAYER_GRAPHS.enabled = before
+
+
+def _log_probs(model, batch, enabled: bool):
+    ids, _, kwargs = batch
+    LAYER_GRAPHS.enabled = enabled
+    return model(input_ids=ids, return_log_probs=True, return_logits=False, **kwargs).log_probs
+
+
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_a_scoring_forward_through_the_layer_graphs_gives_the_eager_log_probs_bit_for_bit(mode, layer_graphs):
+    model = _model(graphs=False).eval()
+    with mode():
+        for n, shape in enumerate((A, C), start=1):
+            batch = _batch(shape, seed=n)
+            eager = _log_probs(model, batch, False)
+            replayed = _log_probs(model, batch, True)
+            assert torch.equal(replayed, eager)
+            # 6 GDN layers: eager, captured, 4 replayed; 2 attention layers: eager, captured (a capture also replays)
+            assert (layer_graphs.captures, layer_graphs.replays) == (2 * n, 6 * n)
+
+
+def test_layer_graphs_of_new_plans_reuse_the_memory_of_those_they_replace(layer_graphs):
+    model = _model(graphs=False).eval()
+    batches = [_batch(shape, seed=i) for i, shape in enumerate((A, C, D, E, A, C))]
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    reserved = []
+    with torch.no_grad():
+        for batch in batches:
+            _log_probs(model, batch, True)
+            torch.cuda.synchronize()
+            reserved.append(torch.cuda.memory_reserved())
+    assert layer_graphs.captures == 2 * len(batches)
+    # the largest layout (A) comes first: after the warm-up of the first few, nothing new is reserved
+    assert reserved[-1] - reserved[2] < 16 * 2**20, [r / 2**20 for r in reserved]
+
+
+def test_a_training_forward_never_replays_a_layer(layer_graphs):
+    model = _model(graphs=False)
+    ids, labels, kwargs = _batch(A, seed=0)
+    LAYER_GRAPHS.enabled = True
+    model(input_ids=ids, labels=labels, return_logits=False, **kwargs).loss.backward()
+    assert (layer_graphs.captures, layer_graphs.replays) == (0, 0)
