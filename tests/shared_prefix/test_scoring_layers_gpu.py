@@ -44,7 +44,8 @@ def test_a_scoring_forward_through_the_layer_graphs_gives_the_eager_log_probs_bi
 
 def test_layer_graphs_of_new_plans_reuse_the_memory_of_those_they_replace(layer_graphs):
     model = _model(graphs=False).eval()
-    batches = [_batch(shape, seed=i) for i, shape in enumerate((A, C, D, E, A, C))]
+    # every layout twice over: a graph that kept its memory when replaced would reserve more on each new plan
+    batches = [_batch(shape, seed=i) for i, shape in enumerate((A, C, D, E) * 2)]
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     reserved = []
@@ -54,8 +55,11 @@ def test_layer_graphs_of_new_plans_reuse_the_memory_of_those_they_replace(layer_
             torch.cuda.synchronize()
             reserved.append(torch.cuda.memory_reserved())
     assert layer_graphs.captures == 2 * len(batches)
-    # the largest layout (A) comes first: after the warm-up of the first few, nothing new is reserved
-    assert reserved[-1] - reserved[2] < 16 * 2**20, [r / 2**20 for r in reserved]
+    # one pool for every graph of the device; a pool per graph would stay reserved when its graph goes, a layer graph's
+    # working memory more per plan. What the allocator still rounds up (22 MB once over six forwards on the H200) is
+    # bounded: seven forwards on new plans after the first reserve less than 64 MB in all
+    assert len(layer_graphs._capture_on) == 1
+    assert reserved[-1] - reserved[1] < 64 * 2**20, [r / 2**20 for r in reserved]
 
 
 def test_a_training_forward_never_replays_a_layer(layer_graphs):
