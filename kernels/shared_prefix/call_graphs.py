@@ -222,6 +222,7 @@ class CallGraphs:
         current = torch.cuda.current_stream(device)
         side.wait_stream(current)
         graph = torch.cuda.CUDAGraph()
+        _clear_cublas_workspaces()
         try:
             with torch.cuda.stream(side):
                 # thread_local: the capture fails only on what this thread does
@@ -241,9 +242,23 @@ class CallGraphs:
                 stacklevel=3,
             )
             return None
+        finally:
+            _clear_cublas_workspaces()
         current.wait_stream(side)
         self.captures += 1
         return _Entry(key, index, statics, graph, out, _by_dtype(statics))
+
+
+def _clear_cublas_workspaces() -> None:
+    """Let a capture's cuBLAS workspace be its own. cuBLAS keeps one workspace per handle and stream: one made during a
+    capture lives in the graphs' pool and would be shared by every later capture on the side stream, outlive a
+    released pool, and be freed twice when the process exits (glibc's "double free or corruption" after a layer
+    graph, whose linears call cuBLAS, on the H200). Cleared before a capture, the capture allocates a workspace in
+    the pool; cleared after, the pool alone holds it, like any block the graph uses (torch's cudagraph trees do the
+    same)."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
 
 
 CALL_GRAPHS = CallGraphs()

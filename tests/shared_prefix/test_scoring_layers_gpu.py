@@ -68,3 +68,32 @@ def test_a_training_forward_never_replays_a_layer(layer_graphs):
     LAYER_GRAPHS.enabled = True
     model(input_ids=ids, labels=labels, return_logits=False, **kwargs).loss.backward()
     assert (layer_graphs.captures, layer_graphs.replays) == (0, 0)
+
+
+EXIT_SCRIPT = """
+import sys, torch
+sys.path.append({root!r})  # after the staged package: the tests' helpers only
+from patchgen.kernels.shared_prefix.call_graphs import LAYER_GRAPHS
+from tests.shared_prefix.test_layer_graphs_gpu import A, C, _batch, _model
+LAYER_GRAPHS.enabled = True
+model = _model(graphs=False).eval()
+with torch.no_grad():
+    for seed, shape in enumerate((A, C, A)):  # captured, replaced, replaced
+        ids, _, kwargs = _batch(shape, seed)
+        model(input_ids=ids, return_log_probs=True, return_logits=False, **kwargs)
+assert LAYER_GRAPHS.captures >= 4 and LAYER_GRAPHS.replays > 0, LAYER_GRAPHS.replays
+print("scored")
+"""
+
+
+def test_a_process_that_replayed_layer_graphs_exits_cleanly():
+    """A layer graph's linears call cuBLAS, whose workspace for the capture stream would live in the graphs' pool:
+    left there, the process aborted at exit ("double free or corruption") once the pool was gone."""
+    import pathlib
+    import subprocess
+    import sys
+
+    root = str(pathlib.Path(__file__).resolve().parents[2])
+    done = subprocess.run([sys.executable, "-c", EXIT_SCRIPT.format(root=root)], check=False, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0 and "scored" in done.stdout, done.stderr[-2000:]
