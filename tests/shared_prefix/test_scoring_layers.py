@@ -125,7 +125,16 @@ def test_a_hooked_layer_runs_as_it_is_and_the_others_still_replay(layer_graphs):
 def test_the_environment_turns_the_layer_graphs_on_or_off_and_a_wrong_value_is_an_error():
     assert enabled_in({"PATCHGEN_LAYER_GRAPHS": "1"}, name="PATCHGEN_LAYER_GRAPHS")
     assert not enabled_in({"PATCHGEN_LAYER_GRAPHS": "0", "PATCHGEN_CALL_GRAPHS": "1"}, name="PATCHGEN_LAYER_GRAPHS")
-    assert call_graphs_module.CallGraphs(env="PATCHGEN_LAYER_GRAPHS", default=LAYERS_ON_BY_DEFAULT).enabled in (
-        LAYERS_ON_BY_DEFAULT, enabled_in(name="PATCHGEN_LAYER_GRAPHS"))
+    assert enabled_in({}, name="PATCHGEN_LAYER_GRAPHS", default=LAYERS_ON_BY_DEFAULT) is LAYERS_ON_BY_DEFAULT
     with pytest.raises(SettingError, match="PATCHGEN_LAYER_GRAPHS='on'"):
         enabled_in({"PATCHGEN_LAYER_GRAPHS": "on"}, name="PATCHGEN_LAYER_GRAPHS")
+
+
+def test_a_training_forward_releases_the_scoring_graphs_before_its_backward(layer_graphs):
+    net, (ids, cu, _) = _model(), _batch()
+    with torch.no_grad():
+        _log_probs(net, ids, cu)
+    assert layer_graphs.entries  # held for the next scoring forward on this plan
+    loss = _log_probs(net, ids, cu).sum()
+    assert not layer_graphs.entries and not layer_graphs._seen  # the weight copies and working memory are gone
+    loss.backward()
