@@ -140,13 +140,19 @@ class CallGraphs:
         """Whether `x`'s device can capture (CUDA; the CPU tests' stand-ins say yes to the CPU)."""
         return x.is_cuda
 
-    def release(self) -> None:
-        """Drop the kept graphs and their memory."""
-        with self._lock:
+    def release(self, timeout: float = -1) -> bool:
+        """Drop the kept graphs and their memory; False, dropping nothing, when another thread held them past
+        `timeout` seconds (a negative one waits as long as it takes)."""
+        if not self._lock.acquire(timeout=timeout):
+            return False
+        try:
             self.entries.clear()  # the graphs before their pool
             self._seen.clear()
             self._capture_on.clear()
             self._last_stream.clear()
+        finally:
+            self._lock.release()
+        return True
 
     @contextlib.contextmanager
     def held_off(self):
@@ -273,9 +279,15 @@ def release_call_graphs() -> None:
     LAYER_GRAPHS.release()
 
 
-# the graphs go while torch's CUDA state is whole: left to the interpreter's teardown, a graph and its pool may be
-# destroyed after the allocator they return memory to
-atexit.register(release_call_graphs)
+def _release_at_exit() -> None:
+    # the graphs go while torch's CUDA state is whole: left to the interpreter's teardown, a graph and its pool may be
+    # destroyed after the allocator they return memory to. A daemon thread stopped mid-replay keeps its lock: the
+    # exit waits a second for it, never for ever
+    for graphs in (CALL_GRAPHS, LAYER_GRAPHS):
+        graphs.release(timeout=1.0)
+
+
+atexit.register(_release_at_exit)
 
 
 @contextlib.contextmanager

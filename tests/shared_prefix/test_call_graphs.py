@@ -201,3 +201,15 @@ def test_the_layer_stack_warm_ups_hold_the_call_graphs_off(monkeypatch):
         with replay_module.allocating_to(type("Pool", (), {"id": (1, 0)})(), torch.device("cuda", 0)):
             assert not stand_in.applies(KERNELS, inputs)
         assert stand_in.applies(KERNELS, inputs)
+
+
+def test_releasing_at_exit_never_waits_for_ever_on_a_thread_stopped_mid_replay():
+    graphs, plan = _StandIn(), _plan(3)
+    with torch.no_grad():
+        _forward(graphs, plan, layers=2)
+    graphs._lock.acquire()  # a daemon thread's replay, stopped by the exit
+    try:
+        assert graphs.release(timeout=0.05) is False and graphs.entries
+    finally:
+        graphs._lock.release()
+    assert graphs.release(timeout=0.05) is True and not graphs.entries
