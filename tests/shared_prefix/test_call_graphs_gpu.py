@@ -38,14 +38,19 @@ def _layers(plan, gdn, enabled: bool, mode) -> list[torch.Tensor]:
         return [shared_prefix_gated_delta_rule(plan, gdn, *inputs, use_qk_l2norm_in_kernel=True) for inputs in layers]
 
 
+def fresh(graphs):
+    """`graphs` with nothing held and its counters at zero for a test, its switch as it was after."""
+    before = graphs.enabled
+    graphs.release()
+    graphs.captures = graphs.replays = 0
+    yield graphs
+    graphs.release()
+    graphs.enabled = before
+
+
 @pytest.fixture
 def call_graphs():
-    before = CALL_GRAPHS.enabled
-    CALL_GRAPHS.release()
-    CALL_GRAPHS.captures = CALL_GRAPHS.replays = 0
-    yield CALL_GRAPHS
-    CALL_GRAPHS.release()
-    CALL_GRAPHS.enabled = before
+    yield from fresh(CALL_GRAPHS)
 
 
 @pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])

@@ -8,6 +8,7 @@ import pytest
 import torch
 from patchgen.kernels.shared_prefix.call_graphs import LAYER_GRAPHS
 
+from tests.shared_prefix.test_call_graphs_gpu import fresh
 from tests.shared_prefix.test_layer_graphs_gpu import A, C, D, E, _batch, _model
 
 pytestmark = pytest.mark.gpu
@@ -15,12 +16,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture
 def layer_graphs():
-    before = LAYER_GRAPHS.enabled
-    LAYER_GRAPHS.release()
-    LAYER_GRAPHS.captures = LAYER_GRAPHS.replays = 0
-    yield LAYER_GRAPHS
-    LAYER_GRAPHS.release()
-    LAYER_GRAPHS.enabled = before
+    yield from fresh(LAYER_GRAPHS)
 
 
 def _log_probs(model, batch, enabled: bool):
