@@ -20,7 +20,9 @@ output is the eager layer's bit for bit. Layers run as they are where a graph co
 outside a shared-prefix plan (generation, packed rows), when autograd needs the layer's node, off CUDA, inside
 another capture (the layer-stack graphs of ``shared_prefix_cuda_graphs``) or its warm-ups, with hooks on the
 layer or per-layer outputs being recorded (a hook's Python does not run in a replay), and with arguments a key
-cannot describe.
+cannot describe. A graph replays the host branches it was captured in, so its key holds, besides the plan and the
+shapes, what a layer branches on: every module's training flag, op table and host flags (a PEFT adapter switched off
+for reference log-probs on the plan the policy's kept) and the autocast state.
 ``PATCHGEN_LAYER_GRAPHS=1`` turns them on, ``=0`` off.
 """
 
@@ -31,6 +33,8 @@ from collections.abc import Callable
 import torch
 from transformers.utils import output_capturing
 
+from ..graphs.signature import host_flags
+from ..ops import ATTRIBUTE as OP_TABLE
 from ..shared_prefix import call_graphs
 from .layer_graphs import hooked_modules
 from .shared_prefix import KWARG
@@ -71,7 +75,6 @@ def _replayed(layer, hidden: torch.Tensor, **kwargs):
         graphs._held
         or not graphs.enabled
         or not graphs.on_device(hidden)
-        or (torch.is_grad_enabled() and (hidden.requires_grad or _trains(layer)))
         or (hidden.is_cuda and torch.cuda.is_current_stream_capturing())
     ):
         return layer(hidden, **kwargs)
@@ -82,19 +85,28 @@ def _replayed(layer, hidden: torch.Tensor, **kwargs):
     settings, tensors, rebuild = split
     names = tuple(name for name, _ in named)
     weights = [t for _, t in named]
+    inputs = [hidden, *tensors, *weights]
+    # any one that wants a gradient: the layer's node is needed (a layer after frozen ones, whose first parameters
+    # are frozen and whose MLP trains, gets hidden states that want none)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
+        return layer(hidden, **kwargs)
 
     def body(*statics):
         kw_tensors, static_weights = statics[1 : 1 + len(tensors)], statics[1 + len(tensors) :]
         return torch.func.functional_call(layer, dict(zip(names, static_weights)), (statics[0],), rebuild(kw_tensors))
 
-    kind = (type(layer).__qualname__, names)
-    out = graphs.run(kind, kwargs[KWARG], settings, body, [hidden, *tensors, *weights])
+    # the class itself: two modules' layers may share a name (the generated gpu and npu modules)
+    kind = (type(layer), names)
+    out = graphs.run(kind, kwargs[KWARG], (settings, _host_state(layer, hidden.device)), body, inputs)
     return layer(hidden, **kwargs) if out is None else out
 
 
-def _trains(layer) -> bool:
-    first = next(layer.parameters(), None)
-    return first is not None and first.requires_grad
+def _host_state(layer, device: torch.device) -> tuple:
+    """What the layer's forward branches on besides its arguments, which a graph replays as it was at capture: every
+    module's training flag, op table and host flags (`signature.host_flags`: a PEFT adapter switched off for TRL's
+    reference log-probs on the plan the policy's kept, a layer's own adapter scale), and the autocast state."""
+    modules = tuple((m.training, m.__dict__.get(OP_TABLE), host_flags(m)) for m in layer.modules())
+    return modules, torch.is_autocast_enabled(device.type), torch.get_autocast_dtype(device.type)
 
 
 def _split_kwargs(kwargs: dict):
