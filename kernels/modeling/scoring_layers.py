@@ -11,7 +11,7 @@ copies its weights and inputs into those statics and replays: one graph launch p
 
 What it costs: the GPU copies each replayed layer's weights (about 0.13 ms for a 4B layer's 230 MB, read and
 written), and memory holds one layer's weights per kind and the graphs' working memory until a forward on another
-plan replaces them, a training forward on a plan starts (it releases them, so its backward has that memory), or
+plan replaces them, a training forward starts (it releases them, so its backward has that memory), or
 `release_call_graphs()` drops them. A layer with more than `MAX_LAYER_BYTES` of weights (an
 MoE layer's experts) runs as it is: its copy would cost the GPU more than the launches it saves.
 
@@ -47,12 +47,13 @@ SCALARS = (int, float, bool, str, type(None))
 
 def layer_call(layer_kwargs: dict) -> Callable:
     """How the decoder-layer loop calls each layer in this forward: ``call(layer, hidden, **kwargs)``."""
+    if torch.is_grad_enabled() and (call_graphs.LAYER_GRAPHS.entries or call_graphs.CALL_GRAPHS.entries):
+        # a training step, on a plan or on a micro-batch that shares nothing: the last scoring forward's graphs
+        # (weight copies, working memory) would hold their memory through its backward, and the next scoring forward
+        # brings a plan of its own anyway
+        call_graphs.release_call_graphs()
     if layer_kwargs.get(KWARG) is None:
         return _as_it_is
-    if torch.is_grad_enabled() and (call_graphs.LAYER_GRAPHS.entries or call_graphs.CALL_GRAPHS.entries):
-        # a training step on a plan: the last scoring forward's graphs (weight copies, working memory) would hold
-        # their memory through its backward, and the next scoring forward brings a plan of its own anyway
-        call_graphs.release_call_graphs()
     if not call_graphs.LAYER_GRAPHS.enabled or _recording():
         return _as_it_is
     return _replayed

@@ -243,3 +243,15 @@ def test_a_training_forward_through_frozen_layers_gives_a_partly_trained_layer_i
     got = tiny.grads(net)
     assert got.keys() == expected.keys() and len(got) == 9
     assert all(torch.equal(got[name], expected[name]) for name in expected)
+
+
+def test_a_training_forward_that_shares_nothing_releases_the_scoring_graphs_too(layer_graphs):
+    """A micro-batch whose rows share no prefix trains without a plan; its backward needs the memory as much."""
+    net, (ids, cu, _) = _model(), _batch()
+    with torch.no_grad():
+        _log_probs(net, ids, cu)
+    assert layer_graphs.entries
+    unshared_ids, unshared_cu, _ = tiny.grpo_batch([], singles=[21, 17])
+    loss = _log_probs(net, unshared_ids, unshared_cu).sum()
+    assert not layer_graphs.entries
+    loss.backward()
