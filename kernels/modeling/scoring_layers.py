@@ -86,6 +86,8 @@ def _replayed(layer, hidden: torch.Tensor, **kwargs):
     settings, tensors, rebuild = split
     names = tuple(name for name, _ in named)
     weights = [t for _, t in named]
+    if _holds_unseen_tensors(layer, weights):
+        return layer(hidden, **kwargs)
     inputs = [hidden, *tensors, *weights]
     # any one that wants a gradient: the layer's node is needed (a layer after frozen ones, whose first parameters
     # are frozen and whose MLP trains, gets hidden states that want none)
@@ -100,6 +102,30 @@ def _replayed(layer, hidden: torch.Tensor, **kwargs):
     kind = (type(layer), names)
     out = graphs.run(kind, kwargs[KWARG], (settings, _host_state(layer, hidden.device)), body, inputs)
     return layer(hidden, **kwargs) if out is None else out
+
+
+# a module's own tables of its state, which the replay copies (parameters, buffers) or walks (children)
+MODULE_TABLES = frozenset({"_parameters", "_buffers", "_modules"})
+PLAIN = (torch.nn.Parameter, torch.Tensor)
+
+
+def _holds_unseen_tensors(layer, weights) -> bool:
+    """Whether the layer reads tensors beside its parameters and buffers, which a graph would read as the captured
+    layer's in every replay: a weight of a tensor subclass (bitsandbytes' Params4bit and Int8Params carry their scales
+    as attributes, torchao's quantised tensors hold theirs inside) or a tensor held as a plain module attribute, or in
+    a dict, list or tuple of one (HQQ's `meta` scales)."""
+    if any(type(w) not in PLAIN for w in weights):
+        return True
+    for module in layer.modules():
+        for name, value in module.__dict__.items():
+            if name in MODULE_TABLES:
+                continue
+            if isinstance(value, torch.Tensor):
+                return True
+            items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+            if any(isinstance(item, torch.Tensor) for item in items):
+                return True
+    return False
 
 
 def _host_state(layer, device: torch.device) -> tuple:

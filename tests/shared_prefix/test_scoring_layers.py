@@ -255,3 +255,25 @@ def test_a_training_forward_that_shares_nothing_releases_the_scoring_graphs_too(
     loss = _log_probs(net, unshared_ids, unshared_cu).sum()
     assert not layer_graphs.entries
     loss.backward()
+
+
+class _ScaledLinear(torch.nn.Module):
+    """A quantised projection in the manner of HQQ's: the weight a parameter, its scales a plain attribute (a dict of
+    tensors) that the forward reads and that no replay copies."""
+
+    def __init__(self, base: torch.nn.Linear, scale: float):
+        super().__init__()
+        self.weight = torch.nn.Parameter(base.weight.detach().clone())
+        self.meta = {"scale": torch.full((base.out_features, 1), scale, dtype=base.weight.dtype)}
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, self.weight * self.meta["scale"])
+
+
+def test_a_layer_reading_tensors_held_outside_its_parameters_and_buffers_runs_as_it_is(traced_layer_graphs):
+    net, (ids, cu, _) = _model(), _batch()
+    for i, layer in enumerate(net.model.layers):
+        layer.mlp.down_proj = _ScaledLinear(layer.mlp.down_proj, 0.5 + 0.25 * i)
+    with torch.no_grad():
+        expected = _eager(net, ids, cu)
+        assert torch.equal(_log_probs(net, ids, cu), expected)
