@@ -21,13 +21,15 @@ outside a shared-prefix plan (generation, packed rows), when autograd needs the 
 another capture (the layer-stack graphs of ``shared_prefix_cuda_graphs``) or its warm-ups, with hooks on the
 layer or per-layer outputs being recorded (a hook's Python does not run in a replay), and with arguments a key
 cannot describe. A graph replays the host branches it was captured in, so its key holds, besides the plan and the
-shapes, what a layer branches on: every module's training flag, op table and host flags (a PEFT adapter switched off
-for reference log-probs on the plan the policy's kept) and the autocast state.
+shapes, what a layer branches on: every module's training flag, op table's backends and host flags (a PEFT adapter
+switched off for reference log-probs on the plan the policy's kept) and the autocast state; and a layer that reads
+tensors beside its parameters and buffers (a quantised weight's scales) runs as it is.
 ``PATCHGEN_LAYER_GRAPHS=1`` turns them on, ``=0`` off.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -129,11 +131,30 @@ def _holds_unseen_tensors(layer, weights) -> bool:
 
 
 def _host_state(layer, device: torch.device) -> tuple:
-    """What the layer's forward branches on besides its arguments, which a graph replays as it was at capture: every
-    module's training flag, op table and host flags (`signature.host_flags`: a PEFT adapter switched off for TRL's
-    reference log-probs on the plan the policy's kept, a layer's own adapter scale), and the autocast state."""
-    modules = tuple((m.training, m.__dict__.get(OP_TABLE), host_flags(m)) for m in layer.modules())
+    """What the layer's forward branches on besides its arguments, which a graph replays as it was at capture:
+    every module's training flag, op table's backends and host flags (`signature.host_flags`: a PEFT adapter
+    switched off for TRL's reference log-probs on the plan the policy's kept, a layer's own adapter scale), and the
+    autocast state."""
+    modules = tuple((m.training, _backends(m.__dict__.get(OP_TABLE)), host_flags(m)) for m in layer.modules())
     return modules, torch.is_autocast_enabled(device.type), torch.get_autocast_dtype(device.type)
+
+
+# op table -> the backends it runs: a reference model binds a table of its own, equal to the policy's, and on the plan
+# the policy's forward kept its layers replay the policy's graphs from the first one on
+_BACKENDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _backends(table) -> tuple | None:
+    if table is None:
+        return None
+    found = _BACKENDS.get(table)
+    if found is None:
+        found = _BACKENDS[table] = (
+            table.device_target,
+            tuple((slot, choice.handle) for slot, choice in sorted(table.choices.items())),
+            tuple(sorted(table.require.items())),
+        )
+    return found
 
 
 def _split_kwargs(kwargs: dict):

@@ -191,7 +191,8 @@ def test_an_adapter_switched_off_on_a_kept_plan_is_not_replayed_on(traced_layer_
 
 
 def test_layers_of_one_kind_with_their_own_adapter_scales_replay_their_own(traced_layer_graphs):
-    """PEFT's per-layer scales (`alpha_pattern`) are host floats of each layer's adapter, not weights a replay copies."""
+    """PEFT's per-layer scales (`alpha_pattern`) are host floats of each layer's adapter, not weights a replay
+    copies."""
     net, (ids, cu, _) = _model(), _batch()
     for adapter, scale in zip(_with_adapters(net), (0.5, 0.5, 0.5, 2.0, 0.5, 0.5)):
         adapter.scaling = {"default": scale}
@@ -277,3 +278,20 @@ def test_a_layer_reading_tensors_held_outside_its_parameters_and_buffers_runs_as
     with torch.no_grad():
         expected = _eager(net, ids, cu)
         assert torch.equal(_log_probs(net, ids, cu), expected)
+
+
+def test_a_reference_model_on_the_policys_kept_plan_replays_from_its_first_layer_on_its_own_weights(
+    traced_layer_graphs,
+):
+    """The plan comes back for the same batch (`shared_prefix_plan_reuse`), so the graphs the policy's forward left
+    match from the reference's first layer on (its own op table binds the same backends): every layer replays,
+    reading the reference's weights and hidden states."""
+    policy, (ids, cu, _) = _model(), _batch()
+    reference = tiny.build("qwen3_5", "gpu", seed=3, shared_prefix_training=True, num_hidden_layers=6,
+                           layer_types=LAYER_TYPES).eval()
+    with torch.no_grad():
+        _log_probs(policy, ids, cu)
+        expected = _eager(reference, ids, cu)
+        replays = traced_layer_graphs.replays
+        assert torch.equal(_log_probs(reference, ids, cu), expected)
+        assert traced_layer_graphs.replays - replays == 6
