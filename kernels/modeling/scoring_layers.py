@@ -11,7 +11,7 @@ copies its weights and inputs into those statics and replays: one graph launch p
 
 What it costs: the GPU copies each replayed layer's weights (about 0.13 ms for a 4B layer's 230 MB, read and
 written), and memory holds one layer's weights per kind and the graphs' working memory until a forward on another
-plan replaces them, a training forward on a plan starts (it releases them, so its backward has that memory), or
+plan replaces them, a training forward starts (it releases them, so its backward has that memory), or
 `release_call_graphs()` drops them. A layer with more than `MAX_LAYER_BYTES` of weights (an
 MoE layer's experts) runs as it is: its copy would cost the GPU more than the launches it saves.
 
@@ -20,17 +20,23 @@ output is the eager layer's bit for bit. Layers run as they are where a graph co
 outside a shared-prefix plan (generation, packed rows), when autograd needs the layer's node, off CUDA, inside
 another capture (the layer-stack graphs of ``shared_prefix_cuda_graphs``) or its warm-ups, with hooks on the
 layer or per-layer outputs being recorded (a hook's Python does not run in a replay), and with arguments a key
-cannot describe.
+cannot describe. A graph replays the host branches it was captured in, so its key holds, besides the plan and the
+shapes, what a layer branches on: every module's training flag, op table's backends and host flags (a PEFT adapter
+switched off for reference log-probs on the plan the policy's kept) and the autocast state; and a layer that reads
+tensors beside its parameters and buffers (a quantised weight's scales) runs as it is.
 ``PATCHGEN_LAYER_GRAPHS=1`` turns them on, ``=0`` off.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import torch
 from transformers.utils import output_capturing
 
+from ..graphs.signature import host_flags
+from ..ops import ATTRIBUTE as OP_TABLE
 from ..shared_prefix import call_graphs
 from .layer_graphs import hooked_modules
 from .shared_prefix import KWARG
@@ -43,12 +49,13 @@ SCALARS = (int, float, bool, str, type(None))
 
 def layer_call(layer_kwargs: dict) -> Callable:
     """How the decoder-layer loop calls each layer in this forward: ``call(layer, hidden, **kwargs)``."""
+    if torch.is_grad_enabled() and (call_graphs.LAYER_GRAPHS.entries or call_graphs.CALL_GRAPHS.entries):
+        # a training step, on a plan or on a micro-batch that shares nothing: the last scoring forward's graphs
+        # (weight copies, working memory) would hold their memory through its backward, and the next scoring forward
+        # brings a plan of its own anyway
+        call_graphs.release_call_graphs()
     if layer_kwargs.get(KWARG) is None:
         return _as_it_is
-    if torch.is_grad_enabled() and (call_graphs.LAYER_GRAPHS.entries or call_graphs.CALL_GRAPHS.entries):
-        # a training step on a plan: the last scoring forward's graphs (weight copies, working memory) would hold
-        # their memory through its backward, and the next scoring forward brings a plan of its own anyway
-        call_graphs.release_call_graphs()
     if not call_graphs.LAYER_GRAPHS.enabled or _recording():
         return _as_it_is
     return _replayed
@@ -71,7 +78,6 @@ def _replayed(layer, hidden: torch.Tensor, **kwargs):
         graphs._held
         or not graphs.enabled
         or not graphs.on_device(hidden)
-        or (torch.is_grad_enabled() and (hidden.requires_grad or _trains(layer)))
         or (hidden.is_cuda and torch.cuda.is_current_stream_capturing())
     ):
         return layer(hidden, **kwargs)
@@ -82,19 +88,73 @@ def _replayed(layer, hidden: torch.Tensor, **kwargs):
     settings, tensors, rebuild = split
     names = tuple(name for name, _ in named)
     weights = [t for _, t in named]
+    if _holds_unseen_tensors(layer, weights):
+        return layer(hidden, **kwargs)
+    inputs = [hidden, *tensors, *weights]
+    # any one that wants a gradient: the layer's node is needed (a layer after frozen ones, whose first parameters
+    # are frozen and whose MLP trains, gets hidden states that want none)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
+        return layer(hidden, **kwargs)
 
     def body(*statics):
         kw_tensors, static_weights = statics[1 : 1 + len(tensors)], statics[1 + len(tensors) :]
         return torch.func.functional_call(layer, dict(zip(names, static_weights)), (statics[0],), rebuild(kw_tensors))
 
-    kind = (type(layer).__qualname__, names)
-    out = graphs.run(kind, kwargs[KWARG], settings, body, [hidden, *tensors, *weights])
+    # the class itself: two modules' layers may share a name (the generated gpu and npu modules)
+    kind = (type(layer), names)
+    out = graphs.run(kind, kwargs[KWARG], (settings, _host_state(layer, hidden.device)), body, inputs)
     return layer(hidden, **kwargs) if out is None else out
 
 
-def _trains(layer) -> bool:
-    first = next(layer.parameters(), None)
-    return first is not None and first.requires_grad
+# a module's own tables of its state, which the replay copies (parameters, buffers) or walks (children)
+MODULE_TABLES = frozenset({"_parameters", "_buffers", "_modules"})
+PLAIN = (torch.nn.Parameter, torch.Tensor)
+
+
+def _holds_unseen_tensors(layer, weights) -> bool:
+    """Whether the layer reads tensors beside its parameters and buffers, which a graph would read as the captured
+    layer's in every replay: a weight of a tensor subclass (bitsandbytes' Params4bit and Int8Params carry their scales
+    as attributes, torchao's quantised tensors hold theirs inside) or a tensor held as a plain module attribute, or in
+    a dict, list or tuple of one (HQQ's `meta` scales)."""
+    if any(type(w) not in PLAIN for w in weights):
+        return True
+    for module in layer.modules():
+        for name, value in module.__dict__.items():
+            if name in MODULE_TABLES:
+                continue
+            if isinstance(value, torch.Tensor):
+                return True
+            items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+            if any(isinstance(item, torch.Tensor) for item in items):
+                return True
+    return False
+
+
+def _host_state(layer, device: torch.device) -> tuple:
+    """What the layer's forward branches on besides its arguments, which a graph replays as it was at capture:
+    every module's training flag, op table's backends and host flags (`signature.host_flags`: a PEFT adapter
+    switched off for TRL's reference log-probs on the plan the policy's kept, a layer's own adapter scale), and the
+    autocast state."""
+    modules = tuple((m.training, _backends(m.__dict__.get(OP_TABLE)), host_flags(m)) for m in layer.modules())
+    return modules, torch.is_autocast_enabled(device.type), torch.get_autocast_dtype(device.type)
+
+
+# op table -> the backends it runs: a reference model binds a table of its own, equal to the policy's, and on the plan
+# the policy's forward kept its layers replay the policy's graphs from the first one on
+_BACKENDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _backends(table) -> tuple | None:
+    if table is None:
+        return None
+    found = _BACKENDS.get(table)
+    if found is None:
+        found = _BACKENDS[table] = (
+            table.device_target,
+            tuple((slot, choice.handle) for slot, choice in sorted(table.choices.items())),
+            tuple(sorted(table.require.items())),
+        )
+    return found
 
 
 def _split_kwargs(kwargs: dict):

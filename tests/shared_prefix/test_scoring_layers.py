@@ -10,8 +10,9 @@ from patchgen.kernels.errors import SettingError
 from patchgen.kernels.modeling import scoring_layers
 from patchgen.kernels.shared_prefix import call_graphs as call_graphs_module
 from patchgen.kernels.shared_prefix.call_graphs import LAYERS_ON_BY_DEFAULT, enabled_in
+from torch.fx.experimental.proxy_tensor import make_fx
 
-from tests.models import tiny
+from tests.models import lora_like, tiny
 from tests.shared_prefix.test_call_graphs import _StandIn
 
 LAYER_TYPES = ["linear_attention", "linear_attention", "full_attention", "linear_attention", "linear_attention",
@@ -138,3 +139,159 @@ def test_a_training_forward_releases_the_scoring_graphs_before_its_backward(laye
     loss = _log_probs(net, ids, cu).sum()
     assert not layer_graphs.entries and not layer_graphs._seen  # the weight copies and working memory are gone
     loss.backward()
+
+
+class _TracedGraph:
+    def __init__(self, traced, entry):
+        self.traced, self.entry = traced, entry
+
+    def replay(self):
+        # a CUDA graph runs the kernels it captured whatever autocast says at replay
+        with torch.autocast("cpu", enabled=False):
+            self.entry.out = self.traced(*self.entry.statics)
+
+
+class _TracedLayerStandIn(_LayerStandIn):
+    """A capture traced into aten ops (`make_fx`), as a CUDA graph captures kernels: the host branches the call took
+    (an adapter on or off, autocast's casts) and its Python floats are baked in, and a replay runs only those ops."""
+
+    def _capture(self, key, index, body, inputs):
+        statics = [x.clone() for x in inputs]
+        entry = call_graphs_module._Entry(key, index, statics, None, torch.empty(0))
+        entry.graph = _TracedGraph(make_fx(body)(*statics), entry)
+        self.captures += 1
+        return entry
+
+
+@pytest.fixture
+def traced_layer_graphs(monkeypatch):
+    stand_in = _TracedLayerStandIn()
+    monkeypatch.setattr(call_graphs_module, "LAYER_GRAPHS", stand_in)
+    return stand_in
+
+
+def _with_adapters(net):
+    return [lora_like.wrap(layer.mlp, "down_proj", seed=i) for i, layer in enumerate(net.model.layers)]
+
+
+def test_an_adapter_switched_off_on_a_kept_plan_is_not_replayed_on(traced_layer_graphs):
+    """TRL scores the reference model as the policy under PEFT's `disable_adapter()`, on the plan the policy's
+    log-probs kept (`shared_prefix_plan_reuse`): a replay of the graphs captured with the adapters on would hand back
+    the policy's log-probs as the reference's."""
+    net, (ids, cu, _) = _model(), _batch()
+    adapters = _with_adapters(net)
+    with torch.no_grad():
+        policy = _log_probs(net, ids, cu)
+        assert traced_layer_graphs.replays == 4
+        for adapter in adapters:
+            adapter._disable_adapters = True
+        reference = _eager(net, ids, cu)
+        assert not torch.equal(reference, policy)
+        assert torch.equal(_log_probs(net, ids, cu), reference)
+
+
+def test_layers_of_one_kind_with_their_own_adapter_scales_replay_their_own(traced_layer_graphs):
+    """PEFT's per-layer scales (`alpha_pattern`) are host floats of each layer's adapter, not weights a replay
+    copies."""
+    net, (ids, cu, _) = _model(), _batch()
+    for adapter, scale in zip(_with_adapters(net), (0.5, 0.5, 0.5, 2.0, 0.5, 0.5)):
+        adapter.scaling = {"default": scale}
+    with torch.no_grad():
+        expected = _eager(net, ids, cu)
+        assert torch.equal(_log_probs(net, ids, cu), expected)
+
+
+class _AutocastOfCaptureStandIn(_LayerStandIn):
+    """A replay runs under the autocast state of its capture, as a CUDA graph replays the casts it captured (the traced
+    stand-in cannot trace the float32 path's Triton kernels, run by the interpreter on the CPU)."""
+
+    def _capture(self, key, index, body, inputs):
+        entry = super()._capture(key, index, body, inputs)
+        enabled, dtype, run = torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), entry.graph.body
+
+        def as_captured():
+            with torch.autocast("cpu", dtype=dtype, enabled=enabled):
+                run()
+
+        entry.graph.body = as_captured
+        return entry
+
+
+def test_a_forward_under_autocast_on_a_kept_plan_is_not_replayed_from_one_without(monkeypatch):
+    """Mixed precision (accelerate's autocast around the model's forward) on some scoring forwards of a batch only."""
+    stand_in = _AutocastOfCaptureStandIn()
+    monkeypatch.setattr(call_graphs_module, "LAYER_GRAPHS", stand_in)
+    net, (ids, cu, _) = _model().float(), _batch()
+    with torch.no_grad():
+        _log_probs(net, ids, cu)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            expected = _eager(net, ids, cu)
+            assert torch.equal(_log_probs(net, ids, cu), expected)
+        assert stand_in.replays >= 4
+
+
+def test_a_training_forward_through_frozen_layers_gives_a_partly_trained_layer_its_gradients(layer_graphs):
+    """Frozen bottom layers hand a later layer hidden states that want no gradient; that layer's first parameter is
+    frozen too, its MLP trains: replayed, it would lose its node (the copy into the statics even raises)."""
+    net, (ids, cu, _) = _model(), _batch()
+    net.requires_grad_(False)
+    for layer in net.model.layers[3:]:
+        layer.mlp.requires_grad_(True)
+    _eager(net, ids, cu).sum().backward()
+    expected = tiny.grads(net)
+    net.zero_grad(set_to_none=True)
+    _log_probs(net, ids, cu).sum().backward()
+    got = tiny.grads(net)
+    assert got.keys() == expected.keys() and len(got) == 9
+    assert all(torch.equal(got[name], expected[name]) for name in expected)
+
+
+def test_a_training_forward_that_shares_nothing_releases_the_scoring_graphs_too(layer_graphs):
+    """A micro-batch whose rows share no prefix trains without a plan; its backward needs the memory as much."""
+    net, (ids, cu, _) = _model(), _batch()
+    with torch.no_grad():
+        _log_probs(net, ids, cu)
+    assert layer_graphs.entries
+    unshared_ids, unshared_cu, _ = tiny.grpo_batch([], singles=[21, 17])
+    loss = _log_probs(net, unshared_ids, unshared_cu).sum()
+    assert not layer_graphs.entries
+    loss.backward()
+
+
+class _ScaledLinear(torch.nn.Module):
+    """A quantised projection in the manner of HQQ's: the weight a parameter, its scales a plain attribute (a dict of
+    tensors) that the forward reads and that no replay copies."""
+
+    def __init__(self, base: torch.nn.Linear, scale: float):
+        super().__init__()
+        self.weight = torch.nn.Parameter(base.weight.detach().clone())
+        self.meta = {"scale": torch.full((base.out_features, 1), scale, dtype=base.weight.dtype)}
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, self.weight * self.meta["scale"])
+
+
+def test_a_layer_reading_tensors_held_outside_its_parameters_and_buffers_runs_as_it_is(traced_layer_graphs):
+    net, (ids, cu, _) = _model(), _batch()
+    for i, layer in enumerate(net.model.layers):
+        layer.mlp.down_proj = _ScaledLinear(layer.mlp.down_proj, 0.5 + 0.25 * i)
+    with torch.no_grad():
+        expected = _eager(net, ids, cu)
+        assert torch.equal(_log_probs(net, ids, cu), expected)
+
+
+def test_a_reference_model_on_the_policys_kept_plan_replays_from_its_first_layer_on_its_own_weights(
+    traced_layer_graphs,
+):
+    """The plan comes back for the same batch (`shared_prefix_plan_reuse`), so the graphs the policy's forward left
+    match from the reference's first layer on (its own op table binds the same backends): every layer replays,
+    reading the reference's weights and hidden states."""
+    policy, (ids, cu, _) = _model(), _batch()
+    reference = tiny.build("qwen3_5", "gpu", seed=3, shared_prefix_training=True, num_hidden_layers=6,
+                           layer_types=LAYER_TYPES).eval()
+    with torch.no_grad():
+        _log_probs(policy, ids, cu)
+        expected = _eager(reference, ids, cu)
+        replays = traced_layer_graphs.replays
+        assert torch.equal(_log_probs(reference, ids, cu), expected)
+        assert traced_layer_graphs.replays - replays == 6
