@@ -115,8 +115,9 @@ def _holds_unseen_tensors(layer, weights) -> bool:
     """Whether the layer reads tensors beside its parameters and buffers, which a graph would read as the captured
     layer's in every replay: a weight of a tensor subclass (bitsandbytes' Params4bit and Int8Params carry their scales
     as attributes, torchao's quantised tensors hold theirs inside) or a tensor held as a plain module attribute, or in
-    a dict, list or tuple of one (HQQ's `meta` scales)."""
-    if any(type(w) not in PLAIN for w in weights):
+    a dict, list or tuple of one (HQQ's `meta` scales). A layer wrapped by torch.distributed (FSDP's wrapper, which
+    gathers its shards inside its own forward, not through hooks) counts as one."""
+    if any(type(w) not in PLAIN for w in weights) or type(layer).__module__.startswith("torch.distributed"):
         return True
     for module in layer.modules():
         for name, value in module.__dict__.items():

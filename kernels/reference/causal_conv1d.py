@@ -79,6 +79,8 @@ class LookBack:
     """State kernels for `shared_prefix.conv.LookBackConv`: this reference, the state as rows `[N, W-1, D]`."""
 
     layout = "rows"
+    # the plan's boundaries, read on the device with no sync, and nothing derived kept: a graph may capture it
+    plan_tables = True
 
     def forward(self, x, weight, bias, state, idx, activation):
         return causal_conv1d(x, weight, bias, activation=activation, cu_seqlens=idx.segment_cu, initial_state=state)

@@ -113,6 +113,7 @@ class CallGraphs:
         self._held = 0  # layer-stack warm-ups under way (`held_off`)
         self._capture_on: dict[torch.device, tuple] = {}  # device -> (memory pool, side stream) of every capture
         self._last_stream: dict[torch.device, object] = {}  # device -> stream of the last replay
+        self._local = threading.local()  # `capturing`
 
     @property
     def enabled(self) -> bool:
@@ -146,7 +147,8 @@ class CallGraphs:
         if not self._lock.acquire(timeout=timeout):
             return False
         try:
-            self.entries.clear()  # the graphs before their pool
+            for op in list(self.entries):  # the graphs before their pool
+                self._drop(op)
             self._seen.clear()
             self._capture_on.clear()
             self._last_stream.clear()
@@ -185,7 +187,7 @@ class CallGraphs:
                     self._seen[op] = (key, weakref.ref(index))
                     return None
                 self._drop(op)  # the last forward's graph goes before this one is captured
-                entry = self._capture(key, index, body, inputs)
+                entry = self._capture_or_give_up(key, index, body, inputs)
                 if entry is None:
                     return None
                 self.entries[op] = entry
@@ -207,12 +209,15 @@ class CallGraphs:
     def _drop(self, op: str) -> None:
         entry = self.entries.pop(op, None)
         if entry is not None and entry.statics[0].is_cuda:
-            # a replay on another stream than the one they were made on may still read them
-            current = torch.cuda.current_stream(entry.statics[0].device)
+            # a replay on another stream than the one they were made on may still read them: the caller's, or the
+            # last replay's when the graphs are released from another stream
+            device = entry.statics[0].device
+            streams = {torch.cuda.current_stream(device), self._last_stream.get(device)} - {None}
             # record_stream marks its tensor as written: an inference tensor takes it inside inference mode only
             with torch.inference_mode(entry.statics[0].is_inference()):
                 for static in entry.statics:
-                    static.record_stream(current)
+                    for stream in streams:
+                        static.record_stream(stream)
 
     def _capture_stream_and_pool(self, device: torch.device):
         found = self._capture_on.get(device)
@@ -222,7 +227,29 @@ class CallGraphs:
                 found = self._capture_on[device] = (pool, torch.cuda.Stream(device))
         return found
 
-    def _capture(self, key, index, body, inputs) -> _Entry | None:
+    @property
+    def capturing(self) -> bool:
+        """Whether this thread is capturing one of these graphs now (ops refuse to be captured on tables of their
+        own making: `shared_prefix.gdn.check_plan_tables`)."""
+        return getattr(self._local, "capturing", False)
+
+    def _capture_or_give_up(self, key, index, body, inputs) -> _Entry | None:
+        self._local.capturing = True
+        try:
+            return self._capture(key, index, body, inputs)
+        except Exception as error:  # noqa: BLE001 - a failed capture leaves the eager ops, which work
+            self.enabled = False
+            warnings.warn(
+                f"{self.what} could not be captured into a CUDA graph ({error}); they run eagerly "
+                f"from now on ({self.env}=0 skips the attempt)",
+                CallGraphUnavailable,
+                stacklevel=4,
+            )
+            return None
+        finally:
+            self._local.capturing = False
+
+    def _capture(self, key, index, body, inputs) -> _Entry:
         device = inputs[0].device
         statics = [torch.empty(x.shape, dtype=x.dtype, device=device) for x in inputs]
         torch._foreach_copy_(statics, list(inputs))
@@ -241,15 +268,6 @@ class CallGraphs:
                         raise TypeError(f"the captured call returned {type(out).__name__}, not a tensor")
                 finally:
                     graph.capture_end()
-        except Exception as error:  # noqa: BLE001 - a failed capture leaves the eager ops, which work
-            self.enabled = False
-            warnings.warn(
-                f"{self.what} could not be captured into a CUDA graph ({error}); they run eagerly "
-                f"from now on ({self.env}=0 skips the attempt)",
-                CallGraphUnavailable,
-                stacklevel=3,
-            )
-            return None
         finally:
             _clear_cublas_workspaces()
         current.wait_stream(side)

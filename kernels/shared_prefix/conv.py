@@ -18,8 +18,9 @@ import numpy as np
 import torch
 
 from ..errors import CudaGraphsUnavailable
+from . import call_graphs
 from .call_graphs import CALL_GRAPHS
-from .gdn import chunk_indices
+from .gdn import chunk_indices, derived_tables_refused
 from .layout import Layout
 from .rows import Arena, interleave
 
@@ -192,6 +193,9 @@ def shared_prefix_causal_conv1d(
         rows = x.shape[1]
         x_all = torch.cat([x, x.index_select(1, idx.extra_src)], dim=1)
         return LookBackConv.apply(kernels, idx, activation, x_all, weight, bias)[:, :rows]
+    if call_graphs.LAYER_GRAPHS.capturing and not (getattr(kernels, "plan_tables", False) and weight.shape[-1] > 1):
+        fn = getattr(conv_fn, "function_for", lambda dtype: conv_fn)(x.dtype)
+        raise CudaGraphsUnavailable(derived_tables_refused("causal_conv1d", fn))
     if kernels is not None and weight.shape[-1] > 1:
         x = x.contiguous()
         inputs = (x, weight) if bias is None else (x, weight, bias)

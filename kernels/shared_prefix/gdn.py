@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from ..errors import CudaGraphsUnavailable
+from . import call_graphs
 from .call_graphs import CALL_GRAPHS
 from .gdn_rounds import gated_delta_rule_rounds, round_kernels, rounds_forward
 from .layout import Layout
@@ -299,21 +300,34 @@ def gdn_index(host: dict, dev: dict) -> GDNIndex:
 
 
 def check_plan_tables(gdn_fn, kernels, dtype: torch.dtype) -> None:
-    """Refuse a padded plan on a backend that would read chunk tables of its own making: fla derives them
-    from `cu_seqlens` and caches them by tensor identity, so a graph replayed for another layout of the
-    bucket would read the capture step's tables. Stages that take the plan's tables say `plan_tables`; a
-    backend that derives nothing it keeps (the float64 reference) says `table_free`."""
+    """Refuse a graph (a padded plan's layer stack, a scoring forward's layer graph) over a backend that would read
+    chunk tables of its own making: fla derives them from `cu_seqlens` and caches them by tensor identity, so a
+    replay would read the capture's tables, for another layout of the bucket or after fla's cache freed them.
+    Stages that take the plan's tables say `plan_tables`; a backend that derives nothing it keeps (the float64
+    reference) says `table_free`."""
     function_for = getattr(gdn_fn, "function_for", None)
     fn = gdn_fn if function_for is None else function_for(dtype)
     if kernels is not None and getattr(kernels, "plan_tables", False):
         return
     if kernels is None and getattr(fn, "table_free", False):
         return
-    raise CudaGraphsUnavailable(
-        f"shared_prefix_cuda_graphs pads the plan to bucket counts, and the gated_delta_rule backend "
+    raise CudaGraphsUnavailable(derived_tables_refused("gated_delta_rule", fn))
+
+
+def derived_tables_refused(op: str, fn) -> str:
+    """Why a graph over `op`'s backend `fn` is refused, and what to do (see `check_plan_tables`)."""
+    fix = ("Use the fla backend with its joint rounds (unset PATCHGEN_FLA_JOINT_ROUNDS=0) or the triton backend"
+           if op == "gated_delta_rule" else "Use the fla or triton causal_conv1d backend")
+    if call_graphs.LAYER_GRAPHS.capturing:
+        return (
+            f"the {op} backend ({getattr(fn, '__module__', fn)}) derives its chunk tables from cu_seqlens and caches "
+            "them by tensor identity (fla), which a scoring forward's layer graph would replay after that cache "
+            f"freed them. {fix}, or set PATCHGEN_LAYER_GRAPHS=0"
+        )
+    return (
+        f"shared_prefix_cuda_graphs pads the plan to bucket counts, and the {op} backend "
         f"({getattr(fn, '__module__', fn)}) derives chunk tables from cu_seqlens itself (fla caches them by tensor "
-        "identity: a replay for another layout would read the capture step's tables). Use the fla backend with "
-        "its joint rounds (unset PATCHGEN_FLA_JOINT_ROUNDS=0) or the triton backend, or set "
+        f"identity: a replay for another layout would read the capture step's tables). {fix}, or set "
         "shared_prefix_cuda_graphs_buckets=False (graphs then key on the exact layout)"
     )
 
@@ -327,7 +341,7 @@ def shared_prefix_gated_delta_rule(
     """
     idx: GDNIndex = plan.gdn
     kernels = round_kernels(gdn_fn, q.dtype)
-    if idx.bucketed:
+    if idx.bucketed or call_graphs.LAYER_GRAPHS.capturing:
         check_plan_tables(gdn_fn, kernels, q.dtype)
     inputs = (q, k, v, g, beta)
     if kernels is not None:

@@ -10,6 +10,7 @@ from patchgen.kernels.errors import SettingError
 from patchgen.kernels.modeling import scoring_layers
 from patchgen.kernels.shared_prefix import call_graphs as call_graphs_module
 from patchgen.kernels.shared_prefix.call_graphs import LAYERS_ON_BY_DEFAULT, enabled_in
+from patchgen.kernels.shared_prefix.gdn_rounds import ReferenceRounds
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from tests.models import lora_like, tiny
@@ -295,3 +296,44 @@ def test_a_reference_model_on_the_policys_kept_plan_replays_from_its_first_layer
         replays = traced_layer_graphs.replays
         assert torch.equal(_log_probs(reference, ids, cu), expected)
         assert traced_layer_graphs.replays - replays == 6
+
+
+class _TablesOfItsOwn(ReferenceRounds):
+    """GDN stages that derive and cache their chunk tables (fla's per-round path, PATCHGEN_FLA_JOINT_ROUNDS=0)."""
+
+    plan_tables = False
+
+
+def test_a_layer_whose_gdn_backend_keeps_tables_of_its_own_is_not_captured(traced_layer_graphs, monkeypatch):
+    """A graph would keep reading the tables the backend cached at capture (by tensor identity), after its cache
+    freed them: the capture is refused, with the fix named, and the layers stay eager."""
+    net, (ids, cu, _) = _model(), _batch()
+    monkeypatch.setattr("patchgen.kernels.shared_prefix.gdn.round_kernels", lambda fn, dtype: _TablesOfItsOwn(fn))
+    with torch.no_grad():
+        eager = _eager(net, ids, cu)
+        with pytest.warns(call_graphs_module.CallGraphUnavailable, match="PATCHGEN_FLA_JOINT_ROUNDS=0.*"
+                          "PATCHGEN_LAYER_GRAPHS=0"):
+            scored = _log_probs(net, ids, cu)
+    assert torch.equal(scored, eager)
+    assert not traced_layer_graphs.enabled and traced_layer_graphs.replays == 0
+
+
+def test_a_layer_whose_conv_backend_has_no_plan_table_kernels_is_not_captured(traced_layer_graphs, monkeypatch):
+    """A conv backend without look-back kernels runs on the plan's cu_seqlens through its own entry point (fla's
+    caches the chunk indices it derives): refused in a layer graph, the fix named."""
+    net, (ids, cu, _) = _model(), _batch()
+    monkeypatch.setattr("patchgen.kernels.shared_prefix.conv.look_back_kernels", lambda fn, dtype: None)
+    with torch.no_grad():
+        eager = _eager(net, ids, cu)
+        with pytest.warns(call_graphs_module.CallGraphUnavailable, match="causal_conv1d backend.*PATCHGEN_LAYER_GRAPHS=0"):
+            scored = _log_probs(net, ids, cu)
+    assert torch.equal(scored, eager)
+    assert not traced_layer_graphs.enabled
+
+
+def test_a_layer_wrapped_by_torch_distributed_runs_as_it_is():
+    """FSDP1's wrapper gathers its shards inside its own forward, not through hooks the hook walk would see."""
+    wrapper = type("FullyShardedDataParallel", (torch.nn.Module,), {"__module__": "torch.distributed.fsdp.api"})()
+    wrapper.inner = torch.nn.Linear(2, 2)
+    assert scoring_layers._holds_unseen_tensors(wrapper, list(wrapper.parameters()))
+    assert not scoring_layers._holds_unseen_tensors(wrapper.inner, list(wrapper.inner.parameters()))
