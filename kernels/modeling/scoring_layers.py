@@ -79,6 +79,8 @@ def _replayed(layer, hidden: torch.Tensor, **kwargs):
         or not graphs.enabled
         or not graphs.on_device(hidden)
         or (hidden.is_cuda and torch.cuda.is_current_stream_capturing())
+        # a training forward, told early: the checks below cost host time that an eager training step lacks
+        or (torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in layer.parameters())))
     ):
         return layer(hidden, **kwargs)
     split = _split_kwargs(kwargs)
@@ -91,9 +93,8 @@ def _replayed(layer, hidden: torch.Tensor, **kwargs):
     if _holds_unseen_tensors(layer, weights):
         return layer(hidden, **kwargs)
     inputs = [hidden, *tensors, *weights]
-    # any one that wants a gradient: the layer's node is needed (a layer after frozen ones, whose first parameters
-    # are frozen and whose MLP trains, gets hidden states that want none)
-    if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
+    # any other one that wants a gradient (a tensor argument): the layer's node is needed
+    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
         return layer(hidden, **kwargs)
 
     def body(*statics):

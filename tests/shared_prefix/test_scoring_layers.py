@@ -337,3 +337,13 @@ def test_a_layer_wrapped_by_torch_distributed_runs_as_it_is():
     wrapper.inner = torch.nn.Linear(2, 2)
     assert scoring_layers._holds_unseen_tensors(wrapper, list(wrapper.parameters()))
     assert not scoring_layers._holds_unseen_tensors(wrapper.inner, list(wrapper.inner.parameters()))
+
+
+def test_a_training_forward_is_told_apart_before_the_layer_walks(layer_graphs, monkeypatch):
+    """An eager training step is host-bound: its layers must not pay the hook and attribute walks a replay needs."""
+    walks = []
+    monkeypatch.setattr(scoring_layers, "_split_kwargs", lambda kwargs: walks.append(1))
+    monkeypatch.setattr(scoring_layers, "hooked_modules", lambda layers: walks.append(1))
+    net, (ids, cu, _) = _model(), _batch()
+    _log_probs(net, ids, cu).sum().backward()
+    assert walks == [] and layer_graphs.captures == 0
