@@ -38,7 +38,8 @@ from transformers.utils import output_capturing
 from ..graphs.signature import host_flags
 from ..ops import ATTRIBUTE as OP_TABLE
 from ..shared_prefix import call_graphs
-from .layer_graphs import hooked_modules
+from .layer_graphs import HOOK_TABLES, _global_hooks
+from .layer_graphs import _recording as _recording_hook
 from .shared_prefix import KWARG
 
 # above this, copying a layer's weights costs the GPU more than its launches cost the host (4B widths: about
@@ -84,14 +85,11 @@ def _replayed(layer, hidden: torch.Tensor, **kwargs):
     ):
         return layer(hidden, **kwargs)
     split = _split_kwargs(kwargs)
-    named = [*layer.named_parameters(), *layer.named_buffers()]
-    if split is None or sum(t.numel() * t.element_size() for _, t in named) > MAX_LAYER_BYTES or hooked_modules([layer]):
+    walked = None if split is None else _walk(layer)
+    if walked is None:
         return layer(hidden, **kwargs)
     settings, tensors, rebuild = split
-    names = tuple(name for name, _ in named)
-    weights = [t for _, t in named]
-    if _holds_unseen_tensors(layer, weights):
-        return layer(hidden, **kwargs)
+    names, weights, modules = walked
     inputs = [hidden, *tensors, *weights]
     # any other one that wants a gradient (a tensor argument): the layer's node is needed
     if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
@@ -103,42 +101,76 @@ def _replayed(layer, hidden: torch.Tensor, **kwargs):
 
     # the class itself: two modules' layers may share a name (the generated gpu and npu modules)
     kind = (type(layer), names)
-    out = graphs.run(kind, kwargs[KWARG], (settings, _host_state(layer, hidden.device)), body, inputs)
+    host = (modules, torch.is_autocast_enabled(hidden.device.type), torch.get_autocast_dtype(hidden.device.type))
+    out = graphs.run(kind, kwargs[KWARG], (settings, host), body, inputs)
     return layer(hidden, **kwargs) if out is None else out
 
 
 # a module's own tables of its state, which the replay copies (parameters, buffers) or walks (children)
 MODULE_TABLES = frozenset({"_parameters", "_buffers", "_modules"})
 PLAIN = (torch.nn.Parameter, torch.Tensor)
+HELD_TENSORS = "_patchgen_holds_tensors"  # (attribute count, whether one is a tensor), `_holds_tensors`
 
 
-def _holds_unseen_tensors(layer, weights) -> bool:
-    """Whether the layer reads tensors beside its parameters and buffers, which a graph would read as the captured
-    layer's in every replay: a weight of a tensor subclass (bitsandbytes' Params4bit and Int8Params carry their scales
-    as attributes, torchao's quantised tensors hold theirs inside) or a tensor held as a plain module attribute, or in
-    a dict, list or tuple of one (HQQ's `meta` scales). A layer wrapped by torch.distributed (FSDP's wrapper, which
-    gathers its shards inside its own forward, not through hooks) counts as one."""
-    if any(type(w) not in PLAIN for w in weights) or type(layer).__module__.startswith("torch.distributed"):
-        return True
-    for module in layer.modules():
-        for name, value in module.__dict__.items():
-            if name in MODULE_TABLES:
-                continue
-            if isinstance(value, torch.Tensor):
-                return True
-            items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
-            if any(isinstance(item, torch.Tensor) for item in items):
-                return True
-    return False
+def _walk(layer):
+    """One walk of the layer's modules through their own tables (`Module.named_parameters()` and the like walk it
+    once each, about half a ms a layer in all): the names and tensors of its parameters and buffers, what each
+    module's forward branches on besides its arguments (its training flag, its op table's backends and its host
+    flags, `signature.host_flags`: a PEFT adapter switched off for TRL's reference log-probs on the plan the policy's
+    kept, a layer's own adapter scale), all a graph replays as it was at capture. None when the layer must run as it
+    is: a hook a replay would skip (as `layer_graphs.hooked_modules` finds them), more than `MAX_LAYER_BYTES` of
+    weights, or tensors a replay would not copy in and so would read as the captured layer's: a weight of a tensor
+    subclass (bitsandbytes' Params4bit and Int8Params carry their scales as attributes, torchao's quantised tensors
+    hold theirs inside), a tensor held as a plain module attribute or in a dict, list or tuple of one (HQQ's `meta`
+    scales), or a wrapper of torch.distributed (FSDP's, which gathers its shards in its own forward, not through
+    hooks)."""
+    if _global_hooks() or type(layer).__module__.startswith("torch.distributed"):
+        return None
+    names, weights, modules, seen, size = [], [], [], set(), 0
+    stack = [("", layer)]
+    while stack:
+        prefix, module = stack.pop()
+        values = module.__dict__
+        if "_hf_hook" in values and values["_hf_hook"] is not None:
+            return None
+        if any(not _recording_hook(h) for table in HOOK_TABLES for h in values.get(table, {}).values()):
+            return None
+        if _holds_tensors(values):
+            return None
+        for table in ("_parameters", "_buffers"):
+            for name, tensor in values[table].items():
+                if tensor is None or id(tensor) in seen:
+                    continue
+                if type(tensor) not in PLAIN or tensor._backward_hooks:
+                    return None
+                seen.add(id(tensor))
+                names.append(prefix + name)
+                weights.append(tensor)
+                size += tensor.numel() * tensor.element_size()
+        modules.append((module.training, _backends(values.get(OP_TABLE)), host_flags(module)))
+        children = values["_modules"]
+        stack.extend((f"{prefix}{name}.", child) for name, child in reversed(children.items()) if child is not None)
+    if size > MAX_LAYER_BYTES:
+        return None
+    return tuple(names), weights, tuple(modules)
 
 
-def _host_state(layer, device: torch.device) -> tuple:
-    """What the layer's forward branches on besides its arguments, which a graph replays as it was at capture:
-    every module's training flag, op table's backends and host flags (`signature.host_flags`: a PEFT adapter
-    switched off for TRL's reference log-probs on the plan the policy's kept, a layer's own adapter scale), and the
-    autocast state."""
-    modules = tuple((m.training, _backends(m.__dict__.get(OP_TABLE)), host_flags(m)) for m in layer.modules())
-    return modules, torch.is_autocast_enabled(device.type), torch.get_autocast_dtype(device.type)
+def _holds_tensors(values: dict) -> bool:
+    """Whether a module holds a tensor beside its tables, directly or in a dict, list or tuple. Found once per module
+    and again when its attributes grow (a quantiser attaching scales): the scan costs a few us a module, every call."""
+    found = values.get(HELD_TENSORS)
+    if found is not None and found[0] == len(values):
+        return found[1]
+    held = False
+    for name, value in values.items():
+        if name in MODULE_TABLES or name == HELD_TENSORS:
+            continue
+        items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else (value,)
+        if any(isinstance(item, torch.Tensor) for item in items):
+            held = True
+            break
+    values[HELD_TENSORS] = (len(values) + (HELD_TENSORS not in values), held)
+    return held
 
 
 # op table -> the backends it runs: a reference model binds a table of its own, equal to the policy's, and on the plan

@@ -335,15 +335,24 @@ def test_a_layer_wrapped_by_torch_distributed_runs_as_it_is():
     """FSDP1's wrapper gathers its shards inside its own forward, not through hooks the hook walk would see."""
     wrapper = type("FullyShardedDataParallel", (torch.nn.Module,), {"__module__": "torch.distributed.fsdp.api"})()
     wrapper.inner = torch.nn.Linear(2, 2)
-    assert scoring_layers._holds_unseen_tensors(wrapper, list(wrapper.parameters()))
-    assert not scoring_layers._holds_unseen_tensors(wrapper.inner, list(wrapper.inner.parameters()))
+    assert scoring_layers._walk(wrapper) is None
+    assert scoring_layers._walk(wrapper.inner) is not None
 
 
 def test_a_training_forward_is_told_apart_before_the_layer_walks(layer_graphs, monkeypatch):
     """An eager training step is host-bound: its layers must not pay the hook and attribute walks a replay needs."""
     walks = []
     monkeypatch.setattr(scoring_layers, "_split_kwargs", lambda kwargs: walks.append(1))
-    monkeypatch.setattr(scoring_layers, "hooked_modules", lambda layers: walks.append(1))
+    monkeypatch.setattr(scoring_layers, "_walk", lambda layer: walks.append(1))
     net, (ids, cu, _) = _model(), _batch()
     _log_probs(net, ids, cu).sum().backward()
     assert walks == [] and layer_graphs.captures == 0
+
+
+def test_a_tensor_attached_after_the_first_walk_is_still_seen():
+    """Whether a module holds tensors beside its tables is kept between calls: one attached later (a quantiser's
+    scales) must still make the layer run as it is."""
+    layer = _model().model.layers[3]
+    assert scoring_layers._walk(layer) is not None  # found and kept
+    layer.mlp.down_proj.scales = torch.ones(3)
+    assert scoring_layers._walk(layer) is None
