@@ -6,14 +6,15 @@ at RL's sizes: at 32 layers, n=4 P=2048 on the H200 the host spends about 79 ms 
 norms, activations and gates, launched one by one. Yet every layer of a kind (GDN or full attention) runs the
 same code on inputs of the same shapes and on the same plan: only its weights and its input differ. So per kind,
 the first layer of a forward runs eagerly (compiles, autotuning, the plan's lazily built tables), the second is
-captured with its weights and inputs swapped for static copies (`torch.func.functional_call`), and every later one
-copies its weights and inputs into those statics and replays: one graph launch per layer instead of its launches.
+captured with its small weights (norms, conv taps) and inputs swapped for static copies (`torch.func.functional_call`)
+and its bias-free linears left out of the graphs (`shared_prefix/graph_tape.py`: a replay runs each as one `mm` on
+the replayed layer's own weight, so the big weights are never copied), and every later one copies its small weights
+and inputs into those statics and replays: a few graph launches and one `mm` per linear instead of its launches.
 
-What it costs: the GPU copies each replayed layer's weights (about 0.13 ms for a 4B layer's 230 MB, read and
-written), and memory holds one layer's weights per kind and the graphs' working memory until a forward on another
-plan replaces them, a training forward starts (it releases them, so its backward has that memory), or
-`release_call_graphs()` drops them. A layer with more than `MAX_LAYER_BYTES` of weights (an
-MoE layer's experts) runs as it is: its copy would cost the GPU more than the launches it saves.
+What it costs: memory holds the statics and one layer's linear outputs per kind and the graphs' working memory
+until a forward on another plan replaces them, a training forward starts (it releases them, so its backward has that
+memory), or `release_call_graphs()` drops them. A layer with more than `MAX_LAYER_BYTES` of copied weights (an MoE
+layer's experts, which are not linears) runs as it is: its copy would cost the GPU more than the launches it saves.
 
 A replay runs the captured kernels with the captured launch parameters on copies of the same values, so its
 output is the eager layer's bit for bit. Layers run as they are where a graph could be wrong or is not wanted:
@@ -42,8 +43,8 @@ from .layer_graphs import HOOK_TABLES, _global_hooks
 from .layer_graphs import _recording as _recording_hook
 from .shared_prefix import KWARG
 
-# above this, copying a layer's weights costs the GPU more than its launches cost the host (4B widths: about
-# 230 MB a layer; a Qwen3.5-MoE layer's experts are several GB)
+# above this, copying a layer's weights (all but its linears') costs the GPU more than its launches cost the host (a
+# Qwen3.5-MoE layer's experts are several GB)
 MAX_LAYER_BYTES = 1 << 30
 SCALARS = (int, float, bool, str, type(None))
 
@@ -89,26 +90,33 @@ def _replayed(layer, hidden: torch.Tensor, **kwargs):
     if walked is None:
         return layer(hidden, **kwargs)
     settings, tensors, rebuild = split
-    names, weights, modules = walked
-    inputs = [hidden, *tensors, *weights]
+    names, weights, modules, linear = walked
     # any other one that wants a gradient (a tensor argument): the layer's node is needed
     if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
         return layer(hidden, **kwargs)
+    # the linears' weights stay where they are, read by the replay's eager linears (`graph_tape.py`); the rest is
+    # copied into the graph's statics
+    copied = [w for w, is_linear in zip(weights, linear) if not is_linear]
+    live = [w for w, is_linear in zip(weights, linear) if is_linear]
+    order = [name for name, is_linear in zip(names, linear) if not is_linear] + [
+        name for name, is_linear in zip(names, linear) if is_linear]
+    inputs = [hidden, *tensors, *copied]
 
     def body(*statics):
-        kw_tensors, static_weights = statics[1 : 1 + len(tensors)], statics[1 + len(tensors) :]
-        return torch.func.functional_call(layer, dict(zip(names, static_weights)), (statics[0],), rebuild(kw_tensors))
+        kw_tensors, layer_weights = statics[1 : 1 + len(tensors)], statics[1 + len(tensors) :]
+        return torch.func.functional_call(layer, dict(zip(order, layer_weights)), (statics[0],), rebuild(kw_tensors))
 
     # the class itself: two modules' layers may share a name (the generated gpu and npu modules)
-    kind = (type(layer), names)
+    kind = (type(layer), names, linear)
     host = (modules, torch.is_autocast_enabled(hidden.device.type), torch.get_autocast_dtype(hidden.device.type))
-    out = graphs.run(kind, kwargs[KWARG], (settings, host), body, inputs)
+    out = graphs.run(kind, kwargs[KWARG], (settings, host), body, inputs, live)
     return layer(hidden, **kwargs) if out is None else out
 
 
 # a module's own tables of its state, which the replay copies (parameters, buffers) or walks (children)
 MODULE_TABLES = frozenset({"_parameters", "_buffers", "_modules"})
 PLAIN = (torch.nn.Parameter, torch.Tensor)
+LINEAR_FORWARD = torch.nn.Linear.forward
 HELD_TENSORS = "_patchgen_holds_tensors"  # (attribute count, whether one is a tensor), `_holds_tensors`
 
 
@@ -126,7 +134,7 @@ def _walk(layer):
     hooks)."""
     if _global_hooks() or type(layer).__module__.startswith("torch.distributed"):
         return None
-    names, weights, modules, seen, size = [], [], [], set(), 0
+    names, weights, modules, linear, seen, size = [], [], [], [], set(), 0
     stack = [("", layer)]
     while stack:
         prefix, module = stack.pop()
@@ -137,6 +145,8 @@ def _walk(layer):
             return None
         if _holds_tensors(values):
             return None
+        # a plain bias-free linear: the replay runs it eagerly on its weight (`graph_tape.py`)
+        plain_linear = type(module).forward is LINEAR_FORWARD and values["_parameters"].get("bias") is None
         for table in ("_parameters", "_buffers"):
             for name, tensor in values[table].items():
                 if tensor is None or id(tensor) in seen:
@@ -146,13 +156,15 @@ def _walk(layer):
                 seen.add(id(tensor))
                 names.append(prefix + name)
                 weights.append(tensor)
-                size += tensor.numel() * tensor.element_size()
+                linear.append(plain_linear and table == "_parameters" and name == "weight")
+                if not linear[-1]:
+                    size += tensor.numel() * tensor.element_size()
         modules.append((module.training, _backends(values.get(OP_TABLE)), host_flags(module)))
         children = values["_modules"]
         stack.extend((f"{prefix}{name}.", child) for name, child in reversed(children.items()) if child is not None)
     if size > MAX_LAYER_BYTES:
         return None
-    return tuple(names), weights, tuple(modules)
+    return tuple(names), weights, tuple(modules), tuple(linear)
 
 
 def _holds_tensors(values: dict) -> bool:

@@ -44,14 +44,16 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import SettingError
+from .graph_tape import Tape
 
 ENV_CALL_GRAPHS = "PATCHGEN_CALL_GRAPHS"
 # On since their first GPU run (2026-12-03): bit-equal to the eager ops on fla and ours, under no_grad and inference
 # mode, and the 32-layer eager scoring loop faster at n=4 P=2048 (86.4 -> 79.3 ms a micro-batch; docs/bench).
 ON_BY_DEFAULT = True
 # the whole decoder layer of a kind (`modeling/scoring_layers.py`). On since its first GPU runs (2026-12-03): bit-equal,
-# and the 32-layer eager scoring loop at n=4 P=2048 from 79.8 to 60.6 ms a micro-batch (efficiency 0.64 to 0.83),
-# at n=8 P=4096 even (GPU-bound there: 119.2 and 118.7 ms)
+# and the 32-layer eager scoring loop at n=4 P=2048 from 79.8 to 60.6 ms a micro-batch (efficiency 0.64 to 0.83);
+# with the linears left out of the graphs (`graph_tape.py`) 57.1-57.7 ms (0.88-0.89), n=8 P=4096 from 119.2 to
+# 113.9-115.1 ms (0.84 to 0.86-0.87)
 ENV_LAYER_GRAPHS = "PATCHGEN_LAYER_GRAPHS"
 LAYERS_ON_BY_DEFAULT = True
 
@@ -76,7 +78,7 @@ class _Entry:
     key: tuple
     index: object  # the plan's index of this op: held, so that `key`'s id of it stays its own
     statics: list[torch.Tensor]
-    graph: object  # torch.cuda.CUDAGraph (a stand-in in the CPU tests)
+    graph: object  # torch.cuda.CUDAGraph, a `graph_tape.Tape` of graphs and linears (a stand-in in the CPU tests)
     out: torch.Tensor
     groups: tuple[tuple[int, ...], ...] = ()  # the inputs' positions by dtype (`_copy_in`); () for all in one
 
@@ -169,12 +171,15 @@ class CallGraphs:
             with self._lock:
                 self._held -= 1
 
-    def run(self, op: str, index, settings: tuple, body: Callable, inputs: Sequence[torch.Tensor]):
-        """`body(*inputs)` from a replay, or None where the caller runs it eagerly (a forward's first layer).
+    def run(self, op: str, index, settings: tuple, body: Callable, inputs: Sequence[torch.Tensor],
+            live: Sequence[torch.Tensor] = ()):
+        """`body(*inputs, *live)` from a replay, or None where the caller runs it eagerly (a forward's first layer).
 
         `index` is the plan's part the op reads (the same object in every layer of a forward), `settings` whatever
-        else the captured kernels depend on besides the inputs' shapes (the backend, scale, flags)."""
-        key = (id(index), settings, tuple((x.shape, x.dtype) for x in inputs), inputs[0].device,
+        else the captured kernels depend on besides the inputs' shapes (the backend, scale, flags). `inputs` are
+        copied into the graph's statics; `live` are linears' weights, which the graph leaves out and a replay reads
+        where they are (`graph_tape.py`)."""
+        key = (id(index), settings, tuple((x.shape, x.dtype) for x in (*inputs, *live)), inputs[0].device,
                torch.is_inference_mode_enabled())
         # one thread at a time from the copy into the static inputs to the copy of the output: another thread's
         # copy in between would have this replay read its inputs
@@ -186,13 +191,18 @@ class CallGraphs:
                 if seen is None or seen[0] != key or seen[1]() is not index:
                     self._seen[op] = (key, weakref.ref(index))
                     return None
-                self._drop(op)  # the last forward's graph goes before this one is captured
-                entry = self._capture_or_give_up(key, index, body, inputs)
+                # the last forward's graph is replaced, but lives until its successor is captured: torch 2.11 fails
+                # a capture into a pool whose last graph is gone (an internal assertion of its host allocator,
+                # "use_count > 0", on the H200: bench/graph_capture_wait.py's note in docs/bench)
+                replaced = entry
+                self._drop(op)
+                entry = self._capture_or_give_up(key, index, body, inputs, live)
+                del replaced
                 if entry is None:
                     return None
                 self.entries[op] = entry
             _copy_in(entry, inputs)
-            entry.graph.replay()
+            entry.graph.replay(*live)
             self.replays += 1
             return entry.out.clone()
 
@@ -215,7 +225,7 @@ class CallGraphs:
             streams = {torch.cuda.current_stream(device), self._last_stream.get(device)} - {None}
             # record_stream marks its tensor as written: an inference tensor takes it inside inference mode only
             with torch.inference_mode(entry.statics[0].is_inference()):
-                for static in entry.statics:
+                for static in (*entry.statics, *getattr(entry.graph, "buffers", ())):
                     for stream in streams:
                         static.record_stream(stream)
 
@@ -233,10 +243,10 @@ class CallGraphs:
         own making: `shared_prefix.gdn.check_plan_tables`)."""
         return getattr(self._local, "capturing", False)
 
-    def _capture_or_give_up(self, key, index, body, inputs) -> _Entry | None:
+    def _capture_or_give_up(self, key, index, body, inputs, live=()) -> _Entry | None:
         self._local.capturing = True
         try:
-            return self._capture(key, index, body, inputs)
+            return self._capture(key, index, body, inputs, live)
         except Exception as error:  # noqa: BLE001 - a failed capture leaves the eager ops, which work
             self.enabled = False
             warnings.warn(
@@ -249,25 +259,29 @@ class CallGraphs:
         finally:
             self._local.capturing = False
 
-    def _capture(self, key, index, body, inputs) -> _Entry:
+    def _capture(self, key, index, body, inputs, live=()) -> _Entry:
         device = inputs[0].device
         statics = [torch.empty(x.shape, dtype=x.dtype, device=device) for x in inputs]
         torch._foreach_copy_(statics, list(inputs))
         pool, side = self._capture_stream_and_pool(device)
         current = torch.cuda.current_stream(device)
         side.wait_stream(current)
-        graph = torch.cuda.CUDAGraph()
         _clear_cublas_workspaces()
         try:
             with torch.cuda.stream(side):
-                # thread_local: the capture fails only on what this thread does
-                graph.capture_begin(pool=None if pool is None else pool.id, capture_error_mode="thread_local")
-                try:
-                    out = body(*statics)
-                    if not isinstance(out, torch.Tensor):  # a replay hands back a copy of one output tensor
-                        raise TypeError(f"the captured call returned {type(out).__name__}, not a tensor")
-                finally:
-                    graph.capture_end()
+                if live:
+                    graph = Tape(pool, current)
+                    out = graph.record(body, statics, live)
+                else:
+                    graph = torch.cuda.CUDAGraph()
+                    # thread_local: the capture fails only on what this thread does
+                    graph.capture_begin(pool=None if pool is None else pool.id, capture_error_mode="thread_local")
+                    try:
+                        out = body(*statics)
+                        if not isinstance(out, torch.Tensor):  # a replay hands back a copy of one output tensor
+                            raise TypeError(f"the captured call returned {type(out).__name__}, not a tensor")
+                    finally:
+                        graph.capture_end()
         finally:
             _clear_cublas_workspaces()
         current.wait_stream(side)

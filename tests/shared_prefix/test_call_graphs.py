@@ -3,6 +3,9 @@ calls the graphs serve, the order in which a forward's layers run eagerly, captu
 scoring forward through them (a stand-in "captures" by keeping the op to run on the static inputs; the real graphs'
 bit-equality is checked on the GPU, test_call_graphs_gpu.py)."""
 
+import gc
+import weakref
+
 import pytest
 import torch
 from patchgen.kernels.errors import SettingError
@@ -21,8 +24,8 @@ class _EagerGraph:
     def __init__(self, body):
         self.body = body
 
-    def replay(self):
-        self.body()
+    def replay(self, *live):
+        self.body(*live)
 
 
 class _StandIn(CallGraphs):
@@ -34,11 +37,11 @@ class _StandIn(CallGraphs):
     def _serves(self, kernels, inputs):
         return not (torch.is_grad_enabled() and any(x.requires_grad for x in inputs))
 
-    def _capture(self, key, index, body, inputs):
+    def _capture(self, key, index, body, inputs, live=()):
         entry = _Entry(key, index, [x.clone() for x in inputs], None, torch.empty(0))
 
-        def replay():
-            entry.out = body(*entry.statics)
+        def replay(*live):  # as a tape: the statics, and the live weights of the layer replayed
+            entry.out = body(*entry.statics, *live)
 
         entry.graph = _EagerGraph(replay)
         self.captures += 1
@@ -93,6 +96,31 @@ def test_a_forwards_first_layer_runs_eagerly_the_second_captures_and_the_rest_re
     assert (graphs.captures, graphs.replays) == (3, 13)
     graphs.release()
     assert not graphs.entries
+
+
+class _WatchingStandIn(_StandIn):
+    """Notes, at each capture, whether the graph it replaces is still alive."""
+
+    def __init__(self):
+        super().__init__()
+        self.replaced_alive, self._last = [], None
+
+    def _capture(self, key, index, body, inputs, live=()):
+        gc.collect()  # a stand-in graph sits in a reference cycle: alive here only if something still holds it
+        self.replaced_alive.append(self._last is not None and self._last() is not None)
+        entry = super()._capture(key, index, body, inputs, live)
+        self._last = weakref.ref(entry.graph)
+        return entry
+
+
+def test_a_replaced_graph_lives_until_its_successor_is_captured():
+    """torch 2.11 fails a capture into a memory pool whose last graph is gone (its host allocator asserts): a forward on
+    a new plan captures while the last plan's graph still holds the pool."""
+    graphs = _WatchingStandIn()
+    with torch.no_grad():
+        for rollouts in (3, 4, 5):
+            _forward(graphs, _plan(rollouts))
+    assert graphs.replaced_alive == [False, True, True]
 
 
 def test_the_graphs_serve_no_forward_that_needs_an_autograd_node_and_none_off_cuda():

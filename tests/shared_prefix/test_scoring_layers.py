@@ -97,8 +97,8 @@ def _replayed_layers(graphs, net, ids, cu) -> set[int]:
     """Indices of the layers a forward replayed (the forward runs with a hook on none)."""
     replayed, run = set(), graphs.run
 
-    def tracking(kind, index, settings, body, inputs):
-        out = run(kind, index, settings, body, inputs)
+    def tracking(kind, index, settings, body, inputs, live=()):
+        out = run(kind, index, settings, body, inputs, live)
         if out is not None:
             weight = inputs[-1]
             replayed.update(i for i, layer in enumerate(net.model.layers) if any(p is weight for p in layer.buffers())
@@ -146,20 +146,20 @@ class _TracedGraph:
     def __init__(self, traced, entry):
         self.traced, self.entry = traced, entry
 
-    def replay(self):
+    def replay(self, *live):
         # a CUDA graph runs the kernels it captured whatever autocast says at replay
         with torch.autocast("cpu", enabled=False):
-            self.entry.out = self.traced(*self.entry.statics)
+            self.entry.out = self.traced(*self.entry.statics, *live)
 
 
 class _TracedLayerStandIn(_LayerStandIn):
     """A capture traced into aten ops (`make_fx`), as a CUDA graph captures kernels: the host branches the call took
     (an adapter on or off, autocast's casts) and its Python floats are baked in, and a replay runs only those ops."""
 
-    def _capture(self, key, index, body, inputs):
+    def _capture(self, key, index, body, inputs, live=()):
         statics = [x.clone() for x in inputs]
         entry = call_graphs_module._Entry(key, index, statics, None, torch.empty(0))
-        entry.graph = _TracedGraph(make_fx(body)(*statics), entry)
+        entry.graph = _TracedGraph(make_fx(body)(*statics, *live), entry)
         self.captures += 1
         return entry
 
@@ -206,13 +206,13 @@ class _AutocastOfCaptureStandIn(_LayerStandIn):
     """A replay runs under the autocast state of its capture, as a CUDA graph replays the casts it captured (the traced
     stand-in cannot trace the float32 path's Triton kernels, run by the interpreter on the CPU)."""
 
-    def _capture(self, key, index, body, inputs):
-        entry = super()._capture(key, index, body, inputs)
+    def _capture(self, key, index, body, inputs, live=()):
+        entry = super()._capture(key, index, body, inputs, live)
         enabled, dtype, run = torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), entry.graph.body
 
-        def as_captured():
+        def as_captured(*live):
             with torch.autocast("cpu", dtype=dtype, enabled=enabled):
-                run()
+                run(*live)
 
         entry.graph.body = as_captured
         return entry

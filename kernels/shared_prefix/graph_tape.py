@@ -1,0 +1,151 @@
+"""A layer's capture split at its linears: CUDA graphs of everything between them, the linears run eagerly on the
+weights of the layer being replayed.
+
+A layer graph (`modeling/scoring_layers.py`) replays for every layer of a kind; a CUDA graph reads the addresses it
+was captured on, so each replay used to copy the layer's weights into the captured layer's static copies first: at
+32 layers of 4B widths, n=4 P=2048 on the H200, about 4.9 ms of a 58 ms scoring forward's device time went to those
+copies (`multi_tensor_apply_kernel`, docs/bench, eleventh session), and the copies held one layer's weights per kind.
+Nearly all of a layer's weight bytes are its linears' weights, and a linear is one cuBLAS call: one launch, where
+the rest of a layer is dozens. So the linears are left out of the graphs: the capture ends before each linear and
+begins again after it, and a replay runs the graphs in order with each linear in between, as `mm` into the buffer
+the next graph reads, on the replayed layer's own weight. The linears' weights are never copied; the small ones
+(norms, the conv's taps, the gates' biases) still are.
+
+The output is the eager layer's bit for bit: a bias-free `F.linear` on an input of two or more dimensions is
+`matmul`, which folds the leading dimensions and calls `mm` (where they fold without a copy; otherwise it takes
+`bmm`, and the capture refuses), and a replay calls the same `mm` on the same rows, under autocast on the same
+casts. During the capture the linears' weights are `Placeholder`s on the meta device: a layer that reads a weight
+other than through `F.linear` or for its metadata (a custom matmul on it) fails the capture loudly rather than
+replay another layer's weights.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+
+import torch
+
+_EMPTY = "The CUDA Graph is empty"  # a graph between two linears in a row (q, k, v): nothing captured, nothing run
+
+
+# what a layer may read of a linear's weight besides handing it to F.linear: its metadata
+METADATA = frozenset(
+    [getattr(torch.Tensor, name).__get__ for name in ("shape", "dtype", "device", "requires_grad", "ndim", "is_cuda",
+                                                       "layout", "is_meta")]
+    + [torch.Tensor.size, torch.Tensor.dim, torch.Tensor.numel, torch.Tensor.element_size,
+       torch.Tensor.is_floating_point]
+)
+
+
+class Placeholder(torch.Tensor):
+    """A linear's weight during the capture: on the meta device, and taken out of `F.linear` by the tape."""
+
+    tape: Tape
+    at: int  # its position among the live weights
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.linear:
+            x, weight = args[0] if args else kwargs["input"], args[1] if len(args) > 1 else kwargs["weight"]
+            bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            if isinstance(weight, Placeholder) and bias is None and not isinstance(x, Placeholder):
+                return weight.tape.linear(x, weight)
+        if func not in METADATA:  # a kernel on the weight: the capture would bake the captured layer's in
+            raise TypeError(f"{getattr(func, '__qualname__', func)} reads a linear's weight outside F.linear: the "
+                            "layer cannot replay on other layers' weights")
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+
+
+def placeholder(weight: torch.Tensor, tape: Tape, at: int) -> Placeholder:
+    found = torch.Tensor._make_subclass(Placeholder, torch.empty_like(weight, device="meta"))
+    found.tape, found.at = tape, at
+    return found
+
+
+def folds(x: torch.Tensor) -> bool:
+    """Whether `matmul` folds `x`'s leading dimensions into rows without a copy (its `should_fold` for a 2-D right
+    operand): then a bias-free linear is one `mm`, which the replay calls again."""
+    return x.dim() == 2 or all(x.stride(i) == x.stride(i + 1) * x.size(i + 1) for i in range(x.dim() - 2))
+
+
+class _Linear:
+    """One linear of the tape: `out = x @ live[at].T`, cast first as autocast cast it at capture."""
+
+    def __init__(self, x: torch.Tensor, at: int, cast: torch.dtype | None, out: torch.Tensor):
+        self.x, self.at, self.cast, self.out = x, at, cast, out
+        self.out_rows = out.view(-1, out.shape[-1])
+        # the input's rows, a view made once (`folds`), unless autocast casts a copy of it at every replay
+        self.rows = x.reshape(-1, x.shape[-1]) if cast in (None, x.dtype) else None
+
+    def run(self, live: Sequence[torch.Tensor]) -> None:
+        weight = live[self.at]
+        if self.cast is not None and weight.dtype != self.cast:
+            weight = weight.to(self.cast)
+        rows = self.rows if self.rows is not None else self.x.to(self.cast).reshape(-1, self.x.shape[-1])
+        torch.mm(rows, weight.t(), out=self.out_rows)
+
+
+class Tape:
+    """The graphs and linears of one capture, in order (see the module docstring)."""
+
+    def __init__(self, pool, replay_stream, graph_type=torch.cuda.CUDAGraph):
+        self.pool, self.replay_stream, self.graph_type = pool, replay_stream, graph_type
+        self.steps: list = []
+        self._open = None
+
+    @property
+    def buffers(self) -> list[torch.Tensor]:
+        """The linears' outputs, made outside the graphs' pool on the replay stream."""
+        return [step.out for step in self.steps if isinstance(step, _Linear)]
+
+    def record(self, body: Callable, statics: Sequence[torch.Tensor], live: Sequence[torch.Tensor]):
+        """Capture `body(*statics, *live)` with the linears on `live` taken out; the output tensor."""
+        placeholders = [placeholder(w, self, i) for i, w in enumerate(live)]
+        self._begin()
+        try:
+            out = body(*statics, *placeholders)
+        finally:
+            self._end()
+        if not isinstance(out, torch.Tensor) or isinstance(out, Placeholder) or out.device != statics[0].device:
+            raise TypeError(f"the captured layer returned {type(out).__name__} on {getattr(out, 'device', None)}, "
+                            f"not a tensor on {statics[0].device}")
+        return out
+
+    def linear(self, x: torch.Tensor, weight: Placeholder) -> torch.Tensor:
+        if isinstance(x, Placeholder) or x.device.type == "meta" or x.dim() < 2 or not folds(x):
+            raise TypeError(f"a linear on an input the tape cannot replay as one mm ({x.device}, shape "
+                            f"{tuple(x.shape)}, strides {x.stride()})")
+        device = x.device.type
+        cast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        if cast is None and x.dtype != weight.dtype:
+            raise TypeError(f"a linear of a {x.dtype} input on a {weight.dtype} weight")
+        self._end()
+        with torch.cuda.stream(self.replay_stream):  # outside the pool, where the replays write it
+            out = torch.empty((*x.shape[:-1], weight.shape[0]), dtype=cast or x.dtype, device=x.device)
+        self.steps.append(_Linear(x, weight.at, cast, out))
+        self._begin()
+        return out
+
+    def replay(self, *live: torch.Tensor) -> None:
+        for step in self.steps:
+            if isinstance(step, _Linear):
+                step.run(live)
+            else:
+                step.replay()
+
+    def _begin(self) -> None:
+        self._open = self.graph_type()
+        # thread_local: the capture fails only on what this thread does
+        self._open.capture_begin(pool=None if self.pool is None else self.pool.id, capture_error_mode="thread_local")
+
+    def _end(self) -> None:
+        graph, self._open = self._open, None
+        if graph is None:  # a linear failed between two graphs
+            return
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_EMPTY)
+            graph.capture_end()
+        self.steps.append(graph)
