@@ -213,3 +213,20 @@ def test_a_mixed_loop_draws_each_micro_batch_from_one_of_the_shapes():
     assert row["T"] == sum(tokens) / 6 and row["shared host rows bit-equal"] is True
     with pytest.raises(SystemExit, match="--mix draws from two or more"):
         scoring_loop.main(["--tiny", "--shapes", "2x64x16", "--mix"])
+
+
+def test_the_loop_plot_reads_what_the_loop_prints(capsys, tmp_path):
+    import importlib.util
+
+    import plot_scoring_loop
+
+    (row,) = scoring_loop.main(["--tiny", "--layers", "4", "--shapes", "4x64x16", "--batches", "1", "--repeats", "1"])
+    out = tmp_path / "loop.txt"
+    out.write_text("some other output\n" + capsys.readouterr().out)
+    (found,) = plot_scoring_loop.results(out.read_text())
+    assert (found["layers"], found["shape"]) == (4, "n=4 P=64 R=16")
+    assert found["host_eff"] == round(row["efficiency host rows"], 2)
+    assert found["device_shared"] == round(row["shared device rows ms"], 1)
+    if importlib.util.find_spec("matplotlib") is not None:  # the bench extra: the PNG itself
+        png = plot_scoring_loop.main([f"tiny={out}", f"again={out}", "--out", str(tmp_path / "loop.png")])
+        assert png.stat().st_size > 0
