@@ -273,3 +273,28 @@ def test_another_thread_running_a_layer_while_it_is_captured_reads_its_real_weig
     assert "error" not in seen and torch.equal(seen["out"], expected_other)
     assert torch.equal(got, expected)
 
+
+class _UnregisteredLinear(torch.nn.Module):
+    """A projection kept in a plain list, out of the module's tables (so that it is not a submodule): the walk of the
+    layer's weights does not reach it."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = _Norm()
+        self.side = [torch.nn.Linear(WIDTH, WIDTH, bias=False)]
+
+    def forward(self, hidden, shared_prefix=None, extra=None):
+        return hidden + self.side[0](self.norm(hidden))
+
+
+def test_a_layer_holding_a_module_outside_its_tables_runs_as_it_is(tape_graphs):
+    """A replay would run the linear on the captured layer's weight, which the capture read where it is."""
+    layers = _layers(4, _UnregisteredLinear)
+    with torch.no_grad():
+        for layer in layers:
+            layer.side[0].weight.copy_(torch.randn(WIDTH, WIDTH))
+        hidden, extra = _inputs(0)
+        expected = _forward(layers, hidden, extra, _Plan(), replayed=False)
+        assert torch.equal(_forward(layers, hidden, extra, _Plan(), replayed=True), expected)
+    assert tape_graphs.captures == 0
+    assert scoring_layers._walk(_Layer()) is not None  # a module's own submodules are walked
