@@ -298,3 +298,55 @@ def test_a_layer_holding_a_module_outside_its_tables_runs_as_it_is(tape_graphs):
         assert torch.equal(_forward(layers, hidden, extra, _Plan(), replayed=True), expected)
     assert tape_graphs.captures == 0
     assert scoring_layers._walk(_Layer()) is not None  # a module's own submodules are walked
+
+
+class _Mixed(torch.nn.Module):
+    """A bfloat16 layer with a float32 linear (a router kept in float32) and a linear on a view whose rows do not fold
+    without a copy (`refold` set): the one replays on its own casts, the other is refused at the capture."""
+
+    refold = False
+
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(WIDTH, WIDTH, bias=False)
+        self.router = torch.nn.Linear(WIDTH, 4, bias=False)
+
+    def forward(self, hidden, shared_prefix=None, extra=None):
+        weights = torch.softmax(self.router(hidden.float()), dim=-1).to(hidden.dtype)
+        h = hidden.transpose(0, 1) if self.refold else hidden
+        up = self.up(h)
+        return hidden + (up.transpose(0, 1) if self.refold else up) * weights.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("refold", [False, True])
+def test_a_layer_of_mixed_dtypes_replays_and_one_that_would_not_fold_runs_as_it_is(refold, tape_graphs):
+    layers = _layers(4, _Mixed)
+    for layer in layers:
+        layer.up.to(torch.bfloat16)
+        layer.refold = refold
+    hidden = torch.randn(3, 5, WIDTH, dtype=torch.bfloat16)
+    with torch.no_grad():
+        expected = _forward(layers, hidden, None, _Plan(), replayed=False)
+        if refold:
+            with pytest.warns(call_graphs_module.CallGraphUnavailable, match="cannot replay as one mm"):
+                got = _forward(layers, hidden, None, _Plan(), replayed=True)
+        else:
+            got = _forward(layers, hidden, None, _Plan(), replayed=True)
+    assert torch.equal(got, expected)
+    assert tape_graphs.replays == (0 if refold else 3)
+
+
+def test_the_generated_layers_replay_from_tapes_bit_for_bit(tape_graphs):
+    """The generated decoder layers (GDN and attention), each of a kind on weights of its own, replayed segment by
+    segment with their linears on each layer's weight."""
+    from tests.shared_prefix.test_scoring_layers import _batch, _eager, _log_probs, _model
+
+    net, (ids, cu, _) = _model(), _batch()
+    with torch.no_grad():
+        for i, layer in enumerate(net.model.layers):
+            for p in layer.parameters():
+                p.mul_(1.0 + 0.1 * i)
+        expected = _eager(net, ids, cu)
+        assert torch.equal(_log_probs(net, ids, cu), expected)
+    assert (tape_graphs.captures, tape_graphs.replays) == (2, 4)
+    assert all(any(isinstance(step, _Linear) for step in tape.steps) for tape in tape_graphs.tapes)
