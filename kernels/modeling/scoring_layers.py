@@ -30,6 +30,7 @@ tensors beside its parameters and buffers (a quantised weight's scales) runs as 
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from collections.abc import Callable
 
@@ -130,7 +131,7 @@ def _walk(layer):
     weights, or tensors a replay would not copy in and so would read as the captured layer's: a weight of a tensor
     subclass (bitsandbytes' Params4bit and Int8Params carry their scales as attributes, torchao's quantised tensors
     hold theirs inside), a tensor held as a plain module attribute or in a dict, list or tuple of one (HQQ's `meta`
-    scales), or a wrapper of torch.distributed (FSDP's, which gathers its shards in its own forward, not through
+    scales) or a module with weights held so (a linear in a plain list), or a wrapper of torch.distributed (FSDP's, which gathers its shards in its own forward, not through
     hooks)."""
     if _global_hooks() or type(layer).__module__.startswith("torch.distributed"):
         return None
@@ -168,8 +169,10 @@ def _walk(layer):
 
 
 def _holds_tensors(values: dict) -> bool:
-    """Whether a module holds a tensor beside its tables, directly or in a dict, list or tuple. Found once per module
-    and again when its attributes grow (a quantiser attaching scales): the scan costs a few us a module, every call."""
+    """Whether a module holds a tensor beside its tables, directly or in a dict, list or tuple, or a module with
+    parameters or buffers there (a linear kept in a plain list, out of `_modules`): the walk would not see its weights,
+    and a capture would bake the captured layer's in. Found once per module and again when its attributes grow (a
+    quantiser attaching scales): the scan costs a few us a module, every call."""
     found = values.get(HELD_TENSORS)
     if found is not None and found[0] == len(values):
         return found[1]
@@ -178,11 +181,15 @@ def _holds_tensors(values: dict) -> bool:
         if name in MODULE_TABLES or name == HELD_TENSORS:
             continue
         items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else (value,)
-        if any(isinstance(item, torch.Tensor) for item in items):
+        if any(isinstance(item, torch.Tensor) or _has_state(item) for item in items):
             held = True
             break
     values[HELD_TENSORS] = (len(values) + (HELD_TENSORS not in values), held)
     return held
+
+
+def _has_state(item) -> bool:
+    return isinstance(item, torch.nn.Module) and any(True for _ in itertools.chain(item.parameters(), item.buffers()))
 
 
 # op table -> the backends it runs: a reference model binds a table of its own, equal to the policy's, and on the plan

@@ -16,15 +16,19 @@ The output is the eager layer's bit for bit: a bias-free `F.linear` on an input 
 `bmm`, and the capture refuses), and a replay calls the same `mm` on the same rows, under autocast on the same
 casts. During the capture the linears' weights are `Placeholder`s on the meta device: a layer that reads a weight
 other than through `F.linear` or for its metadata (a custom matmul on it) fails the capture loudly rather than
-replay another layer's weights.
+replay another layer's weights. Its metadata is the real weight's, and so is every read of it from a thread other
+than the capturing one: `functional_call` swaps the placeholders into the shared module, where another thread may
+run the layer meanwhile. Autocast's casts are the ones it makes: none of a float64 operand.
 """
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 
 import torch
+from torch.utils._pytree import tree_map_only
 
 _EMPTY = "The CUDA Graph is empty"  # a graph between two linears in a row (q, k, v): nothing captured, nothing run
 
@@ -43,25 +47,43 @@ class Placeholder(torch.Tensor):
 
     tape: Tape
     at: int  # its position among the live weights
+    weight: torch.Tensor  # the weight it stands for (not `real`: a tensor property)
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in METADATA or not _capturing(args, kwargs):
+            # its metadata is the real weight's (a layer may branch on the device or on requires_grad, or make
+            # tensors on the weight's device); and `functional_call` swaps the module's weights in place, so
+            # another thread running the layer as it is meanwhile (a second scoring thread's eager layer) must
+            # compute on its real weights, not hand its linears to this tape
+            return func(*tree_map_only(Placeholder, _weight_of, args), **tree_map_only(Placeholder, _weight_of, kwargs))
         if func is torch.nn.functional.linear:
             x, weight = args[0] if args else kwargs["input"], args[1] if len(args) > 1 else kwargs["weight"]
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
             if isinstance(weight, Placeholder) and bias is None and not isinstance(x, Placeholder):
                 return weight.tape.linear(x, weight)
-        if func not in METADATA:  # a kernel on the weight: the capture would bake the captured layer's in
-            raise TypeError(f"{getattr(func, '__qualname__', func)} reads a linear's weight outside F.linear: the "
-                            "layer cannot replay on other layers' weights")
-        with torch._C.DisableTorchFunctionSubclass():
-            return func(*args, **kwargs)
+        # a kernel on the weight: the capture would bake the captured layer's in
+        raise TypeError(f"{getattr(func, '__qualname__', func)} reads a linear's weight outside F.linear: the "
+                        "layer cannot replay on other layers' weights")
+
+
+def _weight_of(held: Placeholder) -> torch.Tensor:
+    return held.weight
+
+
+def _capturing(args, kwargs) -> bool:
+    """Whether this call is the capturing thread's (a placeholder among the arguments on the tape this thread
+    records)."""
+    this = threading.get_ident()
+    found = []
+    tree_map_only(Placeholder, found.append, (args, kwargs))
+    return all(held.tape.thread == this for held in found)
 
 
 def placeholder(weight: torch.Tensor, tape: Tape, at: int) -> Placeholder:
     found = torch.Tensor._make_subclass(Placeholder, torch.empty_like(weight, device="meta"))
-    found.tape, found.at = tape, at
+    found.tape, found.at, found.weight = tape, at, weight
     return found
 
 
@@ -69,6 +91,14 @@ def folds(x: torch.Tensor) -> bool:
     """Whether `matmul` folds `x`'s leading dimensions into rows without a copy (its `should_fold` for a 2-D right
     operand): then a bias-free linear is one `mm`, which the replay calls again."""
     return x.dim() == 2 or all(x.stride(i) == x.stride(i + 1) * x.size(i + 1) for i in range(x.dim() - 2))
+
+
+def _autocast_to(dtype: torch.dtype, device: str) -> torch.dtype | None:
+    """The dtype autocast casts an `F.linear` operand of `dtype` to, or None where it leaves it: off, or not a
+    floating type, or float64, which autocast never casts (a float64 layer's linears stay float64 under it)."""
+    if not torch.is_autocast_enabled(device) or not dtype.is_floating_point or dtype == torch.float64:
+        return None
+    return torch.get_autocast_dtype(device)
 
 
 class _Linear:
@@ -95,6 +125,7 @@ class Tape:
         self.pool, self.replay_stream, self.graph_type = pool, replay_stream, graph_type
         self.steps: list = []
         self._open = None
+        self.thread = None  # the recording thread's id
 
     @property
     def buffers(self) -> list[torch.Tensor]:
@@ -103,6 +134,7 @@ class Tape:
 
     def record(self, body: Callable, statics: Sequence[torch.Tensor], live: Sequence[torch.Tensor]):
         """Capture `body(*statics, *live)` with the linears on `live` taken out; the output tensor."""
+        self.thread = threading.get_ident()
         placeholders = [placeholder(w, self, i) for i, w in enumerate(live)]
         self._begin()
         try:
@@ -118,10 +150,10 @@ class Tape:
         if isinstance(x, Placeholder) or x.device.type == "meta" or x.dim() < 2 or not folds(x):
             raise TypeError(f"a linear on an input the tape cannot replay as one mm ({x.device}, shape "
                             f"{tuple(x.shape)}, strides {x.stride()})")
-        device = x.device.type
-        cast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
-        if cast is None and x.dtype != weight.dtype:
+        cast_x, cast_weight = _autocast_to(x.dtype, x.device.type), _autocast_to(weight.dtype, x.device.type)
+        if (cast_x or x.dtype) != (cast_weight or weight.dtype):
             raise TypeError(f"a linear of a {x.dtype} input on a {weight.dtype} weight")
+        cast = cast_x or cast_weight
         self._end()
         with torch.cuda.stream(self.replay_stream):  # outside the pool, where the replays write it
             out = torch.empty((*x.shape[:-1], weight.shape[0]), dtype=cast or x.dtype, device=x.device)

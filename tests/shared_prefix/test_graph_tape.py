@@ -3,6 +3,8 @@ placeholder weight is handed to the tape, any other read of that weight fails ra
 is the eager `F.linear` bit for bit, and the generated layers record with every linear taken out (the replays,
 which need CUDA graphs, in test_graph_tape_gpu.py)."""
 
+import threading
+
 import pytest
 import torch
 from patchgen.kernels.shared_prefix import call_graphs as call_graphs_module
@@ -15,6 +17,7 @@ from tests.shared_prefix.test_scoring_layers import _batch, _eager, _LayerStandI
 class _Recorder:
     def __init__(self):
         self.linears = []
+        self.thread = threading.get_ident()  # a tape recording in this thread
 
     def linear(self, x, weight):
         self.linears.append((x, weight.at))
@@ -27,7 +30,9 @@ def test_a_linear_on_a_placeholder_goes_to_the_tape_and_other_reads_of_it_fail()
     x = torch.randn(2, 5, 4)
     assert F.linear(x, held).shape == (2, 5, 6)
     assert tape.linears == [(x, 3)]
-    assert held.shape == weight.shape and held.dtype == weight.dtype  # what a layer may read of it
+    # what a layer may read of it, the real weight's: a layer may branch on it or make tensors where the weight is
+    weight.requires_grad_(True)
+    assert (held.shape, held.dtype, held.device, held.requires_grad) == (weight.shape, weight.dtype, weight.device, True)
     with pytest.raises(TypeError, match="outside F.linear"):
         x @ held.t()  # a weight read outside F.linear: a capture would have baked the captured layer's in
     with pytest.raises(TypeError, match="outside F.linear"):

@@ -2,6 +2,8 @@
 blocks, every block's output is its eager output bit for bit, on its own weights, which are never copied; under
 autocast too; and a block that reads a linear's weight outside F.linear is not captured. Skipped without CUDA."""
 
+import threading
+
 import pytest
 import torch
 from patchgen.kernels.shared_prefix.call_graphs import CallGraphs, CallGraphUnavailable
@@ -61,10 +63,11 @@ def _through(blocks, x, graphs=None):
     return outs
 
 
-@pytest.mark.parametrize("autocast", [False, True])
-def test_replayed_blocks_give_their_eager_outputs_bit_for_bit_on_their_own_weights(autocast):
-    blocks = _stack(dtype=torch.float32 if autocast else torch.bfloat16)
-    x = torch.randn(1, ROWS, WIDTH, device="cuda", dtype=torch.float32 if autocast else torch.bfloat16)
+@pytest.mark.parametrize("autocast,dtype", [(False, torch.bfloat16), (True, torch.float32), (True, torch.float64)])
+def test_replayed_blocks_give_their_eager_outputs_bit_for_bit_on_their_own_weights(autocast, dtype):
+    """Under autocast float32 blocks run their linears in bfloat16; float64 ones in float64 (autocast casts no double)."""
+    blocks = _stack(dtype=dtype)
+    x = torch.randn(1, ROWS, WIDTH, device="cuda", dtype=dtype)
     graphs = CallGraphs(enabled=True)
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
         eager = _through(blocks, x)
@@ -88,3 +91,45 @@ def test_a_block_reading_a_linears_weight_outside_f_linear_is_not_captured():
             outs = _through(blocks, x, graphs)
     assert graphs.replays == 0 and not graphs.enabled
     assert all(torch.equal(a, b) for a, b in zip(outs, eager))
+
+
+class _Racing(_Block):
+    """Lets another thread run one of its linears as it is while the block is captured (`functional_call` has swapped
+    the block's weights for the capture's placeholders)."""
+
+    meanwhile = None
+
+    def forward(self, x):
+        if self.meanwhile is not None:
+            self.meanwhile()
+        return super().forward(x)
+
+
+def test_another_thread_running_a_linear_of_a_block_under_capture_computes_on_its_real_weight():
+    blocks = _stack(_Racing)
+    x = torch.randn(1, ROWS, WIDTH, device="cuda", dtype=torch.bfloat16)
+    other = torch.randn(3, WIDTH, device="cuda", dtype=torch.bfloat16)
+    graphs, seen = CallGraphs(enabled=True), {}
+
+    def other_thread():
+        try:
+            with torch.no_grad():
+                seen["out"] = blocks[1].q(other)  # on the default stream, which the main thread's comparison is on too
+        except Exception as error:  # noqa: BLE001 - the failure is what the test reports
+            seen["error"] = error
+
+    def run_other_thread():
+        del blocks[1].meanwhile  # once, at the capture
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+
+    with torch.no_grad():
+        eager = _through(blocks, x)
+        expected_other = F.linear(other, blocks[1].q.weight)
+        blocks[1].meanwhile = run_other_thread
+        replayed = _through(blocks, x, graphs)
+    assert graphs.captures == 1 and graphs.replays == BLOCKS - 1
+    assert "error" not in seen and torch.equal(seen["out"], expected_other)
+    assert all(torch.equal(a, b) for a, b in zip(replayed, eager))
+    graphs.release()
