@@ -131,8 +131,8 @@ def _walk(layer):
     weights, or tensors a replay would not copy in and so would read as the captured layer's: a weight of a tensor
     subclass (bitsandbytes' Params4bit and Int8Params carry their scales as attributes, torchao's quantised tensors
     hold theirs inside), a tensor held as a plain module attribute or in a dict, list or tuple of one (HQQ's `meta`
-    scales) or a module with weights held so (a linear in a plain list), or a wrapper of torch.distributed (FSDP's, which gathers its shards in its own forward, not through
-    hooks)."""
+    scales) or a module with weights held so (a linear in a plain list), or a wrapper of torch.distributed (FSDP's,
+    which gathers its shards in its own forward, not through hooks)."""
     if _global_hooks() or type(layer).__module__.startswith("torch.distributed"):
         return None
     names, weights, modules, linear, seen, size = [], [], [], [], set(), 0
