@@ -2,13 +2,13 @@
 blocks, every block's output is its eager output bit for bit, on its own weights, which are never copied; under
 autocast too; and a block that reads a linear's weight outside F.linear is not captured. Skipped without CUDA."""
 
-import threading
-
 import pytest
 import torch
 from patchgen.kernels.shared_prefix.call_graphs import CallGraphs, CallGraphUnavailable
 from torch import nn
 from torch.nn import functional as F
+
+from tests.shared_prefix.test_graph_tape_replays import once_in_another_thread
 
 pytestmark = pytest.mark.gpu
 
@@ -109,25 +109,12 @@ def test_another_thread_running_a_linear_of_a_block_under_capture_computes_on_it
     blocks = _stack(_Racing)
     x = torch.randn(1, ROWS, WIDTH, device="cuda", dtype=torch.bfloat16)
     other = torch.randn(3, WIDTH, device="cuda", dtype=torch.bfloat16)
-    graphs, seen = CallGraphs(enabled=True), {}
-
-    def other_thread():
-        try:
-            with torch.no_grad():
-                seen["out"] = blocks[1].q(other)  # on the default stream, which the main thread's comparison is on too
-        except Exception as error:  # noqa: BLE001 - the failure is what the test reports
-            seen["error"] = error
-
-    def run_other_thread():
-        del blocks[1].meanwhile  # once, at the capture
-        thread = threading.Thread(target=other_thread)
-        thread.start()
-        thread.join()
-
+    graphs = CallGraphs(enabled=True)
     with torch.no_grad():
         eager = _through(blocks, x)
         expected_other = F.linear(other, blocks[1].q.weight)
-        blocks[1].meanwhile = run_other_thread
+        # on the default stream, which the comparison below is on too
+        seen = once_in_another_thread(blocks[1], lambda: blocks[1].q(other))
         replayed = _through(blocks, x, graphs)
     assert graphs.captures == 1 and graphs.replays == BLOCKS - 1
     assert "error" not in seen and torch.equal(seen["out"], expected_other)

@@ -244,6 +244,28 @@ class _Racing(_AdaptedLayer):
         return super().forward(hidden, shared_prefix, extra)
 
 
+def once_in_another_thread(module, call) -> dict:
+    """Have `module`'s next forward (a `_Racing` one: at the capture) run `call()` in another thread and wait for it;
+    the dict returned gets its "out", or the "error" it raised."""
+    seen = {}
+
+    def other_thread():
+        try:
+            with torch.no_grad():
+                seen["out"] = call()
+        except Exception as error:  # noqa: BLE001 - the failure is what the test reports
+            seen["error"] = error
+
+    def run_other_thread():
+        del module.meanwhile  # once
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+
+    module.meanwhile = run_other_thread
+    return seen
+
+
 def test_another_thread_running_a_layer_while_it_is_captured_reads_its_real_weights(tape_graphs):
     layers, plan = _layers(4, _Racing), _Plan()
     hidden, extra = _inputs(0)
@@ -251,22 +273,7 @@ def test_another_thread_running_a_layer_while_it_is_captured_reads_its_real_weig
     with torch.no_grad():
         expected = _forward(layers, hidden, extra, plan, replayed=False)
         expected_other = layers[1](other_hidden, extra=extra)
-    seen = {}
-
-    def other_thread():
-        try:
-            with torch.no_grad():
-                seen["out"] = layers[1](other_hidden, extra=extra)
-        except Exception as error:  # noqa: BLE001 - the failure is what the test reports
-            seen["error"] = error
-
-    def run_other_thread():
-        del layers[1].meanwhile  # once, at the capture
-        thread = threading.Thread(target=other_thread)
-        thread.start()
-        thread.join()
-
-    layers[1].meanwhile = run_other_thread
+    seen = once_in_another_thread(layers[1], lambda: layers[1](other_hidden, extra=extra))
     with torch.no_grad():
         got = _forward(layers, hidden, extra, plan, replayed=True)
     assert tape_graphs.captures == 1 and "meanwhile" not in vars(layers[1])
