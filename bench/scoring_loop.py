@@ -291,6 +291,13 @@ def measure_shape(model, shape, args, device, module, given=None, name=None) -> 
                 report, kernels = loop_timeline(model, module, batches, device, f"{shape[0]} {arm}, {where}")
                 result.setdefault("timelines", []).append(report)
                 result.setdefault("loop kernels", {})[arm] = kernels
+            if args.host_split and where == "host rows":
+                from host_split import host_split
+
+                clean_slate()
+                with host_split(module) as split:
+                    loop_ms(model, batches, device)
+                result.setdefault("timelines", []).append(split.report(f"{shape[0]} {arm}, {where}"))
             result[f"{arm} {where} ms"] = statistics.median(times)
             result[f"{arm} {where} host ms"] = statistics.median(host)
             outputs[(arm, where)] = out
@@ -343,6 +350,9 @@ def main(argv=None):
                         help="score the responses only, with shift labels, as SharedPrefixGRPOTrainer calls the model")
     parser.add_argument("--timeline", action="store_true",
                         help="profile one loop per arm (rows on the host): the device's idle time and what the host did then")
+    parser.add_argument("--host-split", action="store_true",
+                        help="one more loop per arm (rows on the host) with the host's time per forward split by phase "
+                             "and by what each layer did, by the clock (`host_split.py`)")
     add_bucket_knobs(parser)
     parser.add_argument("--scoring", choices=SCORING_MODES, default="graphs",
                         help="the graphed arm's shared_prefix_cuda_graphs_scoring: a replay on a padded plan (graphs, the "

@@ -155,7 +155,8 @@ def test_the_timeline_sets_the_loops_op_groups_shared_against_packed(monkeypatch
     module = importlib.import_module(MODULE)
     torch.manual_seed(0)
     model = module.Qwen3_5ForCausalLM(config_for(scoring_loop.TINY_WIDTHS, 4)).eval()
-    args = argparse.Namespace(batches=1, repeats=1, labels=False, eager=False, timeline=True, vary=False, scoring="graphs")
+    args = argparse.Namespace(batches=1, repeats=1, labels=False, eager=False, timeline=True, vary=False, scoring="graphs",
+                              host_split=False)
     (shape,) = parse_shapes("4x128x32")
     result = scoring_loop.measure_shape(model, shape, args, torch.device("cpu"), module)
     reports = result["timelines"]
@@ -230,3 +231,23 @@ def test_the_loop_plot_reads_what_the_loop_prints(capsys, tmp_path):
     if importlib.util.find_spec("matplotlib") is not None:  # the bench extra: the PNG itself
         png = plot_scoring_loop.main([f"tiny={out}", f"again={out}", "--out", str(tmp_path / "loop.png")])
         assert png.stat().st_size > 0
+
+
+def test_the_host_split_times_each_phase_and_layer_per_forward_and_restores_the_functions():
+    from patchgen.kernels.modeling import scoring_layers
+
+    replayed = scoring_layers._replayed
+    (row,) = scoring_loop.main(["--tiny", "--layers", "4", "--shapes", "4x128x32", "--batches", "3", "--repeats", "1",
+                                "--host-split"])
+    assert scoring_layers._replayed is replayed
+    shared = next(text for text in row["timelines"] if "shared, host rows: host ms per forward" in text)
+    per_forward = {}
+    for line in shared.splitlines()[2:]:
+        ms, calls, _, label = line.split(maxsplit=3)
+        per_forward[label] = (float(ms), float(calls))
+    assert "(inclusive; 3 forwards)" in shared
+    assert per_forward["model"][1] == 1.0 and per_forward["plan"][1] == 1.0
+    # off CUDA no layer replays: all four run as they are, inside the layer stack, inside the model
+    assert per_forward["layer: eager (first of a kind, or as it is)"][1] == 4.0
+    assert per_forward["layer: eager (first of a kind, or as it is)"][0] <= per_forward["layer stack"][0]
+    assert per_forward["layer stack"][0] <= per_forward["model"][0]

@@ -1,0 +1,104 @@
+"""Where a loop's host time goes, by the clock and without a profiler: per forward, the host ms inside each phase of
+`pass_timeline.phases` and each decoder layer by what it did (run eagerly, captured, replayed, run as it is), with the
+parts of a replay (the walk of the layer's modules, the statics' copy, the tape's graphs and linears).
+
+The profiler's records cost the host more than the work they time (a 32-layer scoring forward's host time 44 ms
+under it against 50 ms of a loop's queueing, which includes the waits), so the timers here are `perf_counter` pairs
+around the same functions: about a us per call. The times are inclusive (a replay's walk is inside the replay) and
+host-side only: a function that waits for the device counts the wait.
+
+Used by `scoring_loop.py --host-split`."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import time
+from collections import defaultdict
+
+from pass_timeline import GENERATED, KERNELS, _owner_and_name
+
+# the parts of a layer graph's replay (inclusive, inside "layer: replayed")
+REPLAY_PARTS = (
+    ("patchgen.kernels.modeling.scoring_layers", "_walk", "replay part: walk of the layer's modules"),
+    ("patchgen.kernels.modeling.scoring_layers", "_split_kwargs", "replay part: keyword split"),
+    ("patchgen.kernels.shared_prefix.call_graphs", "_copy_in", "replay part: statics' copy"),
+    ("patchgen.kernels.shared_prefix.graph_tape", "Tape.replay", "replay part: tape (graphs and linears)"),
+    ("patchgen.kernels.shared_prefix.graph_tape", "Tape.record", "capture part: the tape's recording"),
+)
+LAYER = ("patchgen.kernels.modeling.scoring_layers", "_replayed")
+
+
+class Split:
+    """Inclusive host ms and calls per label, over the forwards counted."""
+
+    def __init__(self):
+        self.ms: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self.forwards = 0
+
+    def add(self, label: str, seconds: float) -> None:
+        self.ms[label] += seconds * 1e3
+        self.calls[label] += 1
+
+    def report(self, title: str) -> str:
+        n = max(self.forwards, 1)
+        lines = [f"--- {title}: host ms per forward by the clock (inclusive; {self.forwards} forwards)",
+                 "   ms/fwd  calls/fwd  us/call  label"]
+        for label, ms in sorted(self.ms.items(), key=lambda kv: -kv[1]):
+            calls = self.calls[label]
+            lines.append(f"  {ms / n:7.2f}  {calls / n:9.1f}  {ms * 1e3 / max(calls, 1):7.1f}  {label}")
+        return "\n".join(lines)
+
+
+def _timed(fn, label: str, split: Split):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        began = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            split.add(label, time.perf_counter() - began)
+
+    return wrapper
+
+
+def _layer_timed(fn, split: Split):
+    """A decoder layer's call, labelled by what the layer graphs did in it (their counters before and after)."""
+    from patchgen.kernels.shared_prefix.call_graphs import LAYER_GRAPHS
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        captures, replays = LAYER_GRAPHS.captures, LAYER_GRAPHS.replays
+        began = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            took = time.perf_counter() - began
+            kind = ("captured and replayed" if LAYER_GRAPHS.captures > captures
+                    else "replayed" if LAYER_GRAPHS.replays > replays else "eager (first of a kind, or as it is)")
+            split.add(f"layer: {kind}", took)
+
+    return wrapper
+
+
+@contextlib.contextmanager
+def host_split(module):
+    """Time the generated `module`'s forwards while the block runs (restored after); yields the `Split`."""
+    split = Split()
+    targets = [(module, dotted, label, None) for dotted, label in GENERATED]
+    targets += [(importlib.import_module(path), dotted, label, None) for path, dotted, label in (*KERNELS, *REPLAY_PARTS)]
+    targets.append((importlib.import_module(LAYER[0]), LAYER[1], None, "layer"))
+    saved = []
+    try:
+        for root, dotted, label, special in targets:
+            owner, name = _owner_and_name(root, dotted)
+            fn = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+            saved.append((owner, name, fn))
+            setattr(owner, name, _layer_timed(fn, split) if special else _timed(fn, label, split))
+        yield split
+    finally:
+        for owner, name, fn in reversed(saved):
+            setattr(owner, name, fn)
+        split.forwards = split.calls.get("model", 0)
