@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch.utils._pytree import tree_map_only
 
-_EMPTY = "The CUDA Graph is empty"  # a graph between two linears in a row (q, k, v): nothing captured, nothing run
+_EMPTY = "The CUDA Graph is empty"  # torch's warning at the end of a capture between two linears in a row (q, k, v)
 
 
 # what a layer may read of a linear's weight besides handing it to F.linear: its metadata
@@ -124,6 +124,7 @@ class Tape:
     def __init__(self, pool, replay_stream, graph_type=torch.cuda.CUDAGraph):
         self.pool, self.replay_stream, self.graph_type = pool, replay_stream, graph_type
         self.steps: list = []
+        self.idle: list = []  # the empty graphs, held (`_end`)
         self._open = None
         self.thread = None  # the recording thread's id
 
@@ -177,7 +178,15 @@ class Tape:
         graph, self._open = self._open, None
         if graph is None:  # a linear failed between two graphs
             return
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=_EMPTY)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             graph.capture_end()
-        self.steps.append(graph)
+        empty = False
+        for warning in caught:
+            if _EMPTY in str(warning.message):
+                empty = True
+            else:
+                warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+        # an empty graph (between two linears in a row) is kept, not replayed: its launch would cost the host a few us
+        # at every replay for nothing, and it goes with the tape's other graphs
+        (self.idle if empty else self.steps).append(graph)

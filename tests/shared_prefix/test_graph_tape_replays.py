@@ -6,6 +6,7 @@ replay that read another layer's weight, a stale input or a buffer overwritten b
 than the eager layers, which these tests compare bit for bit on small layers of the shapes a decoder layer takes."""
 
 import threading
+import warnings
 
 import pytest
 import torch
@@ -45,8 +46,12 @@ class _SegmentGraph:
 
     def capture_end(self):
         self.recording.__exit__(None, None, None)
+        if not self.recording.ops:  # as torch warns at the end of a capture that recorded no kernel
+            warnings.warn("The CUDA Graph is empty. This usually means that the graph was attempted to be captured "
+                          "on wrong device or stream.", UserWarning, stacklevel=2)
 
     def replay(self):
+        self.replays = getattr(self, "replays", 0) + 1
         # a CUDA graph runs the kernels it captured whatever autocast says at replay
         with torch.autocast("cpu", enabled=False):
             for func, args, kwargs, out in self.recording.ops:
@@ -72,6 +77,13 @@ class _TapeStandIn(CallGraphs):
         self.tapes.append(tape)
         self.captures += 1
         return _Entry(key, index, statics, tape, out)
+
+
+@pytest.fixture(autouse=True)
+def every_linear_live(monkeypatch):
+    """At these widths every linear is small (`MIN_LIVE_BYTES`): take every one out of the graphs, as the big ones are
+    at a model's widths."""
+    monkeypatch.setattr(scoring_layers, "MIN_LIVE_BYTES", 0)
 
 
 @pytest.fixture
@@ -174,6 +186,55 @@ def test_layers_replayed_from_a_tape_equal_the_eager_layers(mode, tape_graphs):
     linears = [step for step in tape.steps if isinstance(step, _Linear)]
     # q, k, v, fused, sub, side twice, again twice, tied twice on one weight (tied_too's is tied's), down
     assert len(linears) == 12 and len({step.at for step in linears}) == 9
+
+
+def test_the_empty_graphs_between_linears_in_a_row_are_held_and_never_replayed(tape_graphs):
+    """q, k and v in a row leave nothing to capture between them: those graphs' launches would cost a replay's host
+    time for nothing, so the tape holds them without running them, and the output stays the eager layers'."""
+    layers = _layers(4)
+    hidden, extra = _inputs(0)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")  # the empty graphs' warnings are the tape's to take, not the user's to see
+        expected = _forward(layers, hidden, extra, _Plan(), replayed=False)
+        assert torch.equal(_forward(layers, hidden, extra, _Plan(), replayed=True), expected)
+    tape = tape_graphs.tapes[-1]
+    graphs = [step for step in tape.steps if isinstance(step, _SegmentGraph)]
+    # nothing between q and k, k and v, the two calls of `side` and of `again`, `again` and `tied`, `tied` and
+    # `tied_too`, nor after `down`, whose buffer is the layer's output
+    assert len(tape.idle) == 7 and all(not graph.recording.ops for graph in tape.idle)
+    assert all(graph.recording.ops for graph in graphs)
+    assert all(getattr(graph, "replays", 0) == 0 for graph in tape.idle)
+    assert all(graph.replays == 3 for graph in graphs)  # the captured layer and the two after it
+
+
+def test_a_small_linear_stays_in_the_graph_on_copies_of_each_layers_weight(tape_graphs, monkeypatch):
+    """A linear whose weight is under `MIN_LIVE_BYTES` is captured with the small weights, copied in per layer: its
+    segment break would cost more host time than its copy costs the device. Only the fused projection (3 KB here) is
+    left out; every replay still reads its own layer's weights."""
+    monkeypatch.setattr(scoring_layers, "MIN_LIVE_BYTES", 2048)
+    layers = _layers(4)
+    hidden, extra = _inputs(0)
+    with torch.no_grad():
+        expected = _forward(layers, hidden, extra, _Plan(), replayed=False)
+        assert torch.equal(_forward(layers, hidden, extra, _Plan(), replayed=True), expected)
+    assert tape_graphs.replays == 3
+    tape = tape_graphs.tapes[-1]
+    assert {step.at for step in tape.steps if isinstance(step, _Linear)} == {0}  # the fused projection, once
+    entry = next(iter(tape_graphs.entries.values()))
+    static_weights = {tuple(s.shape) for s in entry.statics}
+    assert (WIDTH, WIDTH) in static_weights and (2 * INNER, WIDTH) not in static_weights
+
+
+def test_a_captures_other_warnings_reach_the_user():
+    class _Warning(_SegmentGraph):
+        def capture_end(self):
+            super().capture_end()
+            warnings.warn("something else", UserWarning, stacklevel=2)
+
+    tape = Tape(None, None, graph_type=_Warning)
+    weight = torch.randn(WIDTH, WIDTH)
+    with torch.no_grad(), pytest.warns(UserWarning, match="something else"):
+        tape.record(lambda x, w: F.linear(x, w).relu(), [torch.randn(3, WIDTH)], [weight])
 
 
 def test_a_replay_on_a_kept_plan_after_the_weights_change_reads_the_new_weights(tape_graphs):
