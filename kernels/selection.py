@@ -159,6 +159,13 @@ class OpTable:
         object.__setattr__(self, "by_dtype", {})  # (slot, dtype name, extra caps) -> Choice, resolved again
         object.__setattr__(self, "by_capability", {})  # (slot, capability) -> (Choice, callable)
         object.__setattr__(self, "_lock", threading.Lock())
+        # what a captured graph of a layer depends on (`modeling/scoring_layers.py`): equal for tables that run the
+        # same kernels (a reference model's table, resolved apart from the policy's)
+        object.__setattr__(self, "backends_key", (
+            device_target,
+            tuple((slot, choice.handle) for slot, choice in sorted(self.choices.items())),
+            tuple(sorted(self.require.items())),
+        ))
         for slot, choice in choices.items():
             fn = choice.handle.load()
             if not FLOATING <= choice.handle.dtypes:

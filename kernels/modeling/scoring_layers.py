@@ -31,7 +31,6 @@ tensors beside its parameters and buffers (a quantised weight's scales) runs as 
 from __future__ import annotations
 
 import itertools
-import weakref
 from collections.abc import Callable
 
 import torch
@@ -47,6 +46,10 @@ from .shared_prefix import KWARG
 # above this, copying a layer's weights (all but its linears') costs the GPU more than its launches cost the host (a
 # Qwen3.5-MoE layer's experts are several GB)
 MAX_LAYER_BYTES = 1 << 30
+# a linear's weight below this stays in the graph, copied with the small weights: its copy costs the GPU less than
+# its segment of the tape costs the host (a capture's graph to end and begin, a replay's `mm` launch). A GDN layer's
+# in_proj_b and in_proj_a (hidden x heads, 160 KB at 4B widths) stay in; every other linear of Qwen3.5 is tens of MB
+MIN_LIVE_BYTES = 1 << 20
 SCALARS = (int, float, bool, str, type(None))
 
 
@@ -135,21 +138,28 @@ def _walk(layer):
     which gathers its shards in its own forward, not through hooks)."""
     if _global_hooks() or type(layer).__module__.startswith("torch.distributed"):
         return None
+    # a lean loop: it runs for every replayed layer of every scoring forward (about 100 us a layer written with
+    # generators and `named_*` walks, 3 ms of a 32-layer forward's host time)
     names, weights, modules, linear, seen, size = [], [], [], [], set(), 0
     stack = [("", layer)]
     while stack:
         prefix, module = stack.pop()
         values = module.__dict__
-        if "_hf_hook" in values and values["_hf_hook"] is not None:
+        if values.get("_hf_hook") is not None:
             return None
-        if any(not _recording_hook(h) for table in HOOK_TABLES for h in values.get(table, {}).values()):
-            return None
+        for table in HOOK_TABLES:
+            hooks = values.get(table)
+            if hooks:
+                for hook in hooks.values():
+                    if not _recording_hook(hook):
+                        return None
         if _holds_tensors(values):
             return None
-        # a plain bias-free linear: the replay runs it eagerly on its weight (`graph_tape.py`)
-        plain_linear = type(module).forward is LINEAR_FORWARD and values["_parameters"].get("bias") is None
-        for table in ("_parameters", "_buffers"):
-            for name, tensor in values[table].items():
+        parameters = values["_parameters"]
+        # a plain bias-free linear: the replay runs it eagerly on its weight (`graph_tape.py`), unless it is small
+        plain_linear = type(module).forward is LINEAR_FORWARD and parameters.get("bias") is None
+        for table in (parameters, values["_buffers"]):
+            for name, tensor in table.items():
                 if tensor is None or id(tensor) in seen:
                     continue
                 if type(tensor) not in PLAIN or tensor._backward_hooks:
@@ -157,12 +167,18 @@ def _walk(layer):
                 seen.add(id(tensor))
                 names.append(prefix + name)
                 weights.append(tensor)
-                linear.append(plain_linear and table == "_parameters" and name == "weight")
-                if not linear[-1]:
-                    size += tensor.numel() * tensor.element_size()
-        modules.append((module.training, _backends(values.get(OP_TABLE)), host_flags(module)))
+                bytes_ = tensor.numel() * tensor.element_size()
+                is_linear = plain_linear and name == "weight" and table is parameters and bytes_ >= MIN_LIVE_BYTES
+                linear.append(is_linear)
+                if not is_linear:
+                    size += bytes_
+        table = values.get(OP_TABLE)
+        modules.append((module.training, None if table is None else table.backends_key, host_flags(module)))
         children = values["_modules"]
-        stack.extend((f"{prefix}{name}.", child) for name, child in reversed(children.items()) if child is not None)
+        if children:
+            for name, child in reversed(children.items()):
+                if child is not None:
+                    stack.append((prefix + name + ".", child))
     if size > MAX_LAYER_BYTES:
         return None
     return tuple(names), weights, tuple(modules), tuple(linear)
@@ -190,24 +206,6 @@ def _holds_tensors(values: dict) -> bool:
 
 def _has_state(item) -> bool:
     return isinstance(item, torch.nn.Module) and any(True for _ in itertools.chain(item.parameters(), item.buffers()))
-
-
-# op table -> the backends it runs: a reference model binds a table of its own, equal to the policy's, and on the plan
-# the policy's forward kept its layers replay the policy's graphs from the first one on
-_BACKENDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _backends(table) -> tuple | None:
-    if table is None:
-        return None
-    found = _BACKENDS.get(table)
-    if found is None:
-        found = _BACKENDS[table] = (
-            table.device_target,
-            tuple((slot, choice.handle) for slot, choice in sorted(table.choices.items())),
-            tuple(sorted(table.require.items())),
-        )
-    return found
 
 
 def _split_kwargs(kwargs: dict):
