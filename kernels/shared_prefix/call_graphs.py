@@ -56,6 +56,9 @@ ON_BY_DEFAULT = True
 # 113.9-115.1 ms (0.84 to 0.86-0.87)
 ENV_LAYER_GRAPHS = "PATCHGEN_LAYER_GRAPHS"
 LAYERS_ON_BY_DEFAULT = True
+# the fewest calls of a pass, the captured one included, for which a capture is worth its host time (`CallGraphs._pays`):
+# at 8 layers a forward's two attention layers run eagerly, its GDN layers from the second on replay
+MIN_CALLS_TO_CAPTURE = 3
 
 
 def enabled_in(environ=None, name: str = ENV_CALL_GRAPHS, default: bool | None = None) -> bool:
@@ -110,6 +113,8 @@ class CallGraphs:
         self.env, self.default, self.what = env, default, what
         self.entries: dict[str, _Entry] = {}
         self._seen: dict[str, tuple] = {}  # op -> (key last run eagerly, weak reference to its index)
+        self._pass: dict[str, list] = {}  # op -> [weak reference to the index, key, calls so far] of this pass
+        self._per_pass: dict[tuple, int] = {}  # (op, `_pass_kind`) -> calls of the last such pass that ended
         self.captures = self.replays = 0  # for reports and tests
         self._lock = threading.Lock()
         self._held = 0  # layer-stack warm-ups under way (`held_off`)
@@ -152,6 +157,7 @@ class CallGraphs:
             for op in list(self.entries):  # the graphs before their pool
                 self._drop(op)
             self._seen.clear()
+            self._pass.clear()  # not the passes' lengths: a training step releases the graphs between scoring forwards
             self._capture_on.clear()
             self._last_stream.clear()
         finally:
@@ -185,11 +191,18 @@ class CallGraphs:
         # copy in between would have this replay read its inputs
         with self._lock:
             self._after_last_replay(inputs[0].device)
+            calls = self._count(op, index, key)
             entry = self.entries.get(op)
             if entry is None or entry.key != key:
                 seen = self._seen.get(op)
                 if seen is None or seen[0] != key or seen[1]() is not index:
                     self._seen[op] = (key, weakref.ref(index))
+                    return None
+                if not self._pays(op, key, calls):
+                    if entry is not None:  # a graph of another plan: its memory is of no more use
+                        self._drop(op)
+                        if not self.entries:  # a capture into a pool whose graphs are all gone fails (see below)
+                            self._capture_on.clear()
                     return None
                 # the last forward's graph is replaced, but lives until its successor is captured: torch 2.11 fails
                 # a capture into a pool whose last graph is gone (an internal assertion of its host allocator,
@@ -205,6 +218,27 @@ class CallGraphs:
             entry.graph.replay(*live)
             self.replays += 1
             return entry.out.clone()
+
+    def _count(self, op: str, index, key: tuple) -> int:
+        """This call's number in its pass (the calls of `op` on one index with one key: a forward's layers of a kind),
+        noting the length of the pass it ends."""
+        current = self._pass.get(op)
+        if current is None or current[0]() is not index or current[1] != key:
+            if current is not None:
+                self._per_pass[(op, _pass_kind(current[1]))] = current[2]
+            current = self._pass[op] = [weakref.ref(index), key, 0]
+        current[2] += 1
+        return current[2]
+
+    def _pays(self, op: str, key: tuple, calls: int) -> bool:
+        """Whether a capture at this call of its pass pays for itself: a capture costs the host about two eager calls
+        (the call's Python under capture, and a graph to begin, end and instantiate per segment), a replay a sixth of
+        one (docs/bench, twelfth session: 8 layers, n=4, on the H200), so with `left` calls of the pass to go, this one
+        included, the graphs cost about 2 + left / 6 eager calls against `left`: they pay from three on. The length of
+        a pass is the last one's of its kind (the same model runs the same layers); before any has ended, it is taken
+        to pay."""
+        per_pass = self._per_pass.get((op, _pass_kind(key)))
+        return per_pass is None or per_pass - calls + 1 >= MIN_CALLS_TO_CAPTURE
 
     def _after_last_replay(self, device: torch.device) -> None:
         """Order what follows after the device's last replay when the caller runs on another stream: the graphs share
@@ -287,6 +321,14 @@ class CallGraphs:
         current.wait_stream(side)
         self.captures += 1
         return _Entry(key, index, statics, graph, out, _by_dtype(statics))
+
+
+def _pass_kind(key: tuple) -> tuple:
+    """What passes of one kind share from one forward to the next (`CallGraphs.run`'s key without the plan and the
+    shapes, which a new layout changes): the settings, the inputs' dtypes, the device and the inference mode. A model
+    kept in float32 under autocast hands its second layer bfloat16: its first layer is a pass of a kind of its own."""
+    _, settings, shapes, device, inference = key
+    return settings, tuple(dtype for _, dtype in shapes), device, inference
 
 
 def _clear_cublas_workspaces() -> None:

@@ -98,6 +98,28 @@ def test_a_forwards_first_layer_runs_eagerly_the_second_captures_and_the_rest_re
     assert not graphs.entries
 
 
+def test_a_capture_is_made_only_where_the_calls_left_in_the_pass_pay_for_it():
+    """A capture costs the host about two eager calls, a replay a sixth of one: with the last forward's pass of this
+    kind as the guide, a pass captures at its second call only when three or more calls (that one included) are
+    left. The first forward has no guide and captures."""
+    graphs = _StandIn()
+    with torch.no_grad():
+        _forward(graphs, _plan(3), layers=2)
+        assert (graphs.captures, graphs.replays) == (1, 1)
+        _forward(graphs, _plan(4), layers=2)  # two calls a pass: the second would be the capture's only replay
+        assert (graphs.captures, graphs.replays) == (1, 1)
+        assert not graphs.entries  # the last plan's graph went, its memory with it
+        _forward(graphs, _plan(5), layers=4)  # guided by the last pass (2): eager throughout
+        assert (graphs.captures, graphs.replays) == (1, 1)
+        _forward(graphs, _plan(3), layers=4)  # guided by a pass of 4: three calls left at the second
+        assert (graphs.captures, graphs.replays) == (2, 4)
+        graphs.release()  # a training step in between keeps the guide: the passes of the model are as long
+        _forward(graphs, _plan(4), layers=3)  # 4 - 2 + 1 = 3 calls left at the second: captured
+        assert (graphs.captures, graphs.replays) == (3, 6)
+        _forward(graphs, _plan(5), layers=3)  # a pass of 3 as the guide: two calls left at the second
+        assert (graphs.captures, graphs.replays) == (3, 6)
+
+
 class _WatchingStandIn(_StandIn):
     """Notes, at each capture, whether the graph it replaces is still alive."""
 

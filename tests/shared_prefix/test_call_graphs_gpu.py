@@ -39,9 +39,11 @@ def _layers(plan, gdn, enabled: bool, mode) -> list[torch.Tensor]:
 
 
 def fresh(graphs):
-    """`graphs` with nothing held and its counters at zero for a test, its switch as it was after."""
+    """`graphs` with nothing held, its counters at zero and no pass lengths learnt for a test, its switch as it was
+    after."""
     before = graphs.enabled
     graphs.release()
+    graphs._per_pass.clear()
     graphs.captures = graphs.replays = 0
     yield graphs
     graphs.release()

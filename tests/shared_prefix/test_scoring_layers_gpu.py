@@ -1,7 +1,7 @@
 """A shared-prefix scoring forward's decoder layers replayed from one CUDA graph per kind (`modeling/scoring_layers.py`)
 on the GPU: the generated model's log-probs are the eager forward's bit for bit under no_grad and inference mode,
-per kind the first layer runs eagerly, the second captures and the rest replay, and the reserved memory stays flat
-over forwards on new plans. 8 layers at Qwen3.5-4B head widths (test_layer_graphs_gpu.py's model), bf16, real
+per kind the first layer runs eagerly, the second captures where enough follow and the rest replay, and the reserved
+memory stays flat over forwards on new plans. 8 layers at Qwen3.5-4B head widths (test_layer_graphs_gpu.py's model), bf16, real
 backends, the layer-stack graphs off. Skipped without CUDA."""
 
 import pytest
@@ -35,7 +35,8 @@ def test_a_scoring_forward_through_the_layer_graphs_gives_the_eager_log_probs_bi
             replayed = _log_probs(model, batch, True)
             assert torch.equal(replayed, eager)
             # 6 GDN layers: eager, captured, 4 replayed; 2 attention layers: eager, captured (a capture also replays)
-            assert (layer_graphs.captures, layer_graphs.replays) == (2 * n, 6 * n)
+            # in the first forward, both eager in the next (a capture for one replay does not pay: `CallGraphs._pays`)
+            assert (layer_graphs.captures, layer_graphs.replays) == ((2, 6), (3, 11))[n - 1]
 
 
 def test_layer_graphs_of_new_plans_reuse_the_memory_of_those_they_replace(layer_graphs):
@@ -50,7 +51,7 @@ def test_layer_graphs_of_new_plans_reuse_the_memory_of_those_they_replace(layer_
             _log_probs(model, batch, True)
             torch.cuda.synchronize()
             reserved.append(torch.cuda.memory_reserved())
-    assert layer_graphs.captures == 2 * len(batches)
+    assert layer_graphs.captures == len(batches) + 1  # the attention layers' only in the first forward
     # one pool for every graph of the device; a pool per graph would stay reserved when its graph goes, a layer graph's
     # working memory more per plan. What the allocator still rounds up (22 MB once over six forwards on the H200) is
     # bounded: seven forwards on new plans after the first reserve less than 64 MB in all
