@@ -7,9 +7,11 @@ norms, activations and gates, launched one by one. Yet every layer of a kind (GD
 same code on inputs of the same shapes and on the same plan: only its weights and its input differ. So per kind,
 the first layer of a forward runs eagerly (compiles, autotuning, the plan's lazily built tables), the second is
 captured with its small weights (norms, conv taps) and inputs swapped for static copies (`torch.func.functional_call`)
-and its bias-free linears left out of the graphs (`shared_prefix/graph_tape.py`: a replay runs each as one `mm` on
-the replayed layer's own weight, so the big weights are never copied), and every later one copies its small weights
-and inputs into those statics and replays: a few graph launches and one `mm` per linear instead of its launches.
+and its bias-free linears of `MIN_LIVE_BYTES` or more left out of the graphs (`shared_prefix/graph_tape.py`: a replay
+runs each as one `mm` on the replayed layer's own weight, so the big weights are never copied), and every later one
+copies its small weights and inputs into those statics and replays: a few graph launches and one `mm` per linear
+instead of its launches. A capture costs the host about two eager layers: where too few layers of a kind are left
+for the replays to repay it, the second runs eagerly too (`call_graphs.CallGraphs._pays`).
 
 What it costs: memory holds the statics and one layer's linear outputs per kind and the graphs' working memory
 until a forward on another plan replaces them, a training forward starts (it releases them, so its backward has that

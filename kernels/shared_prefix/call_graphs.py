@@ -8,7 +8,8 @@ per layer as the layer's GPU work at n=4 P=2048, which makes an eager scoring fo
 (docs/bench/README.md, the log-prob pass's host profile). Here, per op, the first layer of a forward runs
 eagerly (any compile or autotuning happens there, never under a capture, and the plan's lazily built index
 tensors are made there), the second captures the op on static copies of its inputs and replays it, and
-every later layer copies its inputs in and replays: a few copies and one graph launch per op and layer.
+every later layer copies its inputs in and replays: a few copies and one graph launch per op and layer. A
+capture is made only where enough calls of its pass are left to repay it (`CallGraphs._pays`).
 
 A replay runs the captured kernels with the captured launch parameters on the same rows, so its output is
 the eager call's bit for bit. The graphs serve only calls that need no autograd node (a scoring forward:
