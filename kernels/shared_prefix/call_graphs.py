@@ -201,8 +201,8 @@ class CallGraphs:
                 if not self._pays(op, key, calls):
                     if entry is not None:  # a graph of another plan: its memory is of no more use
                         self._drop(op)
-                        if not self.entries:  # a capture into a pool whose graphs are all gone fails (see below)
-                            self._capture_on.clear()
+                        del entry
+                        self._forget_idle_pools()
                     return None
                 # the last forward's graph is replaced, but lives until its successor is captured: torch 2.11 fails
                 # a capture into a pool whose last graph is gone (an internal assertion of its host allocator,
@@ -210,10 +210,12 @@ class CallGraphs:
                 replaced = entry
                 self._drop(op)
                 entry = self._capture_or_give_up(key, index, body, inputs, live)
+                if entry is not None:
+                    self.entries[op] = entry
                 del replaced
+                self._forget_idle_pools()  # the replaced graph's, when it was the last on its device
                 if entry is None:
                     return None
-                self.entries[op] = entry
             _copy_in(entry, inputs)
             entry.graph.replay(*live)
             self.replays += 1
@@ -262,6 +264,14 @@ class CallGraphs:
                 for static in (*entry.statics, *getattr(entry.graph, "buffers", ())):
                     for stream in streams:
                         static.record_stream(stream)
+
+    def _forget_idle_pools(self) -> None:
+        """Drop the pool and side stream of every device that no kept graph is on, after the graphs that went: a
+        capture into a pool whose graphs are all gone fails (torch 2.11, see `run`), and the pool would hold its
+        working memory meanwhile. Models on two devices of one process replace each other's graphs."""
+        devices = {entry.statics[0].device for entry in self.entries.values()}
+        for device in [device for device in self._capture_on if device not in devices]:
+            del self._capture_on[device]
 
     def _capture_stream_and_pool(self, device: torch.device):
         found = self._capture_on.get(device)

@@ -4,6 +4,7 @@ scoring forward through them (a stand-in "captures" by keeping the op to run on 
 bit-equality is checked on the GPU, test_call_graphs_gpu.py)."""
 
 import gc
+import warnings
 import weakref
 
 import pytest
@@ -12,7 +13,13 @@ from patchgen.kernels.errors import SettingError
 from patchgen.kernels.reference.gated_delta_rule import gated_delta_rule as reference_gdn
 from patchgen.kernels.shared_prefix import build_plan
 from patchgen.kernels.shared_prefix import call_graphs as call_graphs_module
-from patchgen.kernels.shared_prefix.call_graphs import ON_BY_DEFAULT, CallGraphs, _Entry, enabled_in
+from patchgen.kernels.shared_prefix.call_graphs import (
+    ON_BY_DEFAULT,
+    CallGraphs,
+    CallGraphUnavailable,
+    _Entry,
+    enabled_in,
+)
 from patchgen.kernels.shared_prefix.gdn_rounds import ReferenceRounds, rounds_forward
 
 from tests.models import tiny
@@ -263,3 +270,69 @@ def test_releasing_at_exit_never_waits_for_ever_on_a_thread_stopped_mid_replay()
     finally:
         graphs._lock.release()
     assert graphs.release(timeout=0.05) is True and not graphs.entries
+
+
+class _Pool:
+    """A capture pool as torch 2.11 keeps it: a capture into one whose graphs are all gone fails (its host allocator
+    asserts), and its working memory stays reserved while it is kept."""
+
+    def __init__(self):
+        self.graphs = weakref.WeakSet()
+        self.captured = False
+
+
+class _PoolStandIn(_StandIn):
+    """Captures into one `_Pool` per device, as `CallGraphs._capture` does."""
+
+    def _capture_stream_and_pool(self, device):
+        found = self._capture_on.get(device)
+        if found is None:
+            found = self._capture_on[device] = (_Pool(), None)
+        return found
+
+    def _capture(self, key, index, body, inputs, live=()):
+        pool, _ = self._capture_stream_and_pool(inputs[0].device)
+        gc.collect()  # a stand-in graph sits in a reference cycle
+        if pool.captured and not pool.graphs:
+            raise RuntimeError("it->second->use_count > 0 INTERNAL ASSERT FAILED")
+        entry = super()._capture(key, index, body, inputs, live)
+        pool.captured = True
+        pool.graphs.add(entry.graph)
+        return entry
+
+
+class _Index:
+    """A plan's index (held by weak reference)."""
+
+
+def _device_forward(graphs, device, gdn: int, attention: int = 0) -> None:
+    """A forward on a plan of its own of a model on `device`: its GDN layers, then its attention layers."""
+    index = _Index()
+    for op, calls in (("gdn", gdn), ("attention", attention)):
+        for layer in range(calls):
+            x = torch.full((4,), float(layer), device=device)
+            graphs.run(op, index, (), lambda x: x * 2, [x])
+
+
+def _pools_hold_graphs(graphs) -> bool:
+    gc.collect()  # a stand-in graph sits in a reference cycle
+    return all(pool.graphs for pool, _ in graphs._capture_on.values())
+
+
+def test_models_on_two_devices_capture_into_pools_that_hold_graphs_and_keep_no_pool_without_one():
+    """A policy and a reference model on two devices of one process, scoring in turn: each capture on a device whose
+    graphs the other model's captures replaced goes into a new pool (torch 2.11 fails one into a pool whose graphs
+    are all gone), and no device keeps a pool, with its working memory, that holds no graph."""
+    graphs = _PoolStandIn()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", CallGraphUnavailable)
+        for device in ("cpu", "meta", "cpu", "meta"):
+            _device_forward(graphs, device, gdn=4, attention=4)  # each kind captured, the other device's replaced
+            assert _pools_hold_graphs(graphs)
+        _device_forward(graphs, "cpu", gdn=2)  # guided by a pass of 4: captured
+        _device_forward(graphs, "cpu", gdn=2)  # guided by a pass of 2: the last plan's graph goes, not captured
+        assert set(graphs.entries) == {"attention"} and _pools_hold_graphs(graphs)
+        _device_forward(graphs, "cpu", gdn=4)  # guided by a pass of 2: eager
+        _device_forward(graphs, "cpu", gdn=4)  # guided by a pass of 4: captured
+        assert _pools_hold_graphs(graphs)
+    assert graphs.enabled and graphs.captures == 10
