@@ -59,6 +59,9 @@ LAYERS_ON_BY_DEFAULT = True
 # the fewest calls of a pass, the captured one included, for which a capture is worth its host time (`CallGraphs._pays`):
 # at 8 layers a forward's two attention layers run eagerly, its GDN layers from the second on replay
 MIN_CALLS_TO_CAPTURE = 3
+# the passes of a kind that guide its next one (`CallGraphs._pays`): a policy and a reference or reward model scoring in
+# turn each see the other's
+GUIDING_PASSES = 2
 
 
 def enabled_in(environ=None, name: str = ENV_CALL_GRAPHS, default: bool | None = None) -> bool:
@@ -114,7 +117,7 @@ class CallGraphs:
         self.entries: dict[str, _Entry] = {}
         self._seen: dict[str, tuple] = {}  # op -> (key last run eagerly, weak reference to its index)
         self._pass: dict[str, list] = {}  # op -> [weak reference to the index, key, calls so far] of this pass
-        self._per_pass: dict[tuple, int] = {}  # (op, `_pass_kind`) -> calls of the last such pass that ended
+        self._per_pass: dict[tuple, tuple] = {}  # (op, `_pass_kind`) -> calls of the last such passes that ended
         self.captures = self.replays = 0  # for reports and tests
         self._lock = threading.Lock()
         self._held = 0  # layer-stack warm-ups under way (`held_off`)
@@ -157,7 +160,9 @@ class CallGraphs:
             for op in list(self.entries):  # the graphs before their pool
                 self._drop(op)
             self._seen.clear()
-            self._pass.clear()  # not the passes' lengths: a training step releases the graphs between scoring forwards
+            # a training step releases the graphs between scoring forwards: the passes it ends guide the next ones
+            for op in list(self._pass):
+                self._end_pass(op)
             self._capture_on.clear()
             self._last_stream.clear()
         finally:
@@ -226,11 +231,17 @@ class CallGraphs:
         noting the length of the pass it ends."""
         current = self._pass.get(op)
         if current is None or current[0]() is not index or current[1] != key:
-            if current is not None:
-                self._per_pass[(op, _pass_kind(current[1]))] = current[2]
+            self._end_pass(op)
             current = self._pass[op] = [weakref.ref(index), key, 0]
         current[2] += 1
         return current[2]
+
+    def _end_pass(self, op: str) -> None:
+        """Note the length of `op`'s pass under way, if any, as its kind's guide (`_pays`), and end it."""
+        current = self._pass.pop(op, None)
+        if current is not None:
+            kind = (op, _pass_kind(current[1]))
+            self._per_pass[kind] = (*self._per_pass.get(kind, ()), current[2])[-GUIDING_PASSES:]
 
     def _pays(self, op: str, key: tuple, calls: int) -> bool:
         """Whether a capture at this call of its pass pays for itself: a capture costs the host about two eager calls
@@ -238,9 +249,11 @@ class CallGraphs:
         one (docs/bench, twelfth session: 8 layers, n=4, on the H200), so with `left` calls of the pass to go, this one
         included, the graphs cost about 2 + left / 6 eager calls against `left`: they pay from three on. The length of
         a pass is the last one's of its kind (the same model runs the same layers); before any has ended, it is taken
-        to pay."""
+        to pay. The longest of the last `GUIDING_PASSES` is taken: two models of one kind of layer may score in turn,
+        and a shallow one's short passes would otherwise keep a deep one from ever capturing (a capture too many costs
+        about two eager calls, one too few all the calls of the pass)."""
         per_pass = self._per_pass.get((op, _pass_kind(key)))
-        return per_pass is None or per_pass - calls + 1 >= MIN_CALLS_TO_CAPTURE
+        return per_pass is None or max(per_pass) - calls + 1 >= MIN_CALLS_TO_CAPTURE
 
     def _after_last_replay(self, device: torch.device) -> None:
         """Order what follows after the device's last replay when the caller runs on another stream: the graphs share

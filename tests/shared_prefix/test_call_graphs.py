@@ -106,9 +106,9 @@ def test_a_forwards_first_layer_runs_eagerly_the_second_captures_and_the_rest_re
 
 
 def test_a_capture_is_made_only_where_the_calls_left_in_the_pass_pay_for_it():
-    """A capture costs the host about two eager calls, a replay a sixth of one: with the last forward's pass of this
-    kind as the guide, a pass captures at its second call only when three or more calls (that one included) are
-    left. The first forward has no guide and captures."""
+    """A capture costs the host about two eager calls, a replay a sixth of one: with the longest of the last two
+    forwards' passes of this kind as the guide, a pass captures at its second call only when three or more calls (that
+    one included) are left. The first forward has no guide and captures."""
     graphs = _StandIn()
     with torch.no_grad():
         _forward(graphs, _plan(3), layers=2)
@@ -116,15 +116,45 @@ def test_a_capture_is_made_only_where_the_calls_left_in_the_pass_pay_for_it():
         _forward(graphs, _plan(4), layers=2)  # two calls a pass: the second would be the capture's only replay
         assert (graphs.captures, graphs.replays) == (1, 1)
         assert not graphs.entries  # the last plan's graph went, its memory with it
-        _forward(graphs, _plan(5), layers=4)  # guided by the last pass (2): eager throughout
+        _forward(graphs, _plan(5), layers=4)  # guided by the last passes (2, 2): eager throughout
         assert (graphs.captures, graphs.replays) == (1, 1)
         _forward(graphs, _plan(3), layers=4)  # guided by a pass of 4: three calls left at the second
         assert (graphs.captures, graphs.replays) == (2, 4)
         graphs.release()  # a training step in between keeps the guide: the passes of the model are as long
         _forward(graphs, _plan(4), layers=3)  # 4 - 2 + 1 = 3 calls left at the second: captured
         assert (graphs.captures, graphs.replays) == (3, 6)
-        _forward(graphs, _plan(5), layers=3)  # a pass of 3 as the guide: two calls left at the second
-        assert (graphs.captures, graphs.replays) == (3, 6)
+        _forward(graphs, _plan(5), layers=3)  # the longest of the last two passes (4, 3) as the guide: captured
+        assert (graphs.captures, graphs.replays) == (4, 8)
+        _forward(graphs, _plan(3), layers=3)  # passes of 3 as the guide: two calls left at the second
+        assert (graphs.captures, graphs.replays) == (4, 8)
+
+
+def test_the_pass_a_release_interrupts_still_guides_the_next():
+    """A training step releases the graphs after each scoring forward (one micro-batch of old-policy log-probs, then
+    the update): that forward's passes guide the next forward's as a pass that another ended does."""
+    graphs = _StandIn()
+    with torch.no_grad():
+        _forward(graphs, _plan(3), layers=2)  # no guide yet: captured
+        assert (graphs.captures, graphs.replays) == (1, 1)
+        graphs.release()
+        _forward(graphs, _plan(4), layers=2)  # a pass of 2 as the guide: the capture would have one replay
+        assert (graphs.captures, graphs.replays) == (1, 1)
+        graphs.release()
+        _forward(graphs, _plan(5), layers=2)
+        assert (graphs.captures, graphs.replays) == (1, 1)
+
+
+def test_a_deep_model_scoring_in_turn_with_a_shallow_one_of_its_kind_still_captures():
+    """Two models whose layers are of one kind (widths aside) score in turn, a deep one and one with two layers of the
+    kind (a draft or a small reward model): the shallow one's passes must not talk the deep one out of its captures,
+    which pay for themselves many times over."""
+    graphs = _StandIn()
+    with torch.no_grad():
+        for step in range(3):
+            captures, replays = graphs.captures, graphs.replays
+            _forward(graphs, _plan(3 + step), layers=6)
+            assert (graphs.captures - captures, graphs.replays - replays) == (1, 5)
+            _forward(graphs, _plan(3 + step), layers=2)
 
 
 class _WatchingStandIn(_StandIn):
@@ -329,10 +359,11 @@ def test_models_on_two_devices_capture_into_pools_that_hold_graphs_and_keep_no_p
         for device in ("cpu", "meta", "cpu", "meta"):
             _device_forward(graphs, device, gdn=4, attention=4)  # each kind captured, the other device's replaced
             assert _pools_hold_graphs(graphs)
-        _device_forward(graphs, "cpu", gdn=2)  # guided by a pass of 4: captured
-        _device_forward(graphs, "cpu", gdn=2)  # guided by a pass of 2: the last plan's graph goes, not captured
+        for _ in range(2):  # guided by a pass of 4: captured
+            _device_forward(graphs, "cpu", gdn=2)
+        _device_forward(graphs, "cpu", gdn=2)  # guided by passes of 2: the last plan's graph goes, not captured
         assert set(graphs.entries) == {"attention"} and _pools_hold_graphs(graphs)
-        _device_forward(graphs, "cpu", gdn=4)  # guided by a pass of 2: eager
+        _device_forward(graphs, "cpu", gdn=4)  # guided by passes of 2: eager
         _device_forward(graphs, "cpu", gdn=4)  # guided by a pass of 4: captured
         assert _pools_hold_graphs(graphs)
-    assert graphs.enabled and graphs.captures == 10
+    assert graphs.enabled and graphs.captures == 11
