@@ -248,8 +248,8 @@ class CallGraphs:
         (the call's Python under capture, and a graph to begin, end and instantiate per segment), a replay a sixth of
         one (docs/bench, twelfth session: 8 layers, n=4, on the H200), so with `left` calls of the pass to go, this one
         included, the graphs cost about 2 + left / 6 eager calls against `left`: they pay from three on. The length of
-        a pass is the last one's of its kind (the same model runs the same layers); before any has ended, it is taken
-        to pay. The longest of the last `GUIDING_PASSES` is taken: two models of one kind of layer may score in turn,
+        a pass is taken from the last ones of its kind (the same model runs the same layers); before any has ended, it
+        is taken to pay. The longest of the last `GUIDING_PASSES` is taken: two models of one kind of layer may score in turn,
         and a shallow one's short passes would otherwise keep a deep one from ever capturing (a capture too many costs
         about two eager calls, one too few all the calls of the pass)."""
         per_pass = self._per_pass.get((op, _pass_kind(key)))
