@@ -60,6 +60,9 @@ LAYERS_ON_BY_DEFAULT = True
 # the fewest calls of a pass, the captured one included, for which a capture is worth its host time (`CallGraphs._pays`):
 # at 8 layers a forward's two attention layers run eagerly, its GDN layers from the second on replay
 MIN_CALLS_TO_CAPTURE = 3
+# the passes of a kind that guide its next one (`CallGraphs._pays`): a policy and a reference or reward model scoring in
+# turn each see the other's
+GUIDING_PASSES = 2
 
 
 def enabled_in(environ=None, name: str = ENV_CALL_GRAPHS, default: bool | None = None) -> bool:
@@ -115,7 +118,7 @@ class CallGraphs:
         self.entries: dict[str, _Entry] = {}
         self._seen: dict[str, tuple] = {}  # op -> (key last run eagerly, weak reference to its index)
         self._pass: dict[str, list] = {}  # op -> [weak reference to the index, key, calls so far] of this pass
-        self._per_pass: dict[tuple, int] = {}  # (op, `_pass_kind`) -> calls of the last such pass that ended
+        self._per_pass: dict[tuple, tuple] = {}  # (op, `_pass_kind`) -> calls of the last such passes that ended
         self.captures = self.replays = 0  # for reports and tests
         self._lock = threading.Lock()
         self._held = 0  # layer-stack warm-ups under way (`held_off`)
@@ -158,7 +161,9 @@ class CallGraphs:
             for op in list(self.entries):  # the graphs before their pool
                 self._drop(op)
             self._seen.clear()
-            self._pass.clear()  # not the passes' lengths: a training step releases the graphs between scoring forwards
+            # a training step releases the graphs between scoring forwards: the passes it ends guide the next ones
+            for op in list(self._pass):
+                self._end_pass(op)
             self._capture_on.clear()
             self._last_stream.clear()
         finally:
@@ -202,8 +207,8 @@ class CallGraphs:
                 if not self._pays(op, key, calls):
                     if entry is not None:  # a graph of another plan: its memory is of no more use
                         self._drop(op)
-                        if not self.entries:  # a capture into a pool whose graphs are all gone fails (see below)
-                            self._capture_on.clear()
+                        del entry
+                        self._forget_idle_pools()
                     return None
                 # the last forward's graph is replaced, but lives until its successor is captured: torch 2.11 fails
                 # a capture into a pool whose last graph is gone (an internal assertion of its host allocator,
@@ -211,10 +216,12 @@ class CallGraphs:
                 replaced = entry
                 self._drop(op)
                 entry = self._capture_or_give_up(key, index, body, inputs, live)
+                if entry is not None:
+                    self.entries[op] = entry
                 del replaced
+                self._forget_idle_pools()  # the replaced graph's, when it was the last on its device
                 if entry is None:
                     return None
-                self.entries[op] = entry
             _copy_in(entry, inputs)
             entry.graph.replay(*live)
             self.replays += 1
@@ -225,21 +232,29 @@ class CallGraphs:
         noting the length of the pass it ends."""
         current = self._pass.get(op)
         if current is None or current[0]() is not index or current[1] != key:
-            if current is not None:
-                self._per_pass[(op, _pass_kind(current[1]))] = current[2]
+            self._end_pass(op)
             current = self._pass[op] = [weakref.ref(index), key, 0]
         current[2] += 1
         return current[2]
+
+    def _end_pass(self, op: str) -> None:
+        """Note the length of `op`'s pass under way, if any, as its kind's guide (`_pays`), and end it."""
+        current = self._pass.pop(op, None)
+        if current is not None:
+            kind = (op, _pass_kind(current[1]))
+            self._per_pass[kind] = (*self._per_pass.get(kind, ()), current[2])[-GUIDING_PASSES:]
 
     def _pays(self, op: str, key: tuple, calls: int) -> bool:
         """Whether a capture at this call of its pass pays for itself: a capture costs the host about two eager calls
         (the call's Python under capture, and a graph to begin, end and instantiate per segment), a replay a sixth of
         one (docs/bench, twelfth session: 8 layers, n=4, on the H200), so with `left` calls of the pass to go, this one
         included, the graphs cost about 2 + left / 6 eager calls against `left`: they pay from three on. The length of
-        a pass is the last one's of its kind (the same model runs the same layers); before any has ended, it is taken
-        to pay."""
+        a pass is taken from the last ones of its kind (the same model runs the same layers); before any has ended, it
+        is taken to pay. The longest of the last `GUIDING_PASSES` is taken: two models of one kind of layer may score in turn,
+        and a shallow one's short passes would otherwise keep a deep one from ever capturing (a capture too many costs
+        about two eager calls, one too few all the calls of the pass)."""
         per_pass = self._per_pass.get((op, _pass_kind(key)))
-        return per_pass is None or per_pass - calls + 1 >= MIN_CALLS_TO_CAPTURE
+        return per_pass is None or max(per_pass) - calls + 1 >= MIN_CALLS_TO_CAPTURE
 
     def _after_last_replay(self, device: torch.device) -> None:
         """Order what follows after the device's last replay when the caller runs on another stream: the graphs share
@@ -263,6 +278,14 @@ class CallGraphs:
                 for static in (*entry.statics, *getattr(entry.graph, "buffers", ())):
                     for stream in streams:
                         static.record_stream(stream)
+
+    def _forget_idle_pools(self) -> None:
+        """Drop the pool and side stream of every device that no kept graph is on, after the graphs that went: a
+        capture into a pool whose graphs are all gone fails (torch 2.11, see `run`), and the pool would hold its
+        working memory meanwhile. Models on two devices of one process replace each other's graphs."""
+        devices = {entry.statics[0].device for entry in self.entries.values()}
+        for device in [device for device in self._capture_on if device not in devices]:
+            del self._capture_on[device]
 
     def _capture_stream_and_pool(self, device: torch.device):
         found = self._capture_on.get(device)

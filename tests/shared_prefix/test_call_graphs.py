@@ -4,6 +4,7 @@ scoring forward through them (a stand-in "captures" by keeping the op to run on 
 bit-equality is checked on the GPU, test_call_graphs_gpu.py)."""
 
 import gc
+import warnings
 import weakref
 
 import pytest
@@ -12,7 +13,13 @@ from patchgen.kernels.errors import SettingError
 from patchgen.kernels.reference.gated_delta_rule import gated_delta_rule as reference_gdn
 from patchgen.kernels.shared_prefix import build_plan
 from patchgen.kernels.shared_prefix import call_graphs as call_graphs_module
-from patchgen.kernels.shared_prefix.call_graphs import ON_BY_DEFAULT, CallGraphs, _Entry, enabled_in
+from patchgen.kernels.shared_prefix.call_graphs import (
+    ON_BY_DEFAULT,
+    CallGraphs,
+    CallGraphUnavailable,
+    _Entry,
+    enabled_in,
+)
 from patchgen.kernels.shared_prefix.gdn_rounds import ReferenceRounds, rounds_forward
 
 from tests.models import tiny
@@ -99,9 +106,9 @@ def test_a_forwards_first_layer_runs_eagerly_the_second_captures_and_the_rest_re
 
 
 def test_a_capture_is_made_only_where_the_calls_left_in_the_pass_pay_for_it():
-    """A capture costs the host about two eager calls, a replay a sixth of one: with the last forward's pass of this
-    kind as the guide, a pass captures at its second call only when three or more calls (that one included) are
-    left. The first forward has no guide and captures."""
+    """A capture costs the host about two eager calls, a replay a sixth of one: with the longest of the last two
+    forwards' passes of this kind as the guide, a pass captures at its second call only when three or more calls (that
+    one included) are left. The first forward has no guide and captures."""
     graphs = _StandIn()
     with torch.no_grad():
         _forward(graphs, _plan(3), layers=2)
@@ -109,15 +116,45 @@ def test_a_capture_is_made_only_where_the_calls_left_in_the_pass_pay_for_it():
         _forward(graphs, _plan(4), layers=2)  # two calls a pass: the second would be the capture's only replay
         assert (graphs.captures, graphs.replays) == (1, 1)
         assert not graphs.entries  # the last plan's graph went, its memory with it
-        _forward(graphs, _plan(5), layers=4)  # guided by the last pass (2): eager throughout
+        _forward(graphs, _plan(5), layers=4)  # guided by the last passes (2, 2): eager throughout
         assert (graphs.captures, graphs.replays) == (1, 1)
         _forward(graphs, _plan(3), layers=4)  # guided by a pass of 4: three calls left at the second
         assert (graphs.captures, graphs.replays) == (2, 4)
         graphs.release()  # a training step in between keeps the guide: the passes of the model are as long
         _forward(graphs, _plan(4), layers=3)  # 4 - 2 + 1 = 3 calls left at the second: captured
         assert (graphs.captures, graphs.replays) == (3, 6)
-        _forward(graphs, _plan(5), layers=3)  # a pass of 3 as the guide: two calls left at the second
-        assert (graphs.captures, graphs.replays) == (3, 6)
+        _forward(graphs, _plan(5), layers=3)  # the longest of the last two passes (4, 3) as the guide: captured
+        assert (graphs.captures, graphs.replays) == (4, 8)
+        _forward(graphs, _plan(3), layers=3)  # passes of 3 as the guide: two calls left at the second
+        assert (graphs.captures, graphs.replays) == (4, 8)
+
+
+def test_the_pass_a_release_interrupts_still_guides_the_next():
+    """A training step releases the graphs after each scoring forward (one micro-batch of old-policy log-probs, then
+    the update): that forward's passes guide the next forward's as a pass that another ended does."""
+    graphs = _StandIn()
+    with torch.no_grad():
+        _forward(graphs, _plan(3), layers=2)  # no guide yet: captured
+        assert (graphs.captures, graphs.replays) == (1, 1)
+        graphs.release()
+        _forward(graphs, _plan(4), layers=2)  # a pass of 2 as the guide: the capture would have one replay
+        assert (graphs.captures, graphs.replays) == (1, 1)
+        graphs.release()
+        _forward(graphs, _plan(5), layers=2)
+        assert (graphs.captures, graphs.replays) == (1, 1)
+
+
+def test_a_deep_model_scoring_in_turn_with_a_shallow_one_of_its_kind_still_captures():
+    """Two models whose layers are of one kind (widths aside) score in turn, a deep one and one with two layers of the
+    kind (a draft or a small reward model): the shallow one's passes must not talk the deep one out of its captures,
+    which pay for themselves many times over."""
+    graphs = _StandIn()
+    with torch.no_grad():
+        for step in range(3):
+            captures, replays = graphs.captures, graphs.replays
+            _forward(graphs, _plan(3 + step), layers=6)
+            assert (graphs.captures - captures, graphs.replays - replays) == (1, 5)
+            _forward(graphs, _plan(3 + step), layers=2)
 
 
 class _WatchingStandIn(_StandIn):
@@ -263,3 +300,70 @@ def test_releasing_at_exit_never_waits_for_ever_on_a_thread_stopped_mid_replay()
     finally:
         graphs._lock.release()
     assert graphs.release(timeout=0.05) is True and not graphs.entries
+
+
+class _Pool:
+    """A capture pool as torch 2.11 keeps it: a capture into one whose graphs are all gone fails (its host allocator
+    asserts), and its working memory stays reserved while it is kept."""
+
+    def __init__(self):
+        self.graphs = weakref.WeakSet()
+        self.captured = False
+
+
+class _PoolStandIn(_StandIn):
+    """Captures into one `_Pool` per device, as `CallGraphs._capture` does."""
+
+    def _capture_stream_and_pool(self, device):
+        found = self._capture_on.get(device)
+        if found is None:
+            found = self._capture_on[device] = (_Pool(), None)
+        return found
+
+    def _capture(self, key, index, body, inputs, live=()):
+        pool, _ = self._capture_stream_and_pool(inputs[0].device)
+        gc.collect()  # a stand-in graph sits in a reference cycle
+        if pool.captured and not pool.graphs:
+            raise RuntimeError("it->second->use_count > 0 INTERNAL ASSERT FAILED")
+        entry = super()._capture(key, index, body, inputs, live)
+        pool.captured = True
+        pool.graphs.add(entry.graph)
+        return entry
+
+
+class _Index:
+    """A plan's index (held by weak reference)."""
+
+
+def _device_forward(graphs, device, gdn: int, attention: int = 0) -> None:
+    """A forward on a plan of its own of a model on `device`: its GDN layers, then its attention layers."""
+    index = _Index()
+    for op, calls in (("gdn", gdn), ("attention", attention)):
+        for layer in range(calls):
+            x = torch.full((4,), float(layer), device=device)
+            graphs.run(op, index, (), lambda x: x * 2, [x])
+
+
+def _pools_hold_graphs(graphs) -> bool:
+    gc.collect()  # a stand-in graph sits in a reference cycle
+    return all(pool.graphs for pool, _ in graphs._capture_on.values())
+
+
+def test_models_on_two_devices_capture_into_pools_that_hold_graphs_and_keep_no_pool_without_one():
+    """A policy and a reference model on two devices of one process, scoring in turn: each capture on a device whose
+    graphs the other model's captures replaced goes into a new pool (torch 2.11 fails one into a pool whose graphs
+    are all gone), and no device keeps a pool, with its working memory, that holds no graph."""
+    graphs = _PoolStandIn()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", CallGraphUnavailable)
+        for device in ("cpu", "meta", "cpu", "meta"):
+            _device_forward(graphs, device, gdn=4, attention=4)  # each kind captured, the other device's replaced
+            assert _pools_hold_graphs(graphs)
+        for _ in range(2):  # guided by a pass of 4: captured
+            _device_forward(graphs, "cpu", gdn=2)
+        _device_forward(graphs, "cpu", gdn=2)  # guided by passes of 2: the last plan's graph goes, not captured
+        assert set(graphs.entries) == {"attention"} and _pools_hold_graphs(graphs)
+        _device_forward(graphs, "cpu", gdn=4)  # guided by passes of 2: eager
+        _device_forward(graphs, "cpu", gdn=4)  # guided by a pass of 4: captured
+        assert _pools_hold_graphs(graphs)
+    assert graphs.enabled and graphs.captures == 11
