@@ -178,15 +178,17 @@ class Tape:
         graph, self._open = self._open, None
         if graph is None:  # a linear failed between two graphs
             return
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            graph.capture_end()
-        empty = False
-        for warning in caught:
-            if _EMPTY in str(warning.message):
+        # torch's warning that the capture is empty, raised instead: it comes when `capture_end` has done all its work,
+        # in this thread only (another thread's empty capture meanwhile raises in that thread, never passes for ours)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=_EMPTY)
+            try:
+                graph.capture_end()
+                empty = False
+            except UserWarning as warning:
+                if _EMPTY not in str(warning):
+                    raise
                 empty = True
-            else:
-                warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
         # an empty graph (between two linears in a row) is kept, not replayed: its launch would cost the host a few us
         # at every replay for nothing, and it goes with the tape's other graphs
         (self.idle if empty else self.steps).append(graph)

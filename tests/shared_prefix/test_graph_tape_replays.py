@@ -235,6 +235,34 @@ def test_a_captures_other_warnings_reach_the_user():
     weight = torch.randn(WIDTH, WIDTH)
     with torch.no_grad(), pytest.warns(UserWarning, match="something else"):
         tape.record(lambda x, w: F.linear(x, w).relu(), [torch.randn(3, WIDTH)], [weight])
+    # the linear came first: an empty graph before it, held; the full one after it kept
+    assert len(tape.steps) == 2 and len(tape.idle) == 1
+
+
+def test_an_empty_capture_in_another_thread_is_never_taken_for_this_ones():
+    """The warning filter is the process's: another thread ending an empty capture while this one ends a full one must
+    not make this one's graph pass for empty (it would never replay: silently wrong outputs)."""
+    ended, other_done = threading.Event(), threading.Event()
+
+    class _SlowEnd(_SegmentGraph):
+        def capture_end(self):
+            super().capture_end()
+            ended.set()
+            other_done.wait(5)  # the other thread's empty capture ends while this one's is ending
+
+    def other_thread():
+        ended.wait(5)
+        try:  # as torch warns at an empty capture's end: through the process's filters (here this one's "error")
+            warnings.warn("The CUDA Graph is empty. This usually means ...", UserWarning, stacklevel=1)
+        except UserWarning:
+            pass
+        other_done.set()
+
+    threading.Thread(target=other_thread).start()
+    tape = Tape(None, None, graph_type=_SlowEnd)
+    with torch.no_grad():
+        tape.record(lambda x: (x * 2).relu(), [torch.randn(3, WIDTH)], [])
+    assert len(tape.steps) == 1 and not tape.idle
 
 
 def test_a_replay_on_a_kept_plan_after_the_weights_change_reads_the_new_weights(tape_graphs):
