@@ -178,8 +178,10 @@ class Tape:
         graph, self._open = self._open, None
         if graph is None:  # a linear failed between two graphs
             return
-        # torch's warning that the capture is empty, raised instead: it comes when `capture_end` has done all its work,
-        # in this thread only (another thread's empty capture meanwhile raises in that thread, never passes for ours)
+        # torch's warning that the capture is empty, raised instead: it comes when the C++ `capture_end` has done all its
+        # work (what torch's Python wrapper does after it, stopping an input-liveness tracker, has nothing to do here:
+        # the capture starts none), in this thread only (another thread's empty capture meanwhile raises in that
+        # thread, never passes for ours)
         with warnings.catch_warnings():
             warnings.filterwarnings("error", message=_EMPTY)
             try:
