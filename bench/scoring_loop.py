@@ -350,6 +350,10 @@ def main(argv=None):
                         help="score the responses only, with shift labels, as SharedPrefixGRPOTrainer calls the model")
     parser.add_argument("--timeline", action="store_true",
                         help="profile one loop per arm (rows on the host): the device's idle time and what the host did then")
+    parser.add_argument("--min-calls", type=int, default=None, metavar="K",
+                        help="A/B: the fewest layers of a kind left, the captured one included, for a layer graph's "
+                             "capture (call_graphs.MIN_CALLS_TO_CAPTURE, default 3); 1 captures wherever a second "
+                             "layer of a kind runs, as before the rule")
     parser.add_argument("--host-split", action="store_true",
                         help="one more loop per arm (rows on the host) with the host's time per forward split by phase "
                              "and by what each layer did, by the clock (`host_split.py`)")
@@ -368,6 +372,13 @@ def main(argv=None):
     global GC_OFF
     GC_OFF = args.gc_off
     apply_bucket_knobs(args)
+    if args.min_calls is not None:
+        if args.min_calls < 1:
+            raise SystemExit(f"--min-calls: {args.min_calls} is below 1 (a capture serves at least its own layer)")
+        from patchgen.kernels.shared_prefix import call_graphs
+
+        call_graphs.MIN_CALLS_TO_CAPTURE = args.min_calls
+        print(f"layer graphs capture with {args.min_calls} or more layers of a kind left", flush=True)
     if args.vary and args.labels:
         raise SystemExit("--vary draws each response's length, --labels scores the shape's fixed R: give one of them")
     if args.timeline and (args.tiny or not torch.cuda.is_available()):

@@ -251,3 +251,15 @@ def test_the_host_split_times_each_phase_and_layer_per_forward_and_restores_the_
     assert per_forward["layer: eager (first of a kind, or as it is)"][1] == 4.0
     assert per_forward["layer: eager (first of a kind, or as it is)"][0] <= per_forward["layer stack"][0]
     assert per_forward["layer stack"][0] <= per_forward["model"][0]
+
+
+def test_the_min_calls_ab_sets_the_capture_rule_and_refuses_below_one(monkeypatch):
+    import pytest
+    from patchgen.kernels.shared_prefix import call_graphs
+
+    monkeypatch.setattr(call_graphs, "MIN_CALLS_TO_CAPTURE", call_graphs.MIN_CALLS_TO_CAPTURE)
+    scoring_loop.main(["--tiny", "--layers", "4", "--shapes", "2x64x16", "--batches", "1", "--repeats", "1",
+                       "--min-calls", "1"])
+    assert call_graphs.MIN_CALLS_TO_CAPTURE == 1
+    with pytest.raises(SystemExit, match="below 1"):
+        scoring_loop.main(["--tiny", "--min-calls", "0"])
