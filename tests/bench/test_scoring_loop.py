@@ -263,3 +263,15 @@ def test_the_min_calls_ab_sets_the_capture_rule_and_refuses_below_one(monkeypatc
     assert call_graphs.MIN_CALLS_TO_CAPTURE == 1
     with pytest.raises(SystemExit, match="below 1"):
         scoring_loop.main(["--tiny", "--min-calls", "0"])
+
+
+def test_the_min_calls_ab_runs_each_way_in_turn_in_one_process(monkeypatch):
+    import min_calls_ab
+    from patchgen.kernels.shared_prefix import call_graphs
+
+    monkeypatch.setattr(call_graphs, "MIN_CALLS_TO_CAPTURE", call_graphs.MIN_CALLS_TO_CAPTURE)
+    runs = min_calls_ab.main(["--ways", "1,3", "--rounds", "2", "--", "--tiny", "--layers", "4", "--shapes", "2x64x16",
+                              "--batches", "1", "--repeats", "1"])
+    assert [way for way, _ in runs] == [1, 3, 1, 3]
+    assert all(len(rows) == 1 and rows[0]["shared host rows ms"] > 0 for _, rows in runs)
+    assert call_graphs.MIN_CALLS_TO_CAPTURE == 3
