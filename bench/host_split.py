@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import time
 from collections import defaultdict
 
-from pass_timeline import GENERATED, KERNELS, _owner_and_name
+from pass_timeline import wrapped
 
 # the parts of a layer graph's replay (inclusive, inside "layer: replayed")
 REPLAY_PARTS = (
@@ -26,8 +25,9 @@ REPLAY_PARTS = (
     ("patchgen.kernels.shared_prefix.call_graphs", "_copy_in", "replay part: statics' copy"),
     ("patchgen.kernels.shared_prefix.graph_tape", "Tape.replay", "replay part: tape (graphs and linears)"),
     ("patchgen.kernels.shared_prefix.graph_tape", "Tape.record", "capture part: the tape's recording"),
+    # each decoder layer's call, labelled by what the layer graphs did in it (`_layer_timed`)
+    ("patchgen.kernels.modeling.scoring_layers", "_replayed", LAYER := "layer"),
 )
-LAYER = ("patchgen.kernels.modeling.scoring_layers", "_replayed")
 
 
 class Split:
@@ -87,18 +87,12 @@ def _layer_timed(fn, split: Split):
 def host_split(module):
     """Time the generated `module`'s forwards while the block runs (restored after); yields the `Split`."""
     split = Split()
-    targets = [(module, dotted, label, None) for dotted, label in GENERATED]
-    targets += [(importlib.import_module(path), dotted, label, None) for path, dotted, label in (*KERNELS, *REPLAY_PARTS)]
-    targets.append((importlib.import_module(LAYER[0]), LAYER[1], None, "layer"))
-    saved = []
+
+    def wrap(fn, label):
+        return _layer_timed(fn, split) if label == LAYER else _timed(fn, label, split)
+
     try:
-        for root, dotted, label, special in targets:
-            owner, name = _owner_and_name(root, dotted)
-            fn = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
-            saved.append((owner, name, fn))
-            setattr(owner, name, _layer_timed(fn, split) if special else _timed(fn, label, split))
-        yield split
+        with wrapped(module, wrap, REPLAY_PARTS):
+            yield split
     finally:
-        for owner, name, fn in reversed(saved):
-            setattr(owner, name, fn)
         split.forwards = split.calls.get("model", 0)

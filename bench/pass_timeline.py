@@ -75,23 +75,31 @@ def _ranged(fn, label: str):
 
 
 @contextlib.contextmanager
-def phases(module):
-    """Label the host phases of the generated `module`'s forwards while the block runs (restored after)."""
+def wrapped(module, wrap, extra=()):
+    """Replace the functions a forward of the generated `module` runs through (`GENERATED`, `KERNELS`, and `extra`:
+    (module path, dotted name, label) triples) by `wrap(fn, label)` while the block runs (restored after)."""
     import importlib
 
     targets = [(module, dotted, label) for dotted, label in GENERATED]
-    targets += [(importlib.import_module(path), dotted, label) for path, dotted, label in KERNELS]
+    targets += [(importlib.import_module(path), dotted, label) for path, dotted, label in (*KERNELS, *extra)]
     saved = []
     try:
         for root, dotted, label in targets:
             owner, name = _owner_and_name(root, dotted)
             fn = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
             saved.append((owner, name, fn))
-            setattr(owner, name, _ranged(fn, label))
+            setattr(owner, name, wrap(fn, label))
         yield
     finally:
         for owner, name, fn in reversed(saved):
             setattr(owner, name, fn)
+
+
+@contextlib.contextmanager
+def phases(module):
+    """Label the host phases of the generated `module`'s forwards while the block runs (restored after)."""
+    with wrapped(module, _ranged):
+        yield
 
 
 @dataclass
