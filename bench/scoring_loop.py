@@ -354,6 +354,9 @@ def main(argv=None):
                         help="A/B: the fewest layers of a kind left, the captured one included, for a layer graph's "
                              "capture (call_graphs.MIN_CALLS_TO_CAPTURE, default 3); 1 captures wherever a second "
                              "layer of a kind runs, as before the rule")
+    parser.add_argument("--first-calls", choices=("capture", "eager"), default=None,
+                        help="A/B: a pass's first layer of a kind captured once a pass of its kind has run (capture, "
+                             "call_graphs.CAPTURE_FIRST_CALLS, the default) or always eager, as before capture_guard.py")
     parser.add_argument("--host-split", action="store_true",
                         help="one more loop per arm (rows on the host) with the host's time per forward split by phase "
                              "and by what each layer did, by the clock (`host_split.py`)")
@@ -379,6 +382,12 @@ def main(argv=None):
 
         call_graphs.MIN_CALLS_TO_CAPTURE = args.min_calls
         print(f"layer graphs capture with {args.min_calls} or more layers of a kind left", flush=True)
+    if args.first_calls is not None:
+        from patchgen.kernels.shared_prefix import call_graphs
+
+        call_graphs.CAPTURE_FIRST_CALLS = args.first_calls == "capture"
+        print(f"layer graphs: a pass's first layer of a kind {'captured' if args.first_calls == 'capture' else 'eager'} "
+              "once a pass of its kind has run", flush=True)
     if args.vary and args.labels:
         raise SystemExit("--vary draws each response's length, --labels scores the shape's fixed R: give one of them")
     if args.timeline and (args.tiny or not torch.cuda.is_available()):
@@ -435,7 +444,8 @@ def main(argv=None):
 
         print(f"    call graphs (GDN rounds, conv; enabled {CALL_GRAPHS.enabled}) so far: {CALL_GRAPHS.captures} captures, "
               f"{CALL_GRAPHS.replays} replays; layer graphs (enabled {LAYER_GRAPHS.enabled}): {LAYER_GRAPHS.captures} "
-              f"captures, {LAYER_GRAPHS.replays} replays", flush=True)
+              f"captures, {LAYER_GRAPHS.replays} replays, {LAYER_GRAPHS.not_warm} first-layer captures dropped (a "
+              "kernel or table not made yet)", flush=True)
         for text in r.get("timelines", ()):
             print(text, flush=True)
     return results

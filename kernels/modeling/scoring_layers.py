@@ -5,7 +5,8 @@ at RL's sizes: at 32 layers, n=4 P=2048 on the H200 the host spends about 79 ms 
 52, even with the plan ops' call graphs (`shared_prefix/call_graphs.py`); what is left is every layer's linears,
 norms, activations and gates, launched one by one. Yet every layer of a kind (GDN or full attention) runs the
 same code on inputs of the same shapes and on the same plan: only its weights and its input differ. So per kind,
-the first layer of a forward runs eagerly (compiles, autotuning, the plan's lazily built tables), the second is
+the first layer of the process's first forward runs eagerly (compiles, autotuning, the plan's lazily built tables; a
+later forward's first layer is captured, watched by `shared_prefix/capture_guard.py`), the second is
 captured with its small weights (norms, conv taps) and inputs swapped for static copies (`torch.func.functional_call`)
 and its bias-free linears of `MIN_LIVE_BYTES` or more left out of the graphs (`shared_prefix/graph_tape.py`: a replay
 runs each as one `mm` on the replayed layer's own weight, so the big weights are never copied), and every later one

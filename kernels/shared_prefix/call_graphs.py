@@ -5,11 +5,13 @@ the same state hand-over, the same look-back rows) with inputs of the same shape
 and neither op reads a weight beyond the conv's few taps. Run eagerly, each layer launches these ops'
 kernels through fla's (or our) Python wrappers and Triton's launcher: on the H200 about as much host time
 per layer as the layer's GPU work at n=4 P=2048, which makes an eager scoring forward host-bound
-(docs/bench/README.md, the log-prob pass's host profile). Here, per op, the first layer of a forward runs
-eagerly (any compile or autotuning happens there, never under a capture, and the plan's lazily built index
-tensors are made there), the second captures the op on static copies of its inputs and replays it, and
-every later layer copies its inputs in and replays: a few copies and one graph launch per op and layer. A
-capture is made only where enough calls of its pass are left to repay it (`CallGraphs._pays`).
+(docs/bench/README.md, the log-prob pass's host profile). Here, per op, the process's first forward runs its first
+layer eagerly (any compile or autotuning happens there, never under a capture, and the plan's lazily built index
+tensors are made there), the second captures the op on static copies of its inputs and replays it, and every later
+layer copies its inputs in and replays: a few copies and one graph launch per op and layer. Once a pass of its kind
+has run, a forward on a new plan captures at its first layer, watched for a kernel or table not made yet
+(`capture_guard.py`: the layer then runs eagerly and the second captures). A capture is made only where enough calls
+of its pass are left to repay it (`CallGraphs._pays`).
 
 A replay runs the captured kernels with the captured launch parameters on the same rows, so its output is
 the eager call's bit for bit. The graphs serve only calls that need no autograd node (a scoring forward:
@@ -45,6 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import SettingError
+from . import capture_guard
 from .graph_tape import Tape
 
 ENV_CALL_GRAPHS = "PATCHGEN_CALL_GRAPHS"
@@ -60,6 +63,9 @@ LAYERS_ON_BY_DEFAULT = True
 # the fewest calls of a pass, the captured one included, for which a capture is worth its host time (`CallGraphs._pays`):
 # at 8 layers a forward's two attention layers run eagerly, its GDN layers from the second on replay
 MIN_CALLS_TO_CAPTURE = 3
+# a pass on a new plan captures at its first call once a pass of its kind has run (`capture_guard.py`): an eager layer
+# less per kind and forward
+CAPTURE_FIRST_CALLS = True
 # the passes of a kind that guide its next one (`CallGraphs._pays`): a policy and a reference or reward model scoring in
 # turn each see the other's
 GUIDING_PASSES = 2
@@ -120,6 +126,7 @@ class CallGraphs:
         self._pass: dict[str, list] = {}  # op -> [weak reference to the index, key, calls so far] of this pass
         self._per_pass: dict[tuple, tuple] = {}  # (op, `_pass_kind`) -> calls of the last such passes that ended
         self.captures = self.replays = 0  # for reports and tests
+        self.not_warm = 0  # first calls' captures dropped for a kernel or table not made yet (`capture_guard.py`)
         self._lock = threading.Lock()
         self._held = 0  # layer-stack warm-ups under way (`held_off`)
         self._capture_on: dict[torch.device, tuple] = {}  # device -> (memory pool, side stream) of every capture
@@ -201,9 +208,11 @@ class CallGraphs:
             entry = self.entries.get(op)
             if entry is None or entry.key != key:
                 seen = self._seen.get(op)
-                if seen is None or seen[0] != key or seen[1]() is not index:
+                first = seen is None or seen[0] != key or seen[1]() is not index
+                if first:  # the first call on this key: eager, unless a pass of its kind has run (`_warm`)
                     self._seen[op] = (key, weakref.ref(index))
-                    return None
+                    if not self._warm(op, key):
+                        return None
                 if not self._pays(op, key, calls):
                     if entry is not None:  # a graph of another plan: its memory is of no more use
                         self._drop(op)
@@ -215,11 +224,15 @@ class CallGraphs:
                 # "use_count > 0", on the H200: bench/graph_capture_wait.py's note in docs/bench)
                 replaced = entry
                 self._drop(op)
-                entry = self._capture_or_give_up(key, index, body, inputs, live)
+                entry = self._capture_or_give_up(key, index, body, inputs, live, first)
                 if entry is not None:
                     self.entries[op] = entry
+                elif first and replaced is not None and self.enabled:
+                    # not warm (`_capture_or_give_up`): the last graph is kept, and its pool with it, until the next call's
+                    # capture replaces it, as after an eager first call
+                    self.entries[op] = replaced
                 del replaced
-                self._forget_idle_pools()  # the replaced graph's, when it was the last on its device
+                self._forget_idle_pools()  # the replaced graph's (or a dropped capture's), when the last on its device
                 if entry is None:
                     return None
             _copy_in(entry, inputs)
@@ -243,6 +256,11 @@ class CallGraphs:
         if current is not None:
             kind = (op, _pass_kind(current[1]))
             self._per_pass[kind] = (*self._per_pass.get(kind, ()), current[2])[-GUIDING_PASSES:]
+
+    def _warm(self, op: str, key: tuple) -> bool:
+        """Whether a pass of this kind has run (its first call eagerly, compiling and tuning its kernels), so that a
+        pass on a new plan may capture at its first call (`capture_guard.py`)."""
+        return CAPTURE_FIRST_CALLS and (op, _pass_kind(key)) in self._per_pass and capture_guard.available()
 
     def _pays(self, op: str, key: tuple, calls: int) -> bool:
         """Whether a capture at this call of its pass pays for itself: a capture costs the host about two eager calls
@@ -301,10 +319,20 @@ class CallGraphs:
         own making: `shared_prefix.gdn.check_plan_tables`)."""
         return getattr(self._local, "capturing", False)
 
-    def _capture_or_give_up(self, key, index, body, inputs, live=()) -> _Entry | None:
+    def _capture_or_give_up(self, key, index, body, inputs, live=(), first: bool = False) -> _Entry | None:
+        """The capture's entry; None where it failed (the graphs are then off for the process, with a warning) or, at
+        a pass's `first` call, where it met a kernel or table an eager call makes first (`capture_guard.NotWarm`: the
+        call runs eagerly, the next one captures)."""
         self._local.capturing = True
+        spared = capture_guard.NotWarm if first else ()
         try:
-            return self._capture(key, index, body, inputs, live)
+            if not first:
+                return self._capture(key, index, body, inputs, live)
+            with capture_guard.no_new_kernels():
+                return self._capture(key, index, body, inputs, live)
+        except spared:
+            self.not_warm += 1
+            return None
         except Exception as error:  # noqa: BLE001 - a failed capture leaves the eager ops, which work
             self.enabled = False
             warnings.warn(

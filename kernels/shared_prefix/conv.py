@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..errors import CudaGraphsUnavailable
-from . import call_graphs
+from . import call_graphs, capture_guard
 from .call_graphs import CALL_GRAPHS
 from .gdn import chunk_indices, derived_tables_refused
 from .layout import Layout
@@ -51,9 +51,21 @@ class ConvIndex:
         key = (width, channels, layout)
         found = self.state_index.get(key)
         if found is None:
+            if capture_guard.guarded() or (self.state_rows.is_cuda and torch.cuda.is_current_stream_capturing()):
+                # built under a capture, it would be written only by the graph's replays, in the graph's memory, and
+                # kept with the plan for the eager calls after it
+                raise capture_guard.NotWarm(f"the conv look-back's index {key} would be built under a capture")
+            _WANTED[key] = None
             with torch.inference_mode(False):  # kept with the plan, which a later training forward may reuse
                 found = self.state_index[key] = self._state_gather(width, channels, layout)
         return found
+
+    def build_wanted(self) -> None:
+        """Build the index of every key a plan of this process was asked for, with the plan: a scoring forward's
+        first layer of a kind may be captured (`capture_guard.py`), and a table cannot be built under a capture."""
+        for key in list(_WANTED):
+            if key[0] <= self.kernel_size:  # another model's wider conv: not this plan's to serve
+                self.state_gather(*key)
 
     def _state_gather(self, width: int, channels: int, layout: str):
         rows = self.state_rows[:, self.kernel_size - width :]  # the last `width` slots
@@ -112,10 +124,17 @@ def look_back(layout: Layout, kernel_size: int):
 
 
 def conv_index(host: dict, dev: dict) -> ConvIndex:
-    return ConvIndex(
+    idx = ConvIndex(
         dev.get("src"), dev.get("cu"), dev.get("out_index"), host["kernel_size"], dev["segment_cu"],
         dev["segment_chunks"], dev["state_rows"], extra_src=dev.get("extra_src"),
     )
+    idx.build_wanted()
+    return idx
+
+
+# the (width, channels, layout) keys of `ConvIndex.state_gather` asked for in this process, in order (a model's conv
+# asks for one): every plan builds them with itself
+_WANTED: dict[tuple, None] = {}
 
 
 def look_back_kernels(conv_fn, dtype: torch.dtype):

@@ -265,13 +265,28 @@ def test_the_min_calls_ab_sets_the_capture_rule_and_refuses_below_one(monkeypatc
         scoring_loop.main(["--tiny", "--min-calls", "0"])
 
 
-def test_the_min_calls_ab_runs_each_way_in_turn_in_one_process(monkeypatch):
-    import min_calls_ab
+def test_the_first_calls_ab_sets_whether_a_first_layer_is_captured(monkeypatch):
+    from patchgen.kernels.shared_prefix import call_graphs
+
+    monkeypatch.setattr(call_graphs, "CAPTURE_FIRST_CALLS", True)
+    scoring_loop.main(["--tiny", "--layers", "4", "--shapes", "2x64x16", "--batches", "1", "--repeats", "1",
+                       "--first-calls", "eager"])
+    assert call_graphs.CAPTURE_FIRST_CALLS is False
+
+
+def test_the_capture_rule_ab_runs_each_way_in_turn_in_one_process(monkeypatch):
+    import capture_rule_ab
+    import pytest
     from patchgen.kernels.shared_prefix import call_graphs
 
     monkeypatch.setattr(call_graphs, "MIN_CALLS_TO_CAPTURE", call_graphs.MIN_CALLS_TO_CAPTURE)
-    runs = min_calls_ab.main(["--ways", "1,3", "--rounds", "2", "--", "--tiny", "--layers", "4", "--shapes", "2x64x16",
-                              "--batches", "1", "--repeats", "1"])
-    assert [way for way, _ in runs] == [1, 3, 1, 3]
+    monkeypatch.setattr(call_graphs, "CAPTURE_FIRST_CALLS", call_graphs.CAPTURE_FIRST_CALLS)
+    loop = ["--", "--tiny", "--layers", "4", "--shapes", "2x64x16", "--batches", "1", "--repeats", "1"]
+    runs = capture_rule_ab.main(["--ways", "1,3", "--rounds", "2", *loop])
+    assert [way for way, _ in runs] == ["1", "3", "1", "3"]
     assert all(len(rows) == 1 and rows[0]["shared host rows ms"] > 0 for _, rows in runs)
     assert call_graphs.MIN_CALLS_TO_CAPTURE == 3
+    runs = capture_rule_ab.main(["--option", "first-calls", "--ways", "capture,eager", "--rounds", "1", *loop])
+    assert [way for way, _ in runs] == ["capture", "eager"] and call_graphs.CAPTURE_FIRST_CALLS is False
+    with pytest.raises(SystemExit, match="--first-calls is this script's to set"):
+        capture_rule_ab.main(["--option", "first-calls", "--", "--tiny", "--first-calls", "eager"])

@@ -4,10 +4,12 @@ import dataclasses
 
 import numpy as np
 import torch
+from patchgen.kernels.graphs.signature import DERIVED
 
 
 def differences(a, b, where="plan") -> list[str]:
-    """Where two plans differ: every dataclass field, tensor (dtype, shape, values), array, tuple and int."""
+    """Where two plans differ: every dataclass field, tensor (dtype, shape, values), array, tuple and int; not the caches
+    derived from the other fields (`signature.DERIVED`: the conv's state index, which plans build with themselves)."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         same = (
             isinstance(a, torch.Tensor)
@@ -23,8 +25,8 @@ def differences(a, b, where="plan") -> list[str]:
     if dataclasses.is_dataclass(a) and not isinstance(a, type):
         if type(a) is not type(b):
             return [where]
-        return [d for f in dataclasses.fields(a) for d in differences(getattr(a, f.name), getattr(b, f.name),
-                                                                      f"{where}.{f.name}")]
+        return [d for f in dataclasses.fields(a) if (type(a), f.name) not in DERIVED
+                for d in differences(getattr(a, f.name), getattr(b, f.name), f"{where}.{f.name}")]
     if isinstance(a, (list, tuple)):
         if not isinstance(b, (list, tuple)) or len(a) != len(b):
             return [where]

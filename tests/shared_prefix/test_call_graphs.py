@@ -11,7 +11,7 @@ import pytest
 import torch
 from patchgen.kernels.errors import SettingError
 from patchgen.kernels.reference.gated_delta_rule import gated_delta_rule as reference_gdn
-from patchgen.kernels.shared_prefix import build_plan
+from patchgen.kernels.shared_prefix import build_plan, capture_guard
 from patchgen.kernels.shared_prefix import call_graphs as call_graphs_module
 from patchgen.kernels.shared_prefix.call_graphs import (
     ON_BY_DEFAULT,
@@ -86,7 +86,9 @@ def _forward(graphs, plan, layers=4):
     return outs
 
 
-def test_a_forwards_first_layer_runs_eagerly_the_second_captures_and_the_rest_replay():
+def test_the_first_pass_of_a_kind_captures_at_its_second_call_and_later_passes_at_their_first():
+    """A process's first pass of a kind runs its first call eagerly (compiling and tuning its kernels) and captures
+    its second; once one has run, a pass on a new plan captures at its first call (`capture_guard.py`)."""
     graphs, plan = _StandIn(), _plan(3)
     with torch.no_grad():
         expected = [_rounds(plan, _inputs(plan.compact_length, i)) for i in range(4)]
@@ -95,38 +97,82 @@ def test_a_forwards_first_layer_runs_eagerly_the_second_captures_and_the_rest_re
         _forward(graphs, plan)  # the same plan again: every layer replays
         assert (graphs.captures, graphs.replays) == (1, 7)
         other = _plan(4)
-        _forward(graphs, other)  # another plan: eager, then a capture of its own
-        assert (graphs.captures, graphs.replays) == (2, 10)
+        expected = [_rounds(other, _inputs(other.compact_length, i)) for i in range(4)]
+        # another plan: captured at its first call, every call replays
+        assert all(torch.equal(a, b) for a, b in zip(_forward(graphs, other), expected))
+        assert (graphs.captures, graphs.replays) == (2, 11)
         assert graphs.entries["gated_delta_rule"].index is other.gdn
-    with torch.inference_mode():  # another kind of forward (its tensors cannot be written outside it): captured anew
+    with torch.inference_mode():  # another kind of forward (its tensors cannot be written outside it): eager first
         _forward(graphs, other)
-    assert (graphs.captures, graphs.replays) == (3, 13)
+    assert (graphs.captures, graphs.replays) == (3, 14)
     graphs.release()
     assert not graphs.entries
 
 
 def test_a_capture_is_made_only_where_the_calls_left_in_the_pass_pay_for_it():
     """A capture costs the host about two eager calls, a replay a sixth of one: with the longest of the last two
-    forwards' passes of this kind as the guide, a pass captures at its second call only when three or more calls (that
-    one included) are left. The first forward has no guide and captures."""
+    forwards' passes of this kind as the guide, a pass captures (at its first call) only when it has three calls or
+    more. The first forward has no guide: it captures at its second call."""
     graphs = _StandIn()
     with torch.no_grad():
         _forward(graphs, _plan(3), layers=2)
         assert (graphs.captures, graphs.replays) == (1, 1)
-        _forward(graphs, _plan(4), layers=2)  # two calls a pass: the second would be the capture's only replay
+        _forward(graphs, _plan(4), layers=2)  # two calls a pass: a capture would have two replays
         assert (graphs.captures, graphs.replays) == (1, 1)
         assert not graphs.entries  # the last plan's graph went, its memory with it
         _forward(graphs, _plan(5), layers=4)  # guided by the last passes (2, 2): eager throughout
         assert (graphs.captures, graphs.replays) == (1, 1)
-        _forward(graphs, _plan(3), layers=4)  # guided by a pass of 4: three calls left at the second
-        assert (graphs.captures, graphs.replays) == (2, 4)
+        _forward(graphs, _plan(3), layers=4)  # guided by a pass of 4
+        assert (graphs.captures, graphs.replays) == (2, 5)
         graphs.release()  # a training step in between keeps the guide: the passes of the model are as long
-        _forward(graphs, _plan(4), layers=3)  # 4 - 2 + 1 = 3 calls left at the second: captured
-        assert (graphs.captures, graphs.replays) == (3, 6)
-        _forward(graphs, _plan(5), layers=3)  # the longest of the last two passes (4, 3) as the guide: captured
-        assert (graphs.captures, graphs.replays) == (4, 8)
-        _forward(graphs, _plan(3), layers=3)  # passes of 3 as the guide: two calls left at the second
-        assert (graphs.captures, graphs.replays) == (4, 8)
+        _forward(graphs, _plan(4), layers=3)
+        assert (graphs.captures, graphs.replays) == (3, 8)
+        _forward(graphs, _plan(5), layers=2)  # the longest of the last two passes (4, 3) as the guide: captured
+        assert (graphs.captures, graphs.replays) == (4, 10)
+        _forward(graphs, _plan(3), layers=2)  # passes of (3, 2): three calls, captured
+        assert (graphs.captures, graphs.replays) == (5, 12)
+        _forward(graphs, _plan(4), layers=2)  # passes of (2, 2): eager
+        assert (graphs.captures, graphs.replays) == (5, 12)
+
+
+class _ColdStandIn(_StandIn):
+    """A capture meets, while `cold`, a Triton kernel not loaded yet: it calls the hook Triton calls before a load."""
+
+    def __init__(self):
+        super().__init__()
+        self.cold = False
+
+    def _capture(self, key, index, body, inputs, live=()):
+        if self.cold:
+            capture_guard._on_kernel_load(None, None, "a_kernel_of_new_shapes")
+        return super()._capture(key, index, body, inputs, live)
+
+
+def test_a_first_calls_capture_that_meets_a_kernel_not_made_yet_runs_the_call_eagerly_and_the_next_captures():
+    """A first call's capture is watched (a new kernel would compile, or an autotuner benchmark, under it); the
+    second call of a pass follows an eager call and is not."""
+    graphs = _ColdStandIn()
+    with torch.no_grad():
+        _forward(graphs, _plan(3))
+        assert (graphs.captures, graphs.replays, graphs.not_warm) == (1, 3, 0)
+        graphs.cold, plan = True, _plan(4)
+        expected = [_rounds(plan, _inputs(plan.compact_length, i)) for i in range(4)]
+        assert all(torch.equal(a, b) for a, b in zip(_forward(graphs, plan), expected))
+        # the first call's capture dropped, the call run eagerly; the second captured as a first pass's does
+        assert (graphs.captures, graphs.replays, graphs.not_warm) == (2, 6, 1)
+        assert graphs.enabled
+        graphs.cold = False
+        _forward(graphs, _plan(5))
+        assert (graphs.captures, graphs.replays, graphs.not_warm) == (3, 10, 1)
+
+
+def test_without_the_load_hooks_a_pass_runs_its_first_call_eagerly(monkeypatch):
+    monkeypatch.setattr(capture_guard, "available", lambda: False)
+    graphs = _StandIn()
+    with torch.no_grad():
+        _forward(graphs, _plan(3))
+        _forward(graphs, _plan(4))
+    assert (graphs.captures, graphs.replays) == (2, 6)
 
 
 def test_the_pass_a_release_interrupts_still_guides_the_next():
@@ -153,7 +199,8 @@ def test_a_deep_model_scoring_in_turn_with_a_shallow_one_of_its_kind_still_captu
         for step in range(3):
             captures, replays = graphs.captures, graphs.replays
             _forward(graphs, _plan(3 + step), layers=6)
-            assert (graphs.captures - captures, graphs.replays - replays) == (1, 5)
+            # the first pass captures at its second call, the later ones at their first
+            assert (graphs.captures - captures, graphs.replays - replays) == (1, 5 if step == 0 else 6)
             _forward(graphs, _plan(3 + step), layers=2)
 
 

@@ -44,7 +44,7 @@ def fresh(graphs):
     before = graphs.enabled
     graphs.release()
     graphs._per_pass.clear()
-    graphs.captures = graphs.replays = 0
+    graphs.captures = graphs.replays = graphs.not_warm = 0
     yield graphs
     graphs.release()
     graphs.enabled = before
@@ -63,10 +63,12 @@ def test_every_layer_of_a_scoring_forward_replays_the_eager_rounds_bit_for_bit(g
         replayed = _layers(plan, gdn, True, mode)
         for a, b in zip(eager, replayed):
             assert torch.equal(a, b)
-        # the first layer eager, the second captured (and replayed), the rest replayed; a new plan captures anew
-        assert (call_graphs.captures, call_graphs.replays) == (n, n * (LAYERS - 1))
+        # the first layer eager, the second captured (and replayed), the rest replayed; a new plan captures anew, at
+        # its first layer unless that meets a kernel not loaded yet (its shapes' own specialisation), then at its second
+        assert call_graphs.not_warm <= n - 1
+        assert (call_graphs.captures, call_graphs.replays) == (n, n * LAYERS - 1 - call_graphs.not_warm)
     again = _layers(plan, gdn, True, mode)  # the same plan in the next forward: replays from its first layer
-    assert (call_graphs.captures, call_graphs.replays) == (2, 2 * (LAYERS - 1) + LAYERS)
+    assert (call_graphs.captures, call_graphs.replays) == (2, 3 * LAYERS - 1 - call_graphs.not_warm)
     assert all(torch.equal(a, b) for a, b in zip(again, eager))
 
 

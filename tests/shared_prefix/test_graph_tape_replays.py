@@ -13,6 +13,7 @@ import torch
 from patchgen.kernels.modeling import scoring_layers
 from patchgen.kernels.modeling.shared_prefix import KWARG
 from patchgen.kernels.shared_prefix import call_graphs as call_graphs_module
+from patchgen.kernels.shared_prefix import capture_guard
 from patchgen.kernels.shared_prefix.call_graphs import CallGraphs, _Entry
 from patchgen.kernels.shared_prefix.graph_tape import Tape, _Linear
 from torch.nn import functional as F
@@ -172,16 +173,44 @@ def _inputs(seed: int, rows: int = 11):
     return torch.randn(1, rows, WIDTH, generator=gen), torch.randn(1, rows, WIDTH, generator=gen)
 
 
+class _LoadsAKernelLast(_Layer):
+    """A layer that, while `cold`, launches a Triton kernel not loaded yet after all its linears."""
+
+    cold = False
+
+    def forward(self, hidden, shared_prefix=None, extra=None):
+        out = super().forward(hidden, shared_prefix, extra)
+        if _LoadsAKernelLast.cold:
+            capture_guard._on_kernel_load(None, None, "a_kernel_of_new_shapes")
+        return out * 0.5
+
+
+def test_a_first_layers_capture_that_meets_a_kernel_not_loaded_yet_ends_its_graphs_and_runs_eagerly(
+        tape_graphs, monkeypatch):
+    """The capture is dropped with the graphs it had ended and the one it had open, and the layer runs eagerly; the
+    next layer is captured after it, as a first pass's second layer is."""
+    layers = _layers(4, cls=_LoadsAKernelLast)
+    with torch.no_grad():
+        _forward(layers, *_inputs(0), _Plan(), replayed=True)  # a pass of the kind has run
+        monkeypatch.setattr(_LoadsAKernelLast, "cold", True)
+        hidden, extra = _inputs(1)
+        expected = _forward(layers, hidden, extra, _Plan(), replayed=False)
+        got = _forward(layers, hidden, extra, _Plan(), replayed=True)
+    assert torch.equal(got, expected)
+    assert (tape_graphs.captures, tape_graphs.not_warm, len(tape_graphs.tapes)) == (2, 1, 2)
+    assert torch._C._len_torch_dispatch_stack() == 0  # no segment left recording
+
+
 @pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
 def test_layers_replayed_from_a_tape_equal_the_eager_layers(mode, tape_graphs):
     layers = _layers(5)
     with mode():
-        for seed in (0, 1):  # a second forward on another plan: captured anew
+        for seed in (0, 1):  # a second forward on another plan: captured anew, at its first layer
             hidden, extra = _inputs(seed)
             expected = _forward(layers, hidden, extra, _Plan(), replayed=False)
             got = _forward(layers, hidden, extra, _Plan(), replayed=True)
             assert torch.equal(got, expected)
-    assert (tape_graphs.captures, tape_graphs.replays) == (2, 8)
+    assert (tape_graphs.captures, tape_graphs.replays) == (2, 9)
     tape = tape_graphs.tapes[-1]
     linears = [step for step in tape.steps if isinstance(step, _Linear)]
     # q, k, v, fused, sub, side twice, again twice, tied twice on one weight (tied_too's is tied's), down

@@ -60,12 +60,13 @@ def test_a_scoring_forwards_layers_replay_per_kind_and_equal_the_eager_forward(m
         # four GDN layers: eager, captured and replayed, replayed, replayed; two attention layers: eager, captured
         assert (layer_graphs.captures, layer_graphs.replays) == (2, 4)
         assert len(layer_graphs.entries) == 2
-        # the next micro-batch (another plan): captured anew, each replay on its own weights and inputs again; but
-        # only where a capture pays for itself: the second attention layer is the last of its kind, and runs eagerly
+        # the next micro-batch (another plan): captured anew at the first GDN layer (a pass of the kind has run),
+        # each replay on its own weights and inputs again; but only where a capture pays for itself: two attention
+        # layers are too few, and run eagerly
         other_ids, other_cu, _ = tiny.grpo_batch([(60, [8, 13]), (72, [4, 9, 6])], seed=1)
         expected = _eager(net, other_ids, other_cu)
         assert torch.equal(_log_probs(net, other_ids, other_cu), expected)
-        assert (layer_graphs.captures, layer_graphs.replays) == (3, 7)
+        assert (layer_graphs.captures, layer_graphs.replays) == (3, 8)
         assert len(layer_graphs.entries) == 1  # the first plan's attention graph is dropped, with its memory
 
 
