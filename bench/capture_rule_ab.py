@@ -1,4 +1,4 @@
-"""The layer graphs' capture rules A/B in one process: `scoring_loop.py` runs with one of its rule options (`--option`)
+"""The layer graphs' capture rules (and the plan's alignment) A/B in one process: `scoring_loop.py` runs with one of its rule options (`--option`)
 taking each of `--ways` in turn, `--rounds` times, so that both arms meet the same host (on the H200 the same code moved
 30 % between processes, docs/bench twelfth session). The first run also compiles: read the rounds after it.
 
@@ -8,6 +8,7 @@ taking each of `--ways` in turn, `--rounds` times, so that both arms meet the sa
 
 `--min-calls 1` captures wherever a second layer of a kind runs (as before the rule), 3 is the rule's default;
 `--first-calls eager` runs every pass's first layer of a kind eagerly (as before `capture_guard.py`), `capture` is the
+default; `--chunk-aligned on` plans with `shared_prefix_chunk_aligned` (no GDN gathers, a few rows more), `off` is the
 default.
 """
 
@@ -17,7 +18,7 @@ import argparse
 
 import scoring_loop
 
-OPTIONS = ("min-calls", "first-calls")
+OPTIONS = ("min-calls", "first-calls", "chunk-aligned")
 
 
 def main(argv=None) -> list[tuple[str, list]]:

@@ -248,6 +248,7 @@ def measure_shape(model, shape, args, device, module, given=None, name=None) -> 
     tree = tree_settings(shape)
     model.config.shared_prefix_max_depth = tree["max_depth"]
     model.config.shared_prefix_level_cost = tree["level_cost"]
+    model.config.shared_prefix_chunk_aligned = args.chunk_aligned == "on"
     from patchgen.kernels.modeling.layer_graphs import graphs_of
 
     on_device, on_host = given or micro_batches(shape, args.batches, model.config.vocab_size, device, args.labels,
@@ -357,6 +358,9 @@ def main(argv=None):
     parser.add_argument("--first-calls", choices=("capture", "eager"), default=None,
                         help="A/B: a pass's first layer of a kind captured once a pass of its kind has run (capture, "
                              "call_graphs.CAPTURE_FIRST_CALLS, the default) or always eager, as before capture_guard.py")
+    parser.add_argument("--chunk-aligned", choices=("on", "off"), default="off",
+                        help="A/B: the shared arm's plan with shared_prefix_chunk_aligned (prefixes cut to whole GDN "
+                             "chunks, the rounds read in place: no gathers, up to 63 rows more per member)")
     parser.add_argument("--host-split", action="store_true",
                         help="one more loop per arm (rows on the host) with the host's time per forward split by phase "
                              "and by what each layer did, by the clock (`host_split.py`)")

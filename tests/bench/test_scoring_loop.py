@@ -274,6 +274,15 @@ def test_the_first_calls_ab_sets_whether_a_first_layer_is_captured(monkeypatch):
     assert call_graphs.CAPTURE_FIRST_CALLS is False
 
 
+def _noting_alignment(measure, seen):
+    def measured(model, *args, **kwargs):
+        found = measure(model, *args, **kwargs)
+        seen.append(model.config.shared_prefix_chunk_aligned)
+        return found
+
+    return measured
+
+
 def test_the_capture_rule_ab_runs_each_way_in_turn_in_one_process(monkeypatch):
     import capture_rule_ab
     import pytest
@@ -288,5 +297,8 @@ def test_the_capture_rule_ab_runs_each_way_in_turn_in_one_process(monkeypatch):
     assert call_graphs.MIN_CALLS_TO_CAPTURE == 3
     runs = capture_rule_ab.main(["--option", "first-calls", "--ways", "capture,eager", "--rounds", "1", *loop])
     assert [way for way, _ in runs] == ["capture", "eager"] and call_graphs.CAPTURE_FIRST_CALLS is False
+    monkeypatch.setattr(scoring_loop, "measure_shape", _noting_alignment(scoring_loop.measure_shape, seen := []))
+    capture_rule_ab.main(["--option", "chunk-aligned", "--ways", "on,off", "--rounds", "1", *loop])
+    assert seen == [True, False]
     with pytest.raises(SystemExit, match="--first-calls is this script's to set"):
         capture_rule_ab.main(["--option", "first-calls", "--", "--tiny", "--first-calls", "eager"])
