@@ -30,6 +30,22 @@ REPLAY_PARTS = (
 )
 
 
+# the parts of a plan's build (inclusive, inside "plan"): which of them takes the host's time, where the plan took 2 ms
+# a forward on one H200 host and 8 on another for the same shape (docs/bench, thirteenth session)
+PLAN_PARTS = (
+    ("patchgen.kernels.modeling.shared_prefix", "build_plan", "plan part: built (not reused)"),
+    ("patchgen.kernels.shared_prefix.plan", "find_tree", "plan part: prefix tree"),
+    ("patchgen.kernels.shared_prefix.plan", "_arena", "plan part: pinned arena"),
+    ("patchgen.kernels.shared_prefix.plan", "build_layout", "plan part: layout"),
+    ("patchgen.kernels.shared_prefix.plan", "gdn_host_index", "plan part: GDN arrays"),
+    ("patchgen.kernels.shared_prefix.plan", "attention_host_index", "plan part: attention arrays"),
+    ("patchgen.kernels.shared_prefix.plan", "conv_host_index", "plan part: conv arrays"),
+    ("patchgen.kernels.shared_prefix.plan", "lm_host_index", "plan part: LM rows"),
+    ("patchgen.kernels.shared_prefix.plan", "_upload", "plan part: upload"),
+    ("patchgen.kernels.shared_prefix.plan", "conv_index", "plan part: conv index (its look-back tables)"),
+)
+
+
 class Split:
     """Inclusive host ms and calls per label, over the forwards counted."""
 
@@ -92,7 +108,7 @@ def host_split(module):
         return _layer_timed(fn, split) if label == LAYER else _timed(fn, label, split)
 
     try:
-        with wrapped(module, wrap, REPLAY_PARTS):
+        with wrapped(module, wrap, REPLAY_PARTS + PLAN_PARTS):
             yield split
     finally:
         split.forwards = split.calls.get("model", 0)

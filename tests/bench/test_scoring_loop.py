@@ -247,6 +247,10 @@ def test_the_host_split_times_each_phase_and_layer_per_forward_and_restores_the_
         per_forward[label] = (float(ms), float(calls))
     assert "(inclusive; 3 forwards)" in shared
     assert per_forward["model"][1] == 1.0 and per_forward["plan"][1] == 1.0
+    # every micro-batch its own ids: each plan built, its parts inside it
+    assert per_forward["plan part: built (not reused)"][1] == 1.0
+    assert per_forward["plan part: upload"][0] <= per_forward["plan part: built (not reused)"][0] <= per_forward["plan"][0]
+    assert per_forward["plan part: prefix tree"][1] == 1.0
     # off CUDA no layer replays: all four run as they are, inside the layer stack, inside the model
     assert per_forward["layer: eager (first of a kind, or as it is)"][1] == 4.0
     assert per_forward["layer: eager (first of a kind, or as it is)"][0] <= per_forward["layer stack"][0]
