@@ -55,9 +55,10 @@ class ConvIndex:
                 # built under a capture, it would be written only by the graph's replays, in the graph's memory, and
                 # kept with the plan for the eager calls after it
                 raise capture_guard.NotWarm(f"the conv look-back's index {key} would be built under a capture")
-            _WANTED[key] = None
             with torch.inference_mode(False):  # kept with the plan, which a later training forward may reuse
                 found = self.state_index[key] = self._state_gather(width, channels, layout)
+            # only once built: a key that fails (a layout no kernels read) would fail every later plan's build
+            _WANTED[key] = None
         return found
 
     def build_wanted(self) -> None:

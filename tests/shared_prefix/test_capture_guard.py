@@ -72,3 +72,11 @@ def test_a_wider_conv_of_another_model_is_not_built_for_a_narrower_plan(monkeypa
     monkeypatch.setattr(conv_module, "_WANTED", {(64, 6, "fla"): None})
     plan = _plan(3)
     assert plan.conv.kernel_size < 64 and not plan.conv.state_index
+
+
+def test_a_table_that_fails_to_build_fails_its_own_call_only(monkeypatch):
+    monkeypatch.setattr(conv_module, "_WANTED", {})
+    with pytest.raises(ValueError, match="state layout"):
+        _plan(3).conv.state_gather(4, 6, "not_a_layout")
+    later = _plan(4)  # the failed key is not built with later plans, which would fail their build
+    assert not later.conv.state_index
