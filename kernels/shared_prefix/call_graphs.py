@@ -48,7 +48,7 @@ import torch
 
 from ..errors import SettingError
 from . import capture_guard
-from .graph_tape import Tape
+from .graph_tape import EMPTY_GRAPH, Tape
 
 ENV_CALL_GRAPHS = "PATCHGEN_CALL_GRAPHS"
 # On since their first GPU run (2026-12-03): bit-equal to the eager ops on fla and ours, under no_grad and inference
@@ -212,6 +212,7 @@ class CallGraphs:
                 if first:  # the first call on this key: eager, unless a pass of its kind has run (`_warm`)
                     self._seen[op] = (key, weakref.ref(index))
                     if not self._warm(op, key):
+                        self._ran_here().add((op, _pass_kind(key)))
                         return None
                 if not self._pays(op, key, calls):
                     if entry is not None:  # a graph of another plan: its memory is of no more use
@@ -258,9 +259,19 @@ class CallGraphs:
             self._per_pass[kind] = (*self._per_pass.get(kind, ()), current[2])[-GUIDING_PASSES:]
 
     def _warm(self, op: str, key: tuple) -> bool:
-        """Whether a pass of this kind has run (its first call eagerly, compiling and tuning its kernels), so that a
-        pass on a new plan may capture at its first call (`capture_guard.py`)."""
-        return CAPTURE_FIRST_CALLS and (op, _pass_kind(key)) in self._per_pass and capture_guard.available()
+        """Whether a pass of this kind has run, its first call eagerly in this thread (compiling and tuning its
+        kernels, and making what a thread makes on first use: its cuBLAS handle), so that a pass on a new plan may
+        capture at its first call (`capture_guard.py`)."""
+        kind = (op, _pass_kind(key))
+        return (CAPTURE_FIRST_CALLS and kind in self._per_pass and kind in self._ran_here()
+                and capture_guard.available())
+
+    def _ran_here(self) -> set:
+        """The (op, kind) pairs whose first call this thread ran eagerly."""
+        ran = getattr(self._local, "ran", None)
+        if ran is None:
+            ran = self._local.ran = set()
+        return ran
 
     def _pays(self, op: str, key: tuple, calls: int) -> bool:
         """Whether a capture at this call of its pass pays for itself: a capture costs the host about two eager calls
@@ -366,8 +377,14 @@ class CallGraphs:
                         out = body(*statics)
                         if not isinstance(out, torch.Tensor):  # a replay hands back a copy of one output tensor
                             raise TypeError(f"the captured call returned {type(out).__name__}, not a tensor")
-                    finally:
-                        graph.capture_end()
+                    except BaseException:
+                        # a capture dropped before its first kernel (`capture_guard.NotWarm`) is empty: torch's
+                        # warning that it was made on the wrong stream would mislead
+                        with warnings.catch_warnings():
+                            warnings.filterwarnings("ignore", message=EMPTY_GRAPH)
+                            graph.capture_end()
+                        raise
+                    graph.capture_end()
         finally:
             _clear_cublas_workspaces()
         current.wait_stream(side)
@@ -377,10 +394,15 @@ class CallGraphs:
 
 def _pass_kind(key: tuple) -> tuple:
     """What passes of one kind share from one forward to the next (`CallGraphs.run`'s key without the plan and the
-    shapes, which a new layout changes): the settings, the inputs' dtypes, the device and the inference mode. A model
-    kept in float32 under autocast hands its second layer bfloat16: its first layer is a pass of a kind of its own."""
+    row count, which a new layout changes): the settings, the inputs' shapes with every extent equal to the row count
+    (the first input's second dimension) left out, their dtypes, the device and the inference mode. A model kept in
+    float32 under autocast hands its second layer bfloat16: its first layer is a pass of a kind of its own; a model of
+    other widths runs other kernels (`capture_guard.py`)."""
     _, settings, shapes, device, inference = key
-    return settings, tuple(dtype for _, dtype in shapes), device, inference
+    first = shapes[0][0] if shapes else ()
+    rows = first[1] if len(first) > 1 else None
+    return settings, tuple((tuple(-1 if n == rows else n for n in shape), dtype) for shape, dtype in shapes), device, \
+        inference
 
 
 def _clear_cublas_workspaces() -> None:

@@ -15,13 +15,22 @@ are built with the plan for every key a call asked for before. So a later pass c
 spares the host one eager call per kind of layer and forward, and `no_new_kernels()` watches for what is new anyway:
 Triton's loading of a kernel raises `NotWarm` in the capturing thread, before the load and the launch, and so does a
 table the plan lacks. The capture is dropped before anything of it ran, and the call runs eagerly, as a first call
-always did. An autotuner keyed on an argument that is not a constexpr would tune on kernels it has loaded and fail
-the capture; none of the kernels behind the ops' slots is keyed so (fla 0.5, liger, ours).
+always did.
+
+What it cannot see keeps the first calls eager: a thread's first pass of a kind (its cuBLAS handle and whatever else
+a thread makes on first use; `CallGraphs._warm`), a kind of other widths (`call_graphs._pass_kind`), and a process
+where CUTLASS's CuTe DSL is installed (FA4, liger's CuTe backends: their compiles are not Triton's). An autotuner
+keyed on an argument that is not a constexpr would tune on kernels it has loaded and fail the capture; none of the
+kernels behind the ops' slots is keyed so (fla 0.6, liger's Triton kernels, ours). Triton retries a kernel whose load
+was refused at its next launch because its launch reads the load hooks' chain (`CompiledKernel.launch_metadata`, Triton
+3.7: a process that sets `knobs.runtime.launch_enter_hook = None` would lose that).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.util
 import threading
 
 _local = threading.local()
@@ -55,10 +64,20 @@ def _load_hooks():
     return chain if callable(getattr(chain, "add", None)) else None
 
 
+@functools.cache
+def cute_dsl_installed() -> bool:
+    """Whether CUTLASS's CuTe DSL is installed: FA4 and liger's CuTe backends (which liger prefers where the DSL is
+    usable) compile with `cute.compile` per shape, a compiler Triton's hooks do not see."""
+    return importlib.util.find_spec("cutlass") is not None
+
+
 def available() -> bool:
-    """Whether a capture without an eager call before it can be watched: Triton's load hooks are there (the hook is
-    added once, beside any other), or there is no Triton to compile anything."""
+    """Whether a capture without an eager call before it can be watched: no compiler the guard cannot see is
+    installed, and Triton's load hooks are there (the hook is added once, beside any other) or there is no Triton to
+    compile anything."""
     global _hooked
+    if cute_dsl_installed():
+        return False
     if _hooked:
         return True
     try:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch.utils._pytree import tree_map_only
 
-_EMPTY = "The CUDA Graph is empty"  # torch's warning at the end of a capture between two linears in a row (q, k, v)
+EMPTY_GRAPH = "The CUDA Graph is empty"  # torch's warning at the end of a capture between two linears in a row (q, k, v)
 
 
 # what a layer may read of a linear's weight besides handing it to F.linear: its metadata
@@ -183,12 +183,12 @@ class Tape:
         # the capture starts none), in this thread only (another thread's empty capture meanwhile raises in that
         # thread, never passes for ours)
         with warnings.catch_warnings():
-            warnings.filterwarnings("error", message=_EMPTY)
+            warnings.filterwarnings("error", message=EMPTY_GRAPH)
             try:
                 graph.capture_end()
                 empty = False
             except UserWarning as warning:
-                if _EMPTY not in str(warning):
+                if EMPTY_GRAPH not in str(warning):
                     raise
                 empty = True
         # an empty graph (between two linears in a row) is kept, not replayed: its launch would cost the host a few us

@@ -156,7 +156,7 @@ def test_the_timeline_sets_the_loops_op_groups_shared_against_packed(monkeypatch
     torch.manual_seed(0)
     model = module.Qwen3_5ForCausalLM(config_for(scoring_loop.TINY_WIDTHS, 4)).eval()
     args = argparse.Namespace(batches=1, repeats=1, labels=False, eager=False, timeline=True, vary=False, scoring="graphs",
-                              host_split=False)
+                              host_split=False, chunk_aligned="off")
     (shape,) = parse_shapes("4x128x32")
     result = scoring_loop.measure_shape(model, shape, args, torch.device("cpu"), module)
     reports = result["timelines"]

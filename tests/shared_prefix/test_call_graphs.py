@@ -4,6 +4,7 @@ scoring forward through them (a stand-in "captures" by keeping the op to run on 
 bit-equality is checked on the GPU, test_call_graphs_gpu.py)."""
 
 import gc
+import threading
 import warnings
 import weakref
 
@@ -168,6 +169,62 @@ def test_a_first_calls_capture_that_meets_a_kernel_not_made_yet_runs_the_call_ea
 
 def test_without_the_load_hooks_a_pass_runs_its_first_call_eagerly(monkeypatch):
     monkeypatch.setattr(capture_guard, "available", lambda: False)
+    graphs = _StandIn()
+    with torch.no_grad():
+        _forward(graphs, _plan(3))
+        _forward(graphs, _plan(4))
+    assert (graphs.captures, graphs.replays) == (2, 6)
+
+
+def test_a_thread_runs_its_own_first_pass_of_a_kind_eagerly():
+    """What a thread makes on first use (its cuBLAS handle) must not be made under a capture: a thread new to a kind
+    runs its first call eagerly even where another thread has warmed the kind."""
+    graphs = _StandIn()
+    with torch.no_grad():
+        _forward(graphs, _plan(3))
+        assert (graphs.captures, graphs.replays) == (1, 3)
+
+        def score():
+            with torch.no_grad():
+                _forward(graphs, _plan(4))
+
+        thread = threading.Thread(target=score)
+        thread.start()
+        thread.join()
+        assert (graphs.captures, graphs.replays) == (2, 6)  # eager, then captured at the second call
+        _forward(graphs, _plan(5))  # this thread again: captured at the first
+        assert (graphs.captures, graphs.replays) == (3, 10)
+
+
+def _wide_inputs(c, seed):
+    """`_inputs` with three query/key heads instead of two: a model of other widths."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(1, c, 3, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(1, c, 3, 8, generator=gen, dtype=torch.float64)
+    g = torch.nn.functional.logsigmoid(torch.randn(1, c, 3, generator=gen, dtype=torch.float64))
+    beta = torch.rand(1, c, 3, generator=gen, dtype=torch.float64)
+    return q, k, v, g, beta
+
+
+def test_a_model_of_other_widths_is_a_kind_of_its_own():
+    """Its kernels are other kernels (constexpr widths): its first pass runs its first call eagerly."""
+    graphs = _StandIn()
+    with torch.no_grad():
+        _forward(graphs, _plan(3))
+        plan = _plan(4)
+        for layer in range(4):
+            inputs = _wide_inputs(plan.compact_length, layer)
+            out = graphs.run("gated_delta_rule", plan.gdn, (KERNELS, 8**-0.5, True), lambda *xs: _rounds(plan, xs),
+                             inputs)
+            assert (out is None) == (layer == 0)
+            assert torch.equal(_rounds(plan, inputs) if out is None else out, _rounds(plan, inputs))
+    assert (graphs.captures, graphs.replays) == (2, 6)
+
+
+def test_with_cute_dsl_installed_a_pass_runs_its_first_call_eagerly(monkeypatch):
+    """FA4 and liger's CuTe backends compile with a compiler the load hooks do not see."""
+    monkeypatch.setattr(capture_guard, "cute_dsl_installed", lambda: True)
+    assert not capture_guard.available()
     graphs = _StandIn()
     with torch.no_grad():
         _forward(graphs, _plan(3))

@@ -60,3 +60,38 @@ def test_a_kernel_not_loaded_yet_is_refused_under_a_watched_capture_and_runs_aft
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(y, x * 2)
+
+
+def test_a_call_graphs_first_call_capture_that_meets_a_new_kernel_runs_eagerly_without_a_misleading_warning():
+    """The op call graphs' own capture (no tape): dropped quietly (torch would warn that the empty capture was made
+    on the wrong stream), counted, and the graphs stay on."""
+    from patchgen.kernels.shared_prefix.call_graphs import CallGraphs
+
+    graphs = CallGraphs(enabled=True)
+    x = torch.randn(5000, device="cuda")
+    block = 512  # not launched with before in this process
+
+    def body(x):
+        y = torch.empty_like(x)
+        _launch(x, y, block)
+        return y
+
+    class Index:
+        """The plan's part the op reads (keyed by identity)."""
+
+    index = Index()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        entry = graphs._capture_or_give_up(("key",), index, body, [x], first=True)
+    torch.cuda.synchronize()
+    assert entry is None and graphs.not_warm == 1 and graphs.enabled
+    assert not [w for w in seen if "CUDA Graph is empty" in str(w.message)], [str(w.message) for w in seen]
+    assert torch.equal(body(x), x * 2)  # eagerly: loaded and run
+    entry = graphs._capture_or_give_up(("key",), index, body, [x], first=True)  # warm now: captured
+    x.mul_(-1)
+    entry.statics[0].copy_(x)
+    entry.graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(entry.out, x * 2)
+    del entry  # the graph before its pool
+    graphs.release()
