@@ -167,8 +167,16 @@ def test_a_first_calls_capture_that_meets_a_kernel_not_made_yet_runs_the_call_ea
         assert (graphs.captures, graphs.replays, graphs.not_warm) == (3, 10, 1)
 
 
-def test_without_the_load_hooks_a_pass_runs_its_first_call_eagerly(monkeypatch):
-    monkeypatch.setattr(capture_guard, "available", lambda: False)
+@pytest.mark.parametrize("unwatched", ["no load hooks", "CuTe DSL installed"])
+def test_where_a_capture_cannot_be_watched_a_pass_runs_its_first_call_eagerly(unwatched, monkeypatch):
+    """Without Triton's load hooks nothing is watched; FA4 and liger's CuTe backends compile with a compiler the hooks
+    do not see."""
+    if unwatched == "no load hooks":
+        monkeypatch.setattr(capture_guard, "_load_hooks", lambda: None)
+        monkeypatch.setattr(capture_guard, "_hooked", False)
+    else:
+        monkeypatch.setattr(capture_guard, "cute_dsl_installed", lambda: True)
+    assert not capture_guard.available()
     graphs = _StandIn()
     with torch.no_grad():
         _forward(graphs, _plan(3))
@@ -218,17 +226,6 @@ def test_a_model_of_other_widths_is_a_kind_of_its_own():
                              inputs)
             assert (out is None) == (layer == 0)
             assert torch.equal(_rounds(plan, inputs) if out is None else out, _rounds(plan, inputs))
-    assert (graphs.captures, graphs.replays) == (2, 6)
-
-
-def test_with_cute_dsl_installed_a_pass_runs_its_first_call_eagerly(monkeypatch):
-    """FA4 and liger's CuTe backends compile with a compiler the load hooks do not see."""
-    monkeypatch.setattr(capture_guard, "cute_dsl_installed", lambda: True)
-    assert not capture_guard.available()
-    graphs = _StandIn()
-    with torch.no_grad():
-        _forward(graphs, _plan(3))
-        _forward(graphs, _plan(4))
     assert (graphs.captures, graphs.replays) == (2, 6)
 
 
