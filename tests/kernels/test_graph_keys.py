@@ -93,19 +93,25 @@ def test_a_load_makes_every_static_buffer_the_batchs():
     static.load(cos_b, masks, kwargs_b)
     batch = StaticCall(None, cos_b, masks, kwargs_b)
     batch.kwargs["shared_prefix"].conv.state_gather(4, 6, "fla")
-    for mine, theirs in zip(_tensors_at(static, paths), _tensors_at(batch, paths), strict=True):
+    # the batch's plan also holds the look-back indices other tests of this process asked for (`conv._WANTED`): the
+    # static's keys are the ones its graph reads
+    for mine, theirs in zip(_tensors_at(static, paths), _tensors_at(batch, paths, static), strict=True):
         assert torch.equal(mine, theirs) and mine.data_ptr() != theirs.data_ptr()
 
 
-def _tensors_at(call, paths):
+def _tensors_at(call, paths, keys_of=None):
+    """The tensors at `paths`; a conv index's derived ones in the order of `keys_of`'s keys (default: its own)."""
     from patchgen.kernels.graphs.static import _at
 
-    tree = (call.position_embeddings, call.masks, call.kwargs)
+    def tree_of(c):
+        return (c.position_embeddings, c.masks, c.kwargs)
+
     out = []
     for path in paths:
-        found = _at(tree, path)
+        found = _at(tree_of(call), path)
         if path[-1] is None:
-            out += [t for tensors in found.state_index.values() for t in tensors]
+            keys = _at(tree_of(keys_of or call), path).state_index
+            out += [t for key in keys for t in found.state_index[key]]
         else:
             out.append(found)
     return out
