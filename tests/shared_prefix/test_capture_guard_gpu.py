@@ -63,35 +63,41 @@ def test_a_kernel_not_loaded_yet_is_refused_under_a_watched_capture_and_runs_aft
 
 
 def test_a_call_graphs_first_call_capture_that_meets_a_new_kernel_runs_eagerly_without_a_misleading_warning():
-    """The op call graphs' own capture (no tape): dropped quietly (torch would warn that the empty capture was made
-    on the wrong stream), counted, and the graphs stay on."""
+    """The op call graphs' own capture (no tape), through `CallGraphs.run`: a pass on a new plan whose rows need a
+    kernel not loaded yet (a block size that follows the rows, as fla's norms' `NB` does) drops its first call's
+    capture quietly (torch would warn that the empty capture was made on the wrong stream), runs that call eagerly and
+    leaves the rest eager (two calls left do not repay a capture); the graphs stay on, the next pass captures at its
+    first call, and every output is the eager one."""
     from patchgen.kernels.shared_prefix.call_graphs import CallGraphs
 
     graphs = CallGraphs(enabled=True)
-    x = torch.randn(5000, device="cuda")
-    block = 512  # not launched with before in this process
 
     def body(x):
         y = torch.empty_like(x)
-        _launch(x, y, block)
+        _launch(x.view(-1), y.view(-1), 2048 if x.shape[1] > 500 else 1024)  # blocks not launched with before
         return y
 
     class Index:
-        """The plan's part the op reads (keyed by identity)."""
+        """A plan's part the op reads (keyed by identity)."""
 
-    index = Index()
-    with warnings.catch_warnings(record=True) as seen:
+    def forward(rows: int) -> list[torch.Tensor]:
+        index, outs = Index(), []
+        for layer in range(3):
+            x = torch.randn(1, rows, 8, device="cuda") + layer
+            out = graphs.run("scaled", index, ("scaled",), body, [x])
+            outs.append(torch.equal(body(x) if out is None else out, x * 2))
+        return outs
+
+    with torch.no_grad(), warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        entry = graphs._capture_or_give_up(("key",), index, body, [x], first=True)
+        assert forward(125) == [True] * 3  # eager, captured, replayed
+        assert (graphs.captures, graphs.not_warm) == (1, 0)
+        assert forward(625) == [True] * 3  # its first call's capture meets the 2048-block kernel: all eager
+        assert (graphs.captures, graphs.not_warm) == (1, 1) and graphs.enabled
+        # warm: captured at its first call (5016 elements, like 1000 and 5000 not a multiple of 16: Triton's
+        # specialisation of `n` is the same)
+        assert forward(627) == [True] * 3
+        assert (graphs.captures, graphs.not_warm) == (2, 1)
     torch.cuda.synchronize()
-    assert entry is None and graphs.not_warm == 1 and graphs.enabled
     assert not [w for w in seen if "CUDA Graph is empty" in str(w.message)], [str(w.message) for w in seen]
-    assert torch.equal(body(x), x * 2)  # eagerly: loaded and run
-    entry = graphs._capture_or_give_up(("key",), index, body, [x], first=True)  # warm now: captured
-    x.mul_(-1)
-    entry.statics[0].copy_(x)
-    entry.graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(entry.out, x * 2)
-    del entry  # the graph before its pool
     graphs.release()
