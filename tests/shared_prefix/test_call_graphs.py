@@ -61,12 +61,12 @@ def _plan(rollouts):
     return build_plan(ids, cu, max_depth=4, level_cost=0)
 
 
-def _inputs(c, seed):
+def _inputs(c, seed, qk_heads=2, v_heads=4):
     gen = torch.Generator().manual_seed(seed)
-    q, k = (torch.randn(1, c, 2, 8, generator=gen, dtype=torch.float64) for _ in range(2))
-    v = torch.randn(1, c, 4, 8, generator=gen, dtype=torch.float64)
-    g = torch.nn.functional.logsigmoid(torch.randn(1, c, 4, generator=gen, dtype=torch.float64))
-    beta = torch.rand(1, c, 4, generator=gen, dtype=torch.float64)
+    q, k = (torch.randn(1, c, qk_heads, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(1, c, v_heads, 8, generator=gen, dtype=torch.float64)
+    g = torch.nn.functional.logsigmoid(torch.randn(1, c, v_heads, generator=gen, dtype=torch.float64))
+    beta = torch.rand(1, c, v_heads, generator=gen, dtype=torch.float64)
     return q, k, v, g, beta
 
 
@@ -204,16 +204,6 @@ def test_a_thread_runs_its_own_first_pass_of_a_kind_eagerly():
         assert (graphs.captures, graphs.replays) == (3, 10)
 
 
-def _wide_inputs(c, seed):
-    """`_inputs` with three query/key heads instead of two: a model of other widths."""
-    gen = torch.Generator().manual_seed(seed)
-    q, k = (torch.randn(1, c, 3, 8, generator=gen, dtype=torch.float64) for _ in range(2))
-    v = torch.randn(1, c, 3, 8, generator=gen, dtype=torch.float64)
-    g = torch.nn.functional.logsigmoid(torch.randn(1, c, 3, generator=gen, dtype=torch.float64))
-    beta = torch.rand(1, c, 3, generator=gen, dtype=torch.float64)
-    return q, k, v, g, beta
-
-
 def test_a_model_of_other_widths_is_a_kind_of_its_own():
     """Its kernels are other kernels (constexpr widths): its first pass runs its first call eagerly."""
     graphs = _StandIn()
@@ -221,7 +211,7 @@ def test_a_model_of_other_widths_is_a_kind_of_its_own():
         _forward(graphs, _plan(3))
         plan = _plan(4)
         for layer in range(4):
-            inputs = _wide_inputs(plan.compact_length, layer)
+            inputs = _inputs(plan.compact_length, layer, qk_heads=3, v_heads=3)  # a model of other widths
             out = graphs.run("gated_delta_rule", plan.gdn, (KERNELS, 8**-0.5, True), lambda *xs: _rounds(plan, xs),
                              inputs)
             assert (out is None) == (layer == 0)
