@@ -1,6 +1,7 @@
-"""The layer graphs' capture rules (and the plan's alignment) A/B in one process: `scoring_loop.py` runs with one of its rule options (`--option`)
-taking each of `--ways` in turn, `--rounds` times, so that both arms meet the same host (on the H200 the same code moved
-30 % between processes, docs/bench twelfth session). The first run also compiles: read the rounds after it.
+"""The layer graphs' capture rules (and the plan's alignment) A/B in one process: `scoring_loop.py` runs with one of
+its rule options (`--option`) taking each of `--ways` in turn, `--rounds` times, so that both arms meet the same host
+(on the H200 the same code moved 30 % between processes, docs/bench twelfth session). The first run also compiles:
+read the rounds after it.
 
     python bench/capture_rule_ab.py --option first-calls --ways eager,capture --rounds 3 -- --vary --batches 12 \\
         --repeats 2 --layers 8 --scoring eager --shapes 4x2048x256

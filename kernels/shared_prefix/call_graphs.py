@@ -401,8 +401,8 @@ def _pass_kind(key: tuple) -> tuple:
     _, settings, shapes, device, inference = key
     first = shapes[0][0] if shapes else ()
     rows = first[1] if len(first) > 1 else None
-    return settings, tuple((tuple(-1 if n == rows else n for n in shape), dtype) for shape, dtype in shapes), device, \
-        inference
+    extents = tuple((tuple(-1 if n == rows else n for n in shape), dtype) for shape, dtype in shapes)
+    return settings, extents, device, inference
 
 
 def _clear_cublas_workspaces() -> None:

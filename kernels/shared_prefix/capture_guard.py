@@ -21,9 +21,10 @@ What it cannot see keeps the first calls eager: a thread's first pass of a kind 
 a thread makes on first use; `CallGraphs._warm`), a kind of other widths (`call_graphs._pass_kind`), and a process
 where CUTLASS's CuTe DSL is installed (FA4, liger's CuTe backends: their compiles are not Triton's). An autotuner
 keyed on an argument that is not a constexpr would tune on kernels it has loaded and fail the capture; none of the
-kernels behind the ops' slots is keyed so (fla 0.6, liger's Triton kernels, ours). Triton retries a kernel whose load
-was refused at its next launch because its launch reads the load hooks' chain (`CompiledKernel.launch_metadata`, Triton
-3.7: a process that sets `knobs.runtime.launch_enter_hook = None` would lose that).
+kernels behind the ops' slots is keyed so (fla 0.6, liger's Triton kernels, ours). A kernel whose load was refused is
+loaded at its next launch: Triton 3.7 calls its `_init_handles` again at every launch while
+`knobs.runtime.launch_enter_hook` is set, as it is by default (a chain of hooks); a process that sets it to None would
+launch that kernel unloaded.
 """
 
 from __future__ import annotations
