@@ -15,7 +15,8 @@ and every parameter that wants a gradient), both in one private memory pool that
    casts are captured and every replay casts the current weights;
 2. the captures, which hit those caches. A miss under capture recomputes the table inside the graph
    (in its pool, so valid too) or, where that needs a host copy, fails the capture loudly
-   (`GraphCaptureFailed`); it never leaves the graph reading memory it does not own.
+   (`GraphCaptureFailed`, raised with the device put back as it was: `shared_prefix.capture_failure`); it never
+   leaves the graph reading memory it does not own.
 
 No autograd node made on the side stream outlives the capture (the static output is detached), so the
 parameters' `AccumulateGrad` nodes are made again on the training stream by the first replay: no
@@ -44,6 +45,7 @@ from torch.autograd.function import once_differentiable
 
 from ..errors import CudaGraphsUnavailable, GraphCaptureFailed, GraphReplayOverwritten
 from ..shared_prefix import call_graphs
+from ..shared_prefix.capture_failure import restore_after_failed_capture
 from .static import StaticCall
 
 
@@ -159,7 +161,11 @@ def allocating_to(pool, device: torch.device):
             release(index, pool.id)
 
 
-def _capture_failed(error: BaseException) -> GraphCaptureFailed:
+def _capture_failed(error: BaseException, device: torch.device, pool, stream) -> GraphCaptureFailed:
+    """The error to raise for a failed capture into this stack's own `pool`, with the device put back as it was
+    (`restore_after_failed_capture`): a user who turns the graphs off and goes on finds its random ops working."""
+    restore_after_failed_capture(device, pool=pool.id, stream=stream,
+                                 off="set shared_prefix_cuda_graphs=False (or PATCHGEN_SHARED_PREFIX_CUDA_GRAPHS=0)")
     return GraphCaptureFailed(
         f"shared_prefix_cuda_graphs: capturing the decoder-layer stack failed at {failure_site(error)}: "
         f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}. Something inside the "
@@ -199,7 +205,8 @@ class CudaGraphReplay:
         with torch.cuda.stream(stream), allocating_to(self.pool, device), uncached_autocast(device.type):
             for _ in range(warmup):
                 _step(fn, static.hidden, static.position_embeddings, static.masks, static.kwargs, params)
-        torch.cuda.current_stream(device).wait_stream(stream)
+        current = torch.cuda.current_stream(device)
+        current.wait_stream(stream)
         try:
             self.forward_graph, self.backward_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
             with torch.enable_grad(), uncached_autocast(device.type):
@@ -209,7 +216,7 @@ class CudaGraphReplay:
                 with torch.cuda.graph(self.backward_graph, pool=self.pool.id, stream=stream, capture_error_mode="thread_local"):
                     grads = torch.autograd.grad(out, inputs, self.grad_out, allow_unused=True)
         except Exception as error:
-            raise _capture_failed(error) from error
+            raise _capture_failed(error, device, self.pool, current) from error
         # the captured autograd graph (and its AccumulateGrad nodes, made on the side stream) goes now
         self.out = out.detach()
         del out
@@ -295,14 +302,15 @@ class CudaGraphScoring:
             with torch.no_grad(), torch.cuda.stream(stream), allocating_to(self.pool, device), uncached_autocast(device.type):
                 for _ in range(warmup):
                     run_stack(fn, static.hidden, static.position_embeddings, static.masks, static.kwargs)
-            torch.cuda.current_stream(device).wait_stream(stream)
+            current = torch.cuda.current_stream(device)
+            current.wait_stream(stream)
             self.graph = torch.cuda.CUDAGraph()
             try:
                 capture = torch.cuda.graph(self.graph, pool=self.pool.id, stream=stream, capture_error_mode="thread_local")
                 with torch.no_grad(), uncached_autocast(device.type), capture:
                     self.out = run_stack(fn, static.hidden, static.position_embeddings, static.masks, static.kwargs)
             except Exception as error:
-                raise _capture_failed(error) from error
+                raise _capture_failed(error, device, self.pool, current) from error
 
     def forward(self) -> torch.Tensor:
         self.graph.replay()

@@ -48,6 +48,7 @@ import torch
 
 from ..errors import SettingError
 from . import capture_guard
+from .capture_failure import restore_after_failed_capture
 from .graph_tape import EMPTY_GRAPH, Tape
 
 ENV_CALL_GRAPHS = "PATCHGEN_CALL_GRAPHS"
@@ -346,6 +347,11 @@ class CallGraphs:
             return None
         except Exception as error:  # noqa: BLE001 - a failed capture leaves the eager ops, which work
             self.enabled = False
+            if inputs[0].is_cuda:
+                # under the lock, so no other capture records to this pool
+                pool = self._capture_on.get(inputs[0].device, (None,))[0]
+                restore_after_failed_capture(inputs[0].device, pool=None if pool is None else pool.id,
+                                             off=f"set {self.env}=0")
             warnings.warn(
                 f"{self.what} could not be captured into a CUDA graph ({error}); they run eagerly "
                 f"from now on ({self.env}=0 skips the attempt)",
