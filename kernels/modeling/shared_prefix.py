@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -173,9 +173,9 @@ def plan_for(
     sequence_parallel = bool(kwargs.get("sequence_parallel")) or field(config, "sequence_parallel_size", 1) > 1
     mtp = bool(kwargs.get("use_mtp")) or bool(field(config, "mtp_training", False))
     reject_unsupported(mtp=mtp, sequence_parallel=sequence_parallel)
-    check_gdn_backend(table.handle("gated_delta_rule"), working("gated_delta_rule", frozenset(GDN_NEEDS)))
-    check_conv_backend(table.handle("causal_conv1d"), working("causal_conv1d", frozenset(CONV_NEEDS)))
-    check_attention_backend(table.handle("attention"), working("attention", frozenset(ATTENTION_NEEDS)))
+    check_gdn_backend(table.handle("gated_delta_rule"), _working("gated_delta_rule", GDN_NEEDS))
+    check_conv_backend(table.handle("causal_conv1d"), _working("causal_conv1d", CONV_NEEDS))
+    check_attention_backend(table.handle("attention"), _working("attention", ATTENTION_NEEDS))
     warn_row_count_dependent("rms_norm_gated", table.handle("rms_norm_gated"))
     row = kwargs.get(PACKED_ROW)
     plan = build_or_reuse(
@@ -197,6 +197,11 @@ def plan_for(
     for observer in _observers:
         observer(plan, input_ids.shape[-1])
     return plan
+
+
+def _working(slot: str, needs) -> Iterator[str]:
+    """The backends that would serve `slot` here, looked up only when an error names them (every plan checks)."""
+    yield from working(slot, frozenset(needs))
 
 
 def pads_to_bucket(config) -> bool:

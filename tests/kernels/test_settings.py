@@ -1,6 +1,7 @@
 """Misspelt or ill-valued patchgen settings are errors naming the setting as the user wrote it (issue 14, item 6)."""
 
 import re
+import typing
 
 import pytest
 from patchgen.kernels import ops, registry
@@ -108,3 +109,46 @@ def test_misspelt_shared_prefix_variable_is_an_error_naming_what_was_meant(varia
 
 def test_every_shared_prefix_variable_is_accepted():
     check_environment({"PATCHGEN_SHARED_PREFIX_CUDA_GRAPHS": "1", "PATCHGEN_SHARED_PREFIX_LEVEL_COST": "auto"})
+
+
+class _Renaming:
+    """A config whose class renames a field (transformers' attribute map) and computes another (a property)."""
+
+    attribute_map: typing.ClassVar = {"shared_prefix_min_length": "min_tokens"}
+
+    def __init__(self):
+        self.min_tokens = 80
+
+    def __getattribute__(self, name):
+        return super().__getattribute__(type(self).attribute_map.get(name, name))
+
+    @property
+    def shared_prefix_max_depth(self):
+        return 3
+
+
+class _Slotted:
+    __slots__ = ("shared_prefix_min_length",)
+
+    def __init__(self):
+        self.shared_prefix_min_length = 96
+
+
+@pytest.mark.parametrize("make", [Qwen3_5TextConfig, Qwen3_5Config, _Renaming, _Slotted])
+def test_a_field_reads_what_getattr_reads_set_on_either_config_renamed_computed_or_unset(make):
+    from patchgen.kernels.config import field
+
+    config = make()
+    for name in ("shared_prefix_min_length", "shared_prefix_max_depth", "shared_prefix_training", "vocab_size"):
+        text = getattr(config, "text_config", None)
+        expected = getattr(text if text is not None and hasattr(text, name) else config, name, "unset")
+        assert field(config, name, "unset") == expected
+    if isinstance(config, Qwen3_5TextConfig):
+        config.shared_prefix_min_length = 128
+        assert field(config, "shared_prefix_min_length") == 128
+    if isinstance(config, Qwen3_5Config):
+        config.shared_prefix_min_length = 128  # on the composite config
+        assert field(config, "shared_prefix_min_length") == 128
+        config.text_config.shared_prefix_min_length = 256
+        with pytest.raises(SettingError, match="set it in one place"):
+            field(config, "shared_prefix_min_length")
