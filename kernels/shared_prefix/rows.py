@@ -76,6 +76,7 @@ class Arena:
         self.buffer = buffer
         self.owner = owner  # the tensor whose memory `buffer` is, if any (the upload copies from it)
         self.used = 0  # slots handed out
+        self._address = None if buffer is None else buffer.ctypes.data
 
     def take(self, n: int, dtype=np.int64) -> np.ndarray:
         """Room for `n` values of `dtype` (uninitialised)."""
@@ -117,7 +118,7 @@ class Arena:
         """First slot of a contiguous view into the buffer, or None when the array lives elsewhere."""
         if self.buffer is None or not array.flags.c_contiguous:
             return None
-        at = array.__array_interface__["data"][0] - self.buffer.__array_interface__["data"][0]
+        at = array.ctypes.data - self._address
         if at < 0 or at % 8 or at + array.nbytes > self.used * 8:
             return None
         return at // 8

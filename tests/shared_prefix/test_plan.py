@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 from patchgen.kernels.shared_prefix import build_plan
+from patchgen.kernels.shared_prefix.rows import Arena
 
 
 def tokens(n, seed):
@@ -195,9 +196,22 @@ def test_packed_upload_gives_the_same_indices(ref):
     host = {
         "a": {"x": np.arange(5), "cu": np.array([0, 2, 5], dtype=np.int32), "n": 3},
         "b": {"y": np.ones((2, 3), np.int64)},
+        "c": {"z": np.arange(6, dtype=np.int32).reshape(2, 3), "t": np.arange(6).reshape(2, 3).T, "e": np.arange(0)},
     }
-    packed = plan_module._upload(host, torch.device("cpu"), pack=True)
+    arena = Arena(np.zeros(64, dtype=np.int64))  # and the arrays written into an arena, int32 ones of odd sizes
+    in_arena = {name: {k: arena.put(v, v.dtype) if isinstance(v, np.ndarray) else v for k, v in arrays.items()}
+                for name, arrays in host.items()}
+    assert all(arena.slot_of(v) is not None for arrays in in_arena.values() for v in arrays.values()
+               if isinstance(v, np.ndarray))
     loose = plan_module._upload(host, torch.device("cpu"), pack=False)
+    for packed in (plan_module._upload(host, torch.device("cpu"), pack=True),
+                   plan_module._upload(in_arena, torch.device("cpu"), pack=True, arena=arena)):
+        _assert_same_arrays(host, packed, loose)
+    meta = plan_module._upload(host, torch.device("meta"))
+    assert meta["b"]["y"].shape == (2, 3) and meta["a"]["cu"].dtype == torch.int32
+
+
+def _assert_same_arrays(host, packed, loose):
     for name, arrays in host.items():
         assert (
             packed[name].keys()
@@ -207,8 +221,6 @@ def test_packed_upload_gives_the_same_indices(ref):
         for key in packed[name]:
             assert packed[name][key].dtype == loose[name][key].dtype
             assert torch.equal(packed[name][key], loose[name][key])
-    meta = plan_module._upload(host, torch.device("meta"))
-    assert meta["b"]["y"].shape == (2, 3) and meta["a"]["cu"].dtype == torch.int32
 
 
 def test_demo_prints_the_plan(capsys):
