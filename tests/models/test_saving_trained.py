@@ -19,6 +19,17 @@ TARGETS = sorted(tiny.MODULES)
 VISION = "model.visual."  # a text-only batch gives the vision tower no gradient
 
 
+@pytest.fixture(autouse=True)
+def _torch_linear_attention(monkeypatch):
+    """The npu target's Triton kernels run in the CPU interpreter here (seconds per training step); these tests
+    are about weights, which no kernel choice changes (tests/triton checks the kernels against these)."""
+    from patchgen.kernels import ops
+
+    for slot in ("gated_delta_rule", "causal_conv1d", "rms_norm_gated"):
+        monkeypatch.setenv(f"PATCHGEN_OPS_{slot.upper()}", "torch")
+    ops.reset_default()
+
+
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """One checkpoint per (model, layout), saved by upstream's class."""
