@@ -22,7 +22,7 @@ VISION = "model.visual."  # a text-only batch gives the vision tower no gradient
 @pytest.fixture(autouse=True)
 def _torch_linear_attention(monkeypatch):
     """The npu target's Triton kernels run in the CPU interpreter here (seconds per training step); these tests
-    are about weights, which no kernel choice changes (tests/triton checks the kernels against these)."""
+    are about weights, which no kernel choice changes (tests/triton checks those kernels against the torch ones)."""
     from patchgen.kernels import ops
 
     for slot in ("gated_delta_rule", "causal_conv1d", "rms_norm_gated"):
@@ -56,11 +56,11 @@ def _trained(net):
 
 def _assert_every_text_weight_moved(net, before):
     unmoved = [name for name, tensor in net.state_dict().items()
-               if not name.startswith(VISION) and _unmoved_rows(tensor, before[name], name)]
+               if not name.startswith(VISION) and _left_as_loaded(tensor, before[name], name)]
     assert not unmoved, f"the step left {unmoved[:3]} as loaded: the test would not see a stale save"
 
 
-def _unmoved_rows(tensor, loaded, name) -> bool:
+def _left_as_loaded(tensor, loaded, name) -> bool:
     # a fused experts tensor moves if any expert does; each expert has to, or a save that lost one would pass
     if ".mlp.experts." in name:
         return any(torch.equal(tensor[e], loaded[e]) for e in range(tensor.shape[0]))
