@@ -1862,7 +1862,7 @@ class Qwen3_5ForCausalLM(Qwen3_5PreTrainedModel, GenerationMixin):
         input_ids, position_ids, attention_mask, labels, kwargs, uploaded = host_rows.upload(
             self, input_ids, position_ids, attention_mask, labels, kwargs
         )
-        if verify.due(self, input_ids, position_ids, cache, use_cache, kwargs):
+        if verify.due(self, input_ids, position_ids, cache, use_cache, kwargs, attention_mask=attention_mask):
             # First use (or a longer row than verified): run shared and packed, compare, keep the checked result.
             return verify.run(self, dict(
                 input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
@@ -1997,7 +1997,9 @@ class Qwen3_5ForConditionalGeneration(Qwen3_5PreTrainedModel, GenerationMixin):
             self, input_ids, position_ids, attention_mask, labels, kwargs
         )
         media = (pixel_values, pixel_values_videos, mm_encoder_outputs)
-        if verify.due(self, input_ids, position_ids, cache, kwargs.get("use_cache"), kwargs, *media):
+        if verify.due(
+            self, input_ids, position_ids, cache, kwargs.get("use_cache"), kwargs, *media, attention_mask=attention_mask
+        ):
             # First use (or a longer row than verified): run shared and packed, compare, keep the checked result.
             return verify.run(self, dict(
                 input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,

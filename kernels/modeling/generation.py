@@ -75,12 +75,15 @@ def slot_rows(cache, layer_idx: int, attention_mask, batch: int, length: int, de
 
     Generation's prefill (``prefill_rows``), and every forward without a cache and without a mask (no
     padding: the causal mask was skipped), a plain training forward among them: the slot's backend runs
-    there as it does on packed rows. ``dropout`` (the training forward's attention dropout) keeps
-    transformers' attention, which applies it; the slot has none.
+    there as it does on packed rows. ``dropout`` (the attention dropout of a module in training mode) keeps
+    transformers' attention, which applies it; the slot has none. A cached prefill too: a decode loop run in
+    training mode then drops in every step, as upstream's does.
     """
+    if dropout:
+        return None
     if cache is not None:
         return prefill_rows(cache, layer_idx, attention_mask, batch, length, device)
-    if attention_mask is not None or length < 1 or dropout:
+    if attention_mask is not None or length < 1:
         return None
     cu = torch.arange(0, batch * length + 1, length, dtype=torch.int32, device=device)
     return Varlen(cu, cu, length, length)

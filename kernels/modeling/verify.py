@@ -18,6 +18,7 @@ import torch
 
 from ..config import SHARED_PREFIX_VERIFY, bool_field
 from ..shared_prefix import has_media
+from .boundaries import resolve_packed
 from .shared_prefix import embeddings_noised, enabled
 
 logger = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ def sharing_allowed(model) -> bool:
 
 def due(
     model, input_ids, position_ids, cache, use_cache, kwargs, pixel_values=None, pixel_values_videos=None,
-    mm_encoder_outputs=None,
+    mm_encoder_outputs=None, *, attention_mask=None,
 ) -> bool:
     """True when this forward must be verified: a packed training row longer than any verified one.
 
@@ -77,9 +78,22 @@ def due(
     current = state(model)
     if current.inside or current.disabled or input_ids is None or cache is not None or use_cache:
         return False
-    if kwargs.get("cu_seq_lens_q") is None and kwargs.get("seq_idx") is None and position_ids is None:
-        return False  # unpacked: the ordinary path runs, nothing to verify
-    return input_ids.shape[-1] > current.largest_verified
+    if input_ids.shape[-1] <= current.largest_verified:
+        return False
+    if kwargs.get("cu_seq_lens_q") is not None or kwargs.get("seq_idx") is not None:
+        return True
+    return position_ids is not None and _packed_by_positions(kwargs, position_ids, input_ids, attention_mask)
+
+
+def _packed_by_positions(kwargs, position_ids, input_ids, attention_mask) -> bool:
+    """Whether ``position_ids`` alone make the row a packed one, read as the forward reads them (`resolve_packed`).
+
+    Positions come with rows that are not packed too: every step of ``generate(use_cache=False)``, a padded batch
+    scored with its positions. Verifying those compared the packed path with itself (at twice the cost) and marked
+    their length verified, so a shorter packed row that did share went unchecked.
+    """
+    resolved = resolve_packed(kwargs, position_ids, input_ids, attention_mask=attention_mask)
+    return resolved.get("cu_seq_lens_q") is not None
 
 
 def bound(dtype: torch.dtype, scale: float) -> float:

@@ -85,3 +85,30 @@ def test_attention_dropout_in_training_keeps_transformers_attention():
     with torch.no_grad():
         net(input_ids=_rows(), use_cache=False)
     assert len(calls) == FULL  # no dropout outside training
+
+
+def test_attention_dropout_in_training_keeps_transformers_attention_in_a_cached_prefill():
+    """A cached forward in training mode without a mask (a decode loop written for upstream, a training forward with
+    ``use_cache=True``): the prefill's attention drops as a forward without a cache does. Before, the prefill took
+    the slot, which has no dropout, while the decode steps after it dropped."""
+    net = tiny.build("qwen3_5", "gpu", attention_dropout=0.1, use_cache=True).train()
+    calls = _spy_attention(net)
+    with torch.no_grad():
+        out = net(input_ids=_rows(), use_cache=True)
+    assert calls == [] and out.cache.get_seq_length() == 16
+
+
+@pytest.mark.parametrize("use_cache", [False, True], ids=["no_cache", "cached_prefill"])
+def test_a_training_mode_forward_with_attention_dropout_equals_upstreams_under_one_seed(use_cache):
+    from tests.models import checkpoints as ckpt
+
+    net = tiny.build("qwen3_5", "gpu", attention_dropout=0.3).train()
+    upstream = ckpt.upstream_class("qwen3_5", "ForCausalLM")(tiny.text_config("qwen3_5", attention_dropout=0.3))
+    upstream.double().train().load_state_dict(net.state_dict())
+    logits = {}
+    for name, model in (("ours", net), ("upstream", upstream)):
+        torch.manual_seed(0)  # the same dropout masks, drawn in the same order
+        with torch.no_grad():
+            logits[name] = model(input_ids=_rows(), use_cache=use_cache).logits
+    # upstream rounds its norms, decay and delta rule to float32 inside a float64 model
+    torch.testing.assert_close(logits["ours"], logits["upstream"], atol=1e-5, rtol=0)

@@ -131,3 +131,32 @@ def test_under_autocast_the_bound_is_autocasts_dtype(monkeypatch):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         net(input_ids=ids, labels=ids, **tiny.packed_kwargs(cu))
     assert dtypes == [torch.bfloat16]
+
+
+def _generate_without_a_cache(net, lengths):
+    prompts, mask = tiny.left_padded_batch(lengths, pad=0)
+    net.generate(input_ids=prompts, attention_mask=mask, max_new_tokens=2, do_sample=False, use_cache=False,
+                 pad_token_id=0, eos_token_id=None)
+
+
+@pytest.mark.parametrize("prompts", ["one", "left-padded"])
+def test_generation_without_a_cache_is_not_verified_and_a_later_packed_row_still_is(prompts):
+    """generate(use_cache=False) passes ``position_ids`` with its ``[B, L]`` rows, which are not packed: nothing is
+    shared. Before, each step ran twice and marked its length verified, so a shorter packed row went unchecked."""
+    net = _net().eval()
+    ids, cu, _ = _batch()
+    _generate_without_a_cache(net, (ids.shape[1] + 5,) if prompts == "one" else (ids.shape[1] + 5, 9))
+    assert verify.state(net).checks == 0
+    net.train()
+    net(input_ids=ids, labels=ids, **tiny.packed_kwargs(cu))
+    assert verify.state(net).checks == 1 and verify.state(net).largest_verified == ids.shape[1]
+
+
+def test_a_padded_batch_scored_with_its_positions_is_not_verified():
+    """verl-style positions ``clip(cumsum(mask) - 1, 0)`` put every left pad at 0; the batch runs unpacked."""
+    net = _net().eval()
+    prompts, mask = tiny.left_padded_batch((30, 9), pad=0)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        net(input_ids=prompts, attention_mask=mask, position_ids=positions)
+    assert verify.state(net).checks == 0 and verify.state(net).largest_verified == 0
