@@ -293,12 +293,17 @@ def measure_shape(model, shape, args, device, module, given=None, name=None) -> 
                 result.setdefault("timelines", []).append(report)
                 result.setdefault("loop kernels", {})[arm] = kernels
             if args.host_split and where == "host rows":
-                from host_split import host_split
+                from host_split import host_split, plan_profiled
 
                 clean_slate()
                 with host_split(module) as split:
                     loop_ms(model, batches, device)
                 result.setdefault("timelines", []).append(split.report(f"{shape[0]} {arm}, {where}"))
+                if args.plan_profile and arm == "shared":
+                    clean_slate()
+                    with plan_profiled() as profile:
+                        loop_ms(model, batches, device)
+                    result["timelines"].append(profile())
             result[f"{arm} {where} ms"] = statistics.median(times)
             result[f"{arm} {where} host ms"] = statistics.median(host)
             outputs[(arm, where)] = out
@@ -373,6 +378,8 @@ def main(argv=None):
     parser.add_argument("--mix", action="store_true",
                         help="one loop of micro-batches drawn from every --shapes shape in a seeded random order (prompts "
                              "of very different lengths in one model)")
+    parser.add_argument("--plan-profile", action="store_true",
+                        help="with --host-split: one more loop with cProfile inside every plan_for call (host_split.py)")
     parser.add_argument("--gc-off", action="store_true",
                         help="diagnostic: Python's garbage collector off during each loop (collected before it)")
     args = parser.parse_args(argv)
