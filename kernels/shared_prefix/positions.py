@@ -9,7 +9,19 @@ from .rows import counting
 
 
 def positions_from_cu_seqlens(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
-    """`[1, length]` int64 positions restarting at 0 at every sequence start; on the device, no sync."""
+    """`[1, length]` int64 positions restarting at 0 at every sequence start (rows past the last boundary count on
+    from it); on the device, no sync."""
+    if cu_seqlens.device.type == "cpu":
+        # numpy's one-thread search: torch's CPU `searchsorted` over a row took the H200's 16-core host 0.4-1.3 ms
+        # a plan (its thread pool), numpy tens of us (bench/host_split.py, fourteenth session)
+        bounds = cu_seqlens.numpy().astype(np.int64, copy=False)
+        t = np.arange(length, dtype=np.int64)
+        seq = np.searchsorted(bounds[1:], t, side="right")
+        return torch.from_numpy(t - bounds[seq]).unsqueeze(0)
+    return _searched_on_device(cu_seqlens, length)
+
+
+def _searched_on_device(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
     cu = cu_seqlens.to(torch.long)
     t = torch.arange(length, device=cu.device)
     seq = torch.searchsorted(cu[1:].contiguous(), t, right=True)

@@ -321,3 +321,17 @@ def test_many_sequences_sort_as_few_do(mode):
     runs = grouping.sorted_runs(ids, positions, cu, 16)
     assert runs == expected
     assert sum(len(order) for order, _ in runs) > 128
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(0, 9), min_size=1, max_size=6), tail=st.integers(0, 5),
+       dtype=st.sampled_from([torch.int32, torch.int64]))
+def test_positions_from_boundaries_restart_at_every_sequence_and_count_on_past_the_last(lengths, tail, dtype):
+    """The host's positions (numpy) are the device's (torch's search) and the naive count: 0, 1, ... from every
+    sequence start, empty sequences included, and rows past the last boundary counting on from it."""
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=dtype)
+    length = int(cu[-1]) + tail
+    naive = [i for n in lengths for i in range(n)] + list(range(tail))
+    host = positions_module.positions_from_cu_seqlens(cu, length)
+    assert host.dtype == torch.int64 and host.tolist() == [naive]
+    assert positions_module._searched_on_device(cu, length).tolist() == [naive]  # the device's way, run here
