@@ -190,3 +190,15 @@ def test_a_field_reads_what_getattr_reads_set_on_either_config_renamed_computed_
         config.text_config.shared_prefix_min_length = 256
         with pytest.raises(SettingError, match="set it in one place"):
             field(config, "shared_prefix_min_length")
+
+
+def test_a_per_layer_field_of_a_heterogeneous_config_is_refused_as_getattr_refuses_it():
+    # one value for every layer would be a guess: transformers asks for the layer's config instead
+    from patchgen.kernels.config import field
+
+    config = Qwen3_5TextConfig(num_hidden_layers=4, shared_prefix_min_length=64,
+                               per_layer_config={0: {"shared_prefix_min_length": 96}})
+    with pytest.raises(RuntimeError, match="per-layer attribute") as refused:
+        getattr(config, "shared_prefix_min_length")
+    with pytest.raises(type(refused.value), match="per-layer attribute"):
+        field(config, "shared_prefix_min_length")
