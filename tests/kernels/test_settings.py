@@ -199,6 +199,6 @@ def test_a_per_layer_field_of_a_heterogeneous_config_is_refused_as_getattr_refus
     config = Qwen3_5TextConfig(num_hidden_layers=4, shared_prefix_min_length=64,
                                per_layer_config={0: {"shared_prefix_min_length": 96}})
     with pytest.raises(RuntimeError, match="per-layer attribute") as refused:
-        getattr(config, "shared_prefix_min_length")
+        _ = config.shared_prefix_min_length
     with pytest.raises(type(refused.value), match="per-layer attribute"):
         field(config, "shared_prefix_min_length")
