@@ -147,11 +147,12 @@ def plan_profiled():
 
     from patchgen.kernels.modeling import shared_prefix
 
-    profile = cProfile.Profile()
+    profile, planned = cProfile.Profile(), []
     real = shared_prefix.plan_for
 
     @functools.wraps(real)
     def profiled(*args, **kwargs):
+        planned.append(1)
         profile.enable()
         try:
             return real(*args, **kwargs)
@@ -159,6 +160,8 @@ def plan_profiled():
             profile.disable()
 
     def report(top: int = 30) -> str:
+        if not planned:  # pstats refuses an empty profile
+            return "--- plan_for under cProfile: no plan_for call in the loop"
         stats = pstats.Stats(profile, stream=io.StringIO()).stats  # (file, line, name) -> (cc, calls, own s, cum s, _)
         calls = max((v[1] for k, v in stats.items() if k[2] == "plan_for"), default=1)
         lines = [f"--- plan_for under cProfile ({calls} calls; its own overhead inflates small calls): per call, by own time",

@@ -158,19 +158,48 @@ def _read(config: Any, name: str, default: Any) -> Any:
     a field left unset through a raised AttributeError: about 15 us a read, 0.4-0.8 ms of host time per
     shared-prefix forward for the twenty-odd fields its plan reads (bench/host_split.py, fourteenth session). A
     field set on the config is in its ``__dict__``; one set nowhere is in neither that nor its class. Names the
-    attribute map renames, and class attributes (a property), take ``getattr``."""
+    attribute map renames, class attributes (a property), per-layer fields of a heterogeneous config and every field
+    of a class that looks fields up its own way (a wrapper's ``__getattr__`` or ``__getattribute__``) take
+    ``getattr``."""
+    cls = type(config)
+    if not _plain_lookup(cls):
+        return getattr(config, name, default)
     try:
         own = object.__getattribute__(config, "__dict__")  # `vars()` would go through the overrides too
     except AttributeError:
         return getattr(config, name, default)
-    cls = type(config)
-    if name in getattr(cls, "attribute_map", ()):
+    if name in getattr(cls, "attribute_map", ()) or own.get("_heterogeneity_spec") is not None:
         return getattr(config, name, default)
-    if name in own:
+    in_class = getattr(cls, name, _UNSET)
+    if in_class is _UNSET:
+        return own.get(name, default)
+    if name in own and not _is_data_descriptor(in_class):
         return own[name]
-    if getattr(cls, name, _UNSET) is _UNSET:
-        return default
     return getattr(config, name, default)
+
+
+_PLAIN_LOOKUP: dict[type, bool] = {}
+
+
+def _plain_lookup(cls: type) -> bool:
+    """Whether instances of `cls` find an attribute in their ``__dict__`` and class only: ``object``'s lookup or
+    transformers' config lookup (an attribute map, per-layer fields, both left to ``_read``), and no ``__getattr__``
+    for what neither holds."""
+    plain = _PLAIN_LOOKUP.get(cls)
+    if plain is None:
+        lookup = cls.__getattribute__
+        plain = _PLAIN_LOOKUP[cls] = not hasattr(cls, "__getattr__") and (
+            lookup is object.__getattribute__
+            or (getattr(lookup, "__module__", None) == "transformers.configuration_utils"
+                and getattr(lookup, "__qualname__", "").endswith("Config.__getattribute__"))
+        )
+    return plain
+
+
+def _is_data_descriptor(found: Any) -> bool:
+    """Whether a class attribute wins over an instance's ``__dict__`` entry of its name (a property does)."""
+    kind = type(found)
+    return hasattr(kind, "__set__") or hasattr(kind, "__delete__")
 
 
 def bool_field(config: Any, name: str) -> bool:

@@ -34,8 +34,9 @@ def restore_after_failed_capture(device: torch.device, *, pool=None, stream: tor
     """Put `device` back as it was before a capture that raised: `stream` current again where it is not (pass the
     stream that was current before the capture), the allocator no longer recording to `pool` (pass it only where no
     other capture can be recording to it now), the random generator out of capture mode. Call it from the thread
-    whose capture failed, outside any capture. A generator that stays in capture mode gets a RuntimeWarning that
-    says so, with `off`: how to keep the failing capture from being tried."""
+    whose capture failed, outside any capture. A generator that stays in capture mode, or that cannot be checked,
+    gets a RuntimeWarning that says so, with `off`: how to keep the failing capture from being tried; the caller's
+    own error is never replaced by one of the generator's."""
     device = torch.device(device)
     index = torch.cuda.current_device() if device.index is None else device.index
     device = torch.device("cuda", index)
@@ -47,9 +48,25 @@ def restore_after_failed_capture(device: torch.device, *, pool=None, stream: tor
             torch._C._cuda_endAllocateToPool(index, pool)
     if torch.cuda.is_current_stream_capturing():  # another capture of this thread's, not ours to end
         return
-    generator = torch.cuda.default_generators[index]
+    try:
+        if _mend_generator(torch.cuda.default_generators[index], device):
+            return
+        state = "in capture mode, and it could not be taken out of it"
+    except Exception as error:  # noqa: BLE001 - the caller's own error (or its eager fallback) goes first
+        # the probe's draw can fail too: no memory left after the capture, a CUDA error of its own
+        state = f"in a state that could not be checked ({type(error).__name__}: {(str(error).splitlines() or [''])[0]})"
+    warnings.warn(
+        f"a failed CUDA graph capture left {device}'s random generator {state}: random ops on that device may fail. "
+        f"Restart the process, and {off}",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+
+def _mend_generator(generator: torch.Generator, device: torch.device) -> bool:
+    """Take `generator` out of capture mode where it is in it; whether it is out of it now."""
     if not in_capture_mode(generator, device):
-        return
+        return True
     with torch.cuda.device(device):
         with contextlib.suppress(Exception):
             _end_capture_mode(device)
@@ -57,13 +74,7 @@ def restore_after_failed_capture(device: torch.device, *, pool=None, stream: tor
             # a fresh state of the same seed and offset: eager ops work again, but graphs captured before the
             # failure hold the old state and fail at their next replay (they are released with the failed ones)
             generator.graphsafe_set_state(generator.clone_state())
-    if in_capture_mode(generator, device):
-        warnings.warn(
-            f"a failed CUDA graph capture left {device}'s random generator in capture mode, and it could not be "
-            f"taken out of it: random ops on that device will fail. Restart the process, and {off}",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+    return not in_capture_mode(generator, device)
 
 
 def in_capture_mode(generator: torch.Generator, device: torch.device) -> bool:

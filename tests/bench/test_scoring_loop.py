@@ -306,3 +306,24 @@ def test_the_capture_rule_ab_runs_each_way_in_turn_in_one_process(monkeypatch):
     assert seen == [True, False]
     with pytest.raises(SystemExit, match="--first-calls is this script's to set"):
         capture_rule_ab.main(["--option", "first-calls", "--", "--tiny", "--first-calls", "eager"])
+
+
+def test_a_plan_profile_of_a_loop_that_planned_nothing_says_so():
+    # a shared arm whose rows the model would not share (`verify.sharing_allowed`) never calls plan_for: the loop's
+    # other timelines are kept, not lost to pstats' refusal of an empty profile
+    from host_split import plan_profiled
+
+    with plan_profiled() as report:
+        pass
+    assert "no plan_for call" in report()
+
+
+def test_the_plan_profile_counts_every_plan_of_the_shared_loop_and_restores_plan_for():
+    from patchgen.kernels.modeling import shared_prefix
+
+    real = shared_prefix.plan_for
+    (row,) = scoring_loop.main(["--tiny", "--layers", "4", "--shapes", "4x128x32", "--batches", "3", "--repeats", "1",
+                                "--host-split", "--plan-profile"])
+    assert shared_prefix.plan_for is real
+    (profile,) = [text for text in row["timelines"] if "plan_for under cProfile" in text]
+    assert "(3 calls;" in profile and "build_plan" in profile

@@ -134,7 +134,45 @@ class _Slotted:
         self.shared_prefix_min_length = 96
 
 
-@pytest.mark.parametrize("make", [Qwen3_5TextConfig, Qwen3_5Config, _Renaming, _Slotted])
+class _Forwarding:
+    """A wrapper that hands every field it lacks to the config it wraps (``__getattr__``)."""
+
+    def __init__(self):
+        self.wrapped = Qwen3_5TextConfig(shared_prefix_min_length=112)
+
+    def __getattr__(self, name):
+        return getattr(self.wrapped, name)
+
+
+class _Redirecting:
+    """A wrapper that reads every field but its own from the config it wraps (``__getattribute__``, no attribute map)."""
+
+    def __init__(self):
+        self.wrapped = Qwen3_5TextConfig(shared_prefix_min_length=112)
+
+    def __getattribute__(self, name):
+        if name == "wrapped" or name.startswith("__"):
+            return super().__getattribute__(name)
+        return getattr(super().__getattribute__("wrapped"), name)
+
+
+class _Shadowing:
+    """A field kept in the instance's dict that a property of its class computes instead (a data descriptor wins)."""
+
+    def __init__(self):
+        self.__dict__["shared_prefix_min_length"] = 80
+
+    @property
+    def shared_prefix_min_length(self):
+        return 2 * self.__dict__["shared_prefix_min_length"]
+
+    @shared_prefix_min_length.setter
+    def shared_prefix_min_length(self, value):
+        self.__dict__["shared_prefix_min_length"] = value
+
+
+@pytest.mark.parametrize("make", [Qwen3_5TextConfig, Qwen3_5Config, _Renaming, _Slotted, _Forwarding, _Redirecting,
+                                  _Shadowing])
 def test_a_field_reads_what_getattr_reads_set_on_either_config_renamed_computed_or_unset(make):
     from patchgen.kernels.config import field
 
@@ -152,3 +190,15 @@ def test_a_field_reads_what_getattr_reads_set_on_either_config_renamed_computed_
         config.text_config.shared_prefix_min_length = 256
         with pytest.raises(SettingError, match="set it in one place"):
             field(config, "shared_prefix_min_length")
+
+
+def test_a_per_layer_field_of_a_heterogeneous_config_is_refused_as_getattr_refuses_it():
+    # one value for every layer would be a guess: transformers asks for the layer's config instead
+    from patchgen.kernels.config import field
+
+    config = Qwen3_5TextConfig(num_hidden_layers=4, shared_prefix_min_length=64,
+                               per_layer_config={0: {"shared_prefix_min_length": 96}})
+    with pytest.raises(RuntimeError, match="per-layer attribute") as refused:
+        _ = config.shared_prefix_min_length
+    with pytest.raises(type(refused.value), match="per-layer attribute"):
+        field(config, "shared_prefix_min_length")
