@@ -46,7 +46,9 @@ def restore_after_failed_capture(device: torch.device, *, pool=None, stream: tor
         # "not currently recording": the capture failed before it began recording, or stopped recording itself
         with contextlib.suppress(RuntimeError):
             torch._C._cuda_endAllocateToPool(index, pool)
-    if torch.cuda.is_current_stream_capturing():  # another capture of this thread's, not ours to end
+    with torch.cuda.device(device):  # the failed capture's device, which need not be the current one
+        capturing = torch.cuda.is_current_stream_capturing()
+    if capturing:  # another capture of this thread's, not ours to end
         return
     try:
         if _mend_generator(torch.cuda.default_generators[index], device):

@@ -1,6 +1,7 @@
 """`capture_failure.py` without a device: what it does when the device cannot even be looked at. Its work on the GPU
 is `test_capture_failure_gpu.py`'s."""
 
+import contextlib
 import warnings
 
 import pytest
@@ -15,6 +16,7 @@ def _out_of_memory(generator, device):
 @pytest.fixture
 def device_that_cannot_draw(monkeypatch):
     """A device whose probe draw fails as on a device a failed capture left full: the allocator has no block left."""
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(torch.cuda, "default_generators", (torch.Generator(),))
     monkeypatch.setattr(capture_failure, "in_capture_mode", _out_of_memory)
