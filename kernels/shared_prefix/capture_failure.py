@@ -103,7 +103,7 @@ def _end_capture_mode(device: torch.device) -> None:
     with torch.cuda.stream(side):
         graph.capture_begin(capture_error_mode="thread_local")
         try:
-            probe.add_(1)  # a kernel: torch warns about an empty capture
+            probe.add_(1)  # one kernel: torch warns of an empty capture
         finally:
             graph.capture_end()
     torch.cuda.current_stream(device).wait_stream(side)
