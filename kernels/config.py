@@ -155,8 +155,8 @@ def field(config: Any, name: str, default: Any = None) -> Any:
 def _read(config: Any, name: str, default: Any) -> Any:
     """``getattr(config, name, default)`` without the instance's ``__getattribute__`` where it changes nothing. A
     transformers config reads every attribute through two overrides of it (the attribute map, per-layer configs), and
-    a field left unset through a raised AttributeError: about 15 us a read, 0.4-0.8 ms of host time per
-    shared-prefix forward for the twenty-odd fields its plan reads (bench/host_split.py, fourteenth session). A
+    a field left unset through a raised AttributeError: about 15 us a read on the 2-core CPU machine, 0.35 ms a plan
+    for the twenty-odd fields `plan_for` reads (fourteenth session, docs/bench). A
     field set on the config is in its ``__dict__``; one set nowhere is in neither that nor its class. Names the
     attribute map renames, class attributes (a property), per-layer fields of a heterogeneous config and every field
     of a class that looks fields up its own way (a wrapper's ``__getattr__`` or ``__getattribute__``) take

@@ -384,7 +384,7 @@ def _upload(
     # build_plan does not wait for the device
     flat = staging.to(device, non_blocking=True)
     # one `as_strided` per array on a view of the buffer in its dtype: slicing and viewing it step by step cost the
-    # host four tensor ops an array, about a third of the plan's upload (bench/host_split.py, fourteenth session)
+    # host four tensor ops an array, a quarter of the upload's time on the CPU machine (fourteenth session)
     typed = {torch.int64: flat, torch.int32: flat.view(torch.int32)}
     for (name, key, arr), slot in zip(entries, slots_of):
         base = typed[_TORCH_DTYPE[arr.dtype]]
