@@ -136,23 +136,40 @@ def host_split(module):
         split.forwards = split.calls.get("model", 0)
 
 
+# what `profiled` can profile: (module, attribute path) of the function, and why one would
+PROFILED = {
+    # the plan's host time beyond the parts `PLAN_PARTS` names (0.6-1.5 ms a forward outside its build on the
+    # fourteenth session's last host: torch's CPU searchsorted)
+    "plan": ("patchgen.kernels.modeling.shared_prefix", "plan_for"),
+    # a layer graph's capture: the layer's Python under capture against the graphs' begin, end and instantiation
+    "capture": ("patchgen.kernels.shared_prefix.graph_tape", "Tape.record"),
+    # a replay's tape: its graph launches against its linears' `mm`s
+    "replay": ("patchgen.kernels.shared_prefix.graph_tape", "Tape.replay"),
+    # a whole decoder layer's call under the layer graphs (walk, key, copies, tape, clone)
+    "layer": ("patchgen.kernels.modeling.scoring_layers", "_replayed"),
+}
+
+
 @contextlib.contextmanager
-def plan_profiled():
-    """cProfile inside every `plan_for` call and nothing else while the block runs: where the plan's host time goes
-    beyond the parts `PLAN_PARTS` names (0.6-1.5 ms a forward outside its build on the fourteenth session's last
-    host). Yields a callable that renders the profile's top functions by their own time."""
+def profiled(what: str):
+    """cProfile inside every call of the function `PROFILED[what]` names and nothing else while the block runs.
+    Yields a callable that renders the profile's top functions by their own time, per call of that function."""
     import cProfile
+    import importlib
     import io
     import pstats
 
-    from patchgen.kernels.modeling import shared_prefix
-
-    profile, planned = cProfile.Profile(), []
-    real = shared_prefix.plan_for
+    module_name, path = PROFILED[what]
+    owner = importlib.import_module(module_name)
+    *outer, name = path.split(".")
+    for part in outer:
+        owner = getattr(owner, part)
+    real = owner.__dict__[name]
+    profile, calls = cProfile.Profile(), []
 
     @functools.wraps(real)
-    def profiled(*args, **kwargs):
-        planned.append(1)
+    def wrapper(*args, **kwargs):
+        calls.append(1)
         profile.enable()
         try:
             return real(*args, **kwargs)
@@ -160,20 +177,19 @@ def plan_profiled():
             profile.disable()
 
     def report(top: int = 30) -> str:
-        if not planned:  # pstats refuses an empty profile
-            return "--- plan_for under cProfile: no plan_for call in the loop"
+        if not calls:  # pstats refuses an empty profile
+            return f"--- {path} under cProfile: no call in the loop"
         stats = pstats.Stats(profile, stream=io.StringIO()).stats  # (file, line, name) -> (cc, calls, own s, cum s, _)
-        calls = max((v[1] for k, v in stats.items() if k[2] == "plan_for"), default=1)
-        lines = [f"--- plan_for under cProfile ({calls} calls; its own overhead inflates small calls): per call, by own time",
-                 "  own us    cum us  calls/plan  function"]
-        for (path, line, name), (_, n, own, cum, _) in sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]:
-            where = f"{path.rsplit('/', 2)[-2]}/{path.rsplit('/', 1)[-1]}:{line}" if "/" in path else path
-            lines.append(f"  {own * 1e6 / calls:6.1f}  {cum * 1e6 / calls:8.1f}  {n / calls:10.1f}  {name} ({where})")
+        n_calls = len(calls)
+        title = f"--- {path} under cProfile ({n_calls} calls; its own overhead inflates small calls): per call, by own time"
+        lines = [title, "  own us    cum us  calls/call  function"]
+        for (file, line, fn), (_, n, own, cum, _) in sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]:
+            where = f"{file.rsplit('/', 2)[-2]}/{file.rsplit('/', 1)[-1]}:{line}" if "/" in file else file
+            lines.append(f"  {own * 1e6 / n_calls:6.1f}  {cum * 1e6 / n_calls:8.1f}  {n / n_calls:10.1f}  {fn} ({where})")
         return "\n".join(lines)
 
-    shared_prefix.plan_for = profiled
+    setattr(owner, name, wrapper)
     try:
         yield report
     finally:
-        shared_prefix.plan_for = real
-
+        setattr(owner, name, real)

@@ -46,6 +46,7 @@ import statistics
 import time
 
 import torch
+from host_split import PROFILED
 from patchgen.kernels.config import SCORING_MODES
 from shared_prefix_arms import MODULE, WIDTHS, config_for, packed_kwargs
 from shared_prefix_buckets import add_bucket_knobs, apply_bucket_knobs
@@ -293,15 +294,15 @@ def measure_shape(model, shape, args, device, module, given=None, name=None) -> 
                 result.setdefault("timelines", []).append(report)
                 result.setdefault("loop kernels", {})[arm] = kernels
             if args.host_split and where == "host rows":
-                from host_split import host_split, plan_profiled
+                from host_split import host_split, profiled
 
                 clean_slate()
                 with host_split(module) as split:
                     loop_ms(model, batches, device)
                 result.setdefault("timelines", []).append(split.report(f"{shape[0]} {arm}, {where}"))
-                if args.plan_profile and arm == "shared":
+                for what in args.profile_in if arm == "shared" else ():
                     clean_slate()
-                    with plan_profiled() as profile:
+                    with profiled(what) as profile:
                         loop_ms(model, batches, device)
                     result["timelines"].append(profile())
             result[f"{arm} {where} ms"] = statistics.median(times)
@@ -378,8 +379,11 @@ def main(argv=None):
     parser.add_argument("--mix", action="store_true",
                         help="one loop of micro-batches drawn from every --shapes shape in a seeded random order (prompts "
                              "of very different lengths in one model)")
-    parser.add_argument("--plan-profile", action="store_true",
-                        help="with --host-split: one more loop with cProfile inside every plan_for call (host_split.py)")
+    parser.add_argument("--profile-in", action="append", default=[], choices=sorted(PROFILED),
+                        help="with --host-split: one more shared loop with cProfile inside every call of this function "
+                             "only (host_split.PROFILED: plan, capture, replay, layer); may repeat")
+    parser.add_argument("--plan-profile", action="append_const", dest="profile_in", const="plan",
+                        help="the same as --profile-in plan")
     parser.add_argument("--gc-off", action="store_true",
                         help="diagnostic: Python's garbage collector off during each loop (collected before it)")
     args = parser.parse_args(argv)

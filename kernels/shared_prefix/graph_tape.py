@@ -57,7 +57,7 @@ class Placeholder(torch.Tensor):
             # tensors on the weight's device); and `functional_call` swaps the module's weights in place, so
             # another thread running the layer as it is meanwhile (a second scoring thread's eager layer) must
             # compute on its real weights, not hand its linears to this tape
-            return func(*tree_map_only(Placeholder, _weight_of, args), **tree_map_only(Placeholder, _weight_of, kwargs))
+            return func(*_real(args), **_real(kwargs))
         if func is torch.nn.functional.linear:
             x, weight = args[0] if args else kwargs["input"], args[1] if len(args) > 1 else kwargs["weight"]
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
@@ -72,13 +72,40 @@ def _weight_of(held: Placeholder) -> torch.Tensor:
     return held.weight
 
 
+# Every call a layer makes on a placeholder comes here, a dozen and more per capture (each linear, each read of a
+# weight's shape or dtype). torch's pytree walks took about 40 us a call on the H200's host under the profiler (a
+# wrapper made per `tree_map_only`, its spec built and unflattened), a good part of a capture's host time beyond the
+# layer's own; the arguments are nearly always flat, which a plain scan serves. Anything nested goes to pytree.
+FLAT = (tuple, list, dict)
+
+
+def _flat(values) -> bool:
+    return not any(isinstance(value, FLAT) for value in values)
+
+
+def _real(args):
+    """`args` (a tuple of positional arguments or a dict of keyword ones) with every placeholder its real weight."""
+    if isinstance(args, dict):
+        if _flat(args.values()):
+            return {name: value.weight if isinstance(value, Placeholder) else value for name, value in args.items()}
+    elif _flat(args):
+        return tuple(value.weight if isinstance(value, Placeholder) else value for value in args)
+    return tree_map_only(Placeholder, _weight_of, args)
+
+
+def _placeholders(args, kwargs) -> list:
+    if _flat(args) and _flat(kwargs.values()):
+        return [value for value in (*args, *kwargs.values()) if isinstance(value, Placeholder)]
+    found = []
+    tree_map_only(Placeholder, found.append, (args, kwargs))
+    return found
+
+
 def _capturing(args, kwargs) -> bool:
     """Whether this call is the capturing thread's (a placeholder among the arguments on the tape this thread
     records)."""
     this = threading.get_ident()
-    found = []
-    tree_map_only(Placeholder, found.append, (args, kwargs))
-    return all(held.tape.thread == this for held in found)
+    return all(held.tape.thread == this for held in _placeholders(args, kwargs))
 
 
 def placeholder(weight: torch.Tensor, tape: Tape, at: int) -> Placeholder:
@@ -147,7 +174,8 @@ class Tape:
                             f"not a tensor on {statics[0].device}")
         return out
 
-    def linear(self, x: torch.Tensor, weight: Placeholder) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, held: Placeholder) -> torch.Tensor:
+        weight = held.weight  # its metadata read from the real weight: through the placeholder, each read is a dispatch
         if isinstance(x, Placeholder) or x.device.type == "meta" or x.dim() < 2 or not folds(x):
             raise TypeError(f"a linear on an input the tape cannot replay as one mm ({x.device}, shape "
                             f"{tuple(x.shape)}, strides {x.stride()})")
@@ -158,7 +186,7 @@ class Tape:
         self._end()
         with torch.cuda.stream(self.replay_stream):  # outside the pool, where the replays write it
             out = torch.empty((*x.shape[:-1], weight.shape[0]), dtype=cast or x.dtype, device=x.device)
-        self.steps.append(_Linear(x, weight.at, cast, out))
+        self.steps.append(_Linear(x, held.at, cast, out))
         self._begin()
         return out
 

@@ -311,11 +311,11 @@ def test_the_capture_rule_ab_runs_each_way_in_turn_in_one_process(monkeypatch):
 def test_a_plan_profile_of_a_loop_that_planned_nothing_says_so():
     # a shared arm whose rows the model would not share (`verify.sharing_allowed`) never calls plan_for: the loop's
     # other timelines are kept, not lost to pstats' refusal of an empty profile
-    from host_split import plan_profiled
+    from host_split import profiled
 
-    with plan_profiled() as report:
+    with profiled("plan") as report:
         pass
-    assert "no plan_for call" in report()
+    assert "plan_for under cProfile: no call" in report()
 
 
 def test_the_plan_profile_counts_every_plan_of_the_shared_loop_and_restores_plan_for():
@@ -327,3 +327,19 @@ def test_the_plan_profile_counts_every_plan_of_the_shared_loop_and_restores_plan
     assert shared_prefix.plan_for is real
     (profile,) = [text for text in row["timelines"] if "plan_for under cProfile" in text]
     assert "(3 calls;" in profile and "build_plan" in profile
+
+
+def test_a_profile_of_a_method_restores_it_and_counts_its_calls():
+    # `--profile-in replay` wraps a class's method (`Tape.replay`): the class gets its own function back, and the
+    # report divides by the calls the wrapper saw
+    from host_split import profiled
+    from patchgen.kernels.shared_prefix.graph_tape import Tape
+
+    real = Tape.__dict__["replay"]
+    with profiled("replay") as report:
+        assert Tape.__dict__["replay"] is not real
+        tape = Tape(None, None)
+        tape.replay()
+        tape.replay()
+    assert Tape.__dict__["replay"] is real
+    assert "Tape.replay under cProfile (2 calls;" in report()

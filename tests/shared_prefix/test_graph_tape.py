@@ -9,7 +9,15 @@ import pytest
 import torch
 from patchgen.kernels.modeling import scoring_layers
 from patchgen.kernels.shared_prefix import call_graphs as call_graphs_module
-from patchgen.kernels.shared_prefix.graph_tape import Tape, _Linear, folds, placeholder
+from patchgen.kernels.shared_prefix.graph_tape import (
+    Placeholder,
+    Tape,
+    _capturing,
+    _Linear,
+    _real,
+    folds,
+    placeholder,
+)
 from torch.nn import functional as F
 
 from tests.shared_prefix.test_scoring_layers import _batch, _eager, _LayerStandIn, _log_probs, _model
@@ -39,6 +47,47 @@ def test_a_linear_on_a_placeholder_goes_to_the_tape_and_other_reads_of_it_fail()
     with pytest.raises(TypeError, match="outside F.linear"):
         F.linear(x, held, torch.zeros(6))  # with a bias, a linear is not the tape's mm
     assert len(tape.linears) == 1
+
+
+def _pytree_real(args):
+    from torch.utils._pytree import tree_map_only
+
+    return tree_map_only(Placeholder, lambda held: held.weight, args)
+
+
+def test_a_placeholders_arguments_get_their_real_weights_flat_or_nested_as_pytree_gives_them():
+    # the plain scan of flat arguments and pytree's walk of nested ones must hand a function the same arguments
+    tape, weight, other = _Recorder(), torch.randn(6, 4), torch.randn(3)
+    held = placeholder(weight, tape, at=0)
+    cases = [
+        (held, 2, None, "x"),
+        (other, held),
+        ([held, other], (1, (held,))),  # nested: pytree's path
+        (torch.Size([2, 3]), held),  # a tuple subclass among the arguments
+        {"weight": held, "alpha": 0.5},
+        {"tensors": [held, other], "dim": 0},
+        (),
+        {},
+    ]
+    for args in cases:
+        mine, theirs = _real(args), _pytree_real(args)
+        assert type(mine) is type(theirs) and repr(mine) == repr(theirs)
+        assert not any(isinstance(x, Placeholder) for x in (mine.values() if isinstance(mine, dict) else mine))
+    assert _capturing((held, other), {}) and _capturing(([held],), {"w": held})
+
+    def elsewhere():
+        found.append(_capturing((held,), {}) or _capturing(([other, held],), {}))
+        # not the capture's: computed on the real weight, through nested (a list) and keyword arguments alike
+        found.append(torch.equal(torch.cat([held, held]), torch.cat([weight, weight])))
+        found.append(torch.equal(torch.stack(tensors=[held]), weight[None]))
+
+    found = []
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    thread.join()
+    assert found == [False, True, True]
+    with pytest.raises(TypeError, match="outside F.linear"):
+        torch.cat([held, held])  # the capturing thread's: refused, nested as its argument is
 
 
 def test_the_fold_check_follows_matmul():
