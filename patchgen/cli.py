@@ -12,7 +12,15 @@ import gc
 import sys
 import time
 
-from patchgen.errors import EXIT_CLEAN, EXIT_DRIFT, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, PatchgenError
+from patchgen.errors import (
+    EXIT_CLEAN,
+    EXIT_DRIFT,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    OutputError,
+    PatchgenError,
+)
 
 
 class Interrupted(Exception):
@@ -216,10 +224,13 @@ def _generate(selected, version, source, *, dry_run: bool, with_diff: bool, verb
 
 
 def _write_all(results, with_diff: bool, verbose: bool, *, verb: str) -> None:
-    """Write every result's files; on Ctrl-C, say which targets are complete and which are not."""
+    """Write every result's files; on Ctrl-C or a failed write, say which targets are complete and which are not."""
     from patchgen.check import expected_files
-    from patchgen.write import write_if_changed
+    from patchgen.write import check_writable, write_if_changed
 
+    for result in results:
+        for path in expected_files(result, with_diff):
+            check_writable(path)
     done: set = set()  # paths written or already up to date in this run
     try:
         for result in results:
@@ -231,6 +242,10 @@ def _write_all(results, with_diff: bool, verbose: bool, *, verb: str) -> None:
                 done.add(path)
     except KeyboardInterrupt:
         raise Interrupted(_partial_report(results, with_diff, done)) from None
+    except OutputError as exc:
+        if not done:
+            raise
+        raise OutputError(f"{exc}; {_partial_report(results, with_diff, done)}") from None
 
 
 def _partial_report(results, with_diff: bool, done: set) -> str:
