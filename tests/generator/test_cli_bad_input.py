@@ -248,6 +248,18 @@ def test_a_write_failing_midway_says_which_targets_were_written(out_copy, monkey
     assert "not written (old files kept): qwen3_5_moe/gpu, qwen3_5_moe/npu" in err
 
 
+@pytest.mark.parametrize("value", ["   ", "{out} "])
+def test_an_output_dir_with_stray_whitespace_is_refused_naming_the_variable(out_copy, monkeypatch, capsys, tmp_path, value):
+    # "   " was a folder named three spaces under the current one; "/x/generated " a sibling of the real one
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATCHGEN_OUTPUT_DIR", value.format(out=out_copy))
+    before = snapshot(tmp_path)
+    assert cli.main(["--all"]) == 3
+    err = capsys.readouterr().err
+    assert "PATCHGEN_OUTPUT_DIR=" in err and "whitespace" in err and no_internal_error(err)
+    assert snapshot(tmp_path) == before
+
+
 def test_check_reports_a_temp_file_left_by_a_killed_write(out_copy, capsys):
     stray = out_copy / "qwen3_5" / ".patched_modeling_qwen3_5_gpu.py.k3j9x.tmp"
     stray.write_text("half")
