@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import os
 import sys
 import time
 
@@ -144,8 +145,10 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return _usage(parser, refused)
 
     if args.list:
+        redirected = bool(os.environ.get("PATCHGEN_OUTPUT_DIR"))  # else the repository's path, as in the headers
         for target in targets_mod.all_targets():
-            print(f"{target.name}\t{target.config_path} -> generated/{target.model}/{target.output_name}.py")
+            output = target.output_path() if redirected else f"generated/{target.model}/{target.output_name}.py"
+            print(f"{target.name}\t{target.config_path} -> {output}")
         return EXIT_CLEAN
 
     from patchgen.source import TransformersSource, check_pinned_version
