@@ -91,6 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("patchgen: interrupted: nothing was written", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # the reader of our output went away (`patchgen --check | head`): nothing to tell it; stdout is pointed
+        # at devnull so that the interpreter's final flush does not raise again
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # a stdout without a file descriptor
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except OSError as exc:  # the machine, not our code: a file that cannot be read or written
         where = f" {exc.filename}" if exc.filename else ""
         print(f"patchgen: error: cannot use{where}: {exc.strerror or exc}: check the path and its permissions",
@@ -102,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         print(f"patchgen: internal error: {type(exc).__name__}: {exc} (please report it)", file=sys.stderr)
         return EXIT_ERROR
+
+
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a process that signal ended
 
 
 @contextlib.contextmanager

@@ -260,6 +260,20 @@ def test_an_output_dir_with_stray_whitespace_is_refused_naming_the_variable(out_
     assert snapshot(tmp_path) == before
 
 
+def test_a_reader_that_went_away_is_no_error_about_paths(monkeypatch, capsys):
+    # `patchgen --check | head` said "error: cannot use: Broken pipe: check the path and its permissions"
+    class ClosedPipe:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr("sys.stdout", ClosedPipe())
+    assert cli.main(["--list"]) == 141  # 128 + SIGPIPE, as a shell reports a process the signal ended
+    assert capsys.readouterr().err == ""
+
+
 def test_check_reports_a_temp_file_left_by_a_killed_write(out_copy, capsys):
     stray = out_copy / "qwen3_5" / ".patched_modeling_qwen3_5_gpu.py.k3j9x.tmp"
     stray.write_text("half")
