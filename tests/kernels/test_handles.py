@@ -161,7 +161,10 @@ def test_a_bad_triton_launch_preset_is_refused_at_model_build_under_auto(monkeyp
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("PATCHGEN_TRITON_CONV", "windw")
-    monkeypatch.delitem(sys.modules, "patchgen.kernels.triton.causal_conv1d", raising=False)
+    # the handle's entry is the package (patchgen.kernels.triton:causal_conv1d): import it afresh, as a new process
+    # would; monkeypatch puts the modules of this process back afterwards
+    for name in [name for name in sys.modules if name.startswith("patchgen.kernels.triton")]:
+        monkeypatch.delitem(sys.modules, name)
     registry.reset_all()
     try:
         with pytest.raises(SettingError, match="PATCHGEN_TRITON_CONV='windw'"):
