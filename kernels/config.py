@@ -66,9 +66,25 @@ def from_env(slot: str, environ: Mapping[str, str] | None = None) -> str | None:
     return value if value and value != AUTO else None
 
 
+# fla's switches, read when kernels/backends/fla.py is imported: any value but "0" leaves the path on, so
+# `false` or a misspelt name would silently keep it
+FLA_ENV_VARS = ("PATCHGEN_FLA_JOINT_ROUNDS", "PATCHGEN_FLA_CONV_LOOK_BACK")
+
+
+def _check_switch(key: str, value: str, known) -> None:
+    if key not in known:
+        raise SettingError(
+            f"environment variable {key}={value!r} is not one patchgen reads{_did_you_mean(key, known)}; "
+            f"the fla switches are {', '.join(known)}: rename or unset it"
+        )
+    if value.strip() not in ("", "0", "1"):
+        raise SettingError(f"environment variable {key}={value!r}: expected 1 (on) or 0 (off), or unset it")
+
+
 def check_environment(environ: Mapping[str, str] | None = None) -> None:
-    """Refuse a ``PATCHGEN_OPS_*`` (or ``PATCHGEN_OP_*``) variable that names no op slot, and a
-    ``PATCHGEN_SHARED_PREFIX_*`` one that names no shared-prefix setting.
+    """Refuse a ``PATCHGEN_OPS_*`` (or ``PATCHGEN_OP_*``) variable that names no op slot, a
+    ``PATCHGEN_SHARED_PREFIX_*`` one that names no shared-prefix setting, and a ``PATCHGEN_FLA_*`` one
+    that is not one of fla's switches or holds anything but 0 or 1.
 
     A misspelt variable would otherwise be ignored: ``auto`` would silently pick another kernel, a
     shared-prefix setting would silently keep its default. Read when op slots are resolved (a model's build).
@@ -81,6 +97,8 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
                 f"environment variable {key}={environ[key]!r} names no op slot{_did_you_mean(key, known)}; "
                 f"the op-slot variables are {ENV_PREFIX}<SLOT> for the slots {', '.join(SLOTS)}: rename or unset it"
             )
+        if key.startswith("PATCHGEN_FLA"):
+            _check_switch(key, environ[key], FLA_ENV_VARS)
         # PATCHGEN_SHARED, not the whole prefix: a typo inside the prefix (PATCHGEN_SHARED_PERFIX_...) is caught too
         if key.startswith("PATCHGEN_SHARED") and key not in SHARED_PREFIX_ENV_VARS:
             raise SettingError(

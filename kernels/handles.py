@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from importlib import metadata
 
 from . import capabilities as caps
-from .errors import BackendUnavailable
+from .errors import BackendUnavailable, SettingError
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,11 @@ class KernelHandle:
                 return
             try:
                 self._fn, self._reason = self._try_load(), None
-            except Exception as exc:  # noqa: BLE001 - any failure becomes the cached reason
+            except SettingError:
+                # the user's own setting (a misspelt PATCHGEN_TRITON_CONV preset) is wrong, not the backend:
+                # taken for "unavailable", `auto` and the device defaults would silently run the next backend
+                raise
+            except Exception as exc:  # noqa: BLE001 - any other failure becomes the cached reason
                 self._fn, self._reason = None, _describe(exc)
             self._decided = True
 

@@ -9,10 +9,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import os
 import sys
 import time
 
-from patchgen.errors import EXIT_CLEAN, EXIT_DRIFT, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, PatchgenError
+from patchgen.errors import (
+    EXIT_CLEAN,
+    EXIT_DRIFT,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    OutputError,
+    PatchgenError,
+)
 
 
 class Interrupted(Exception):
@@ -82,6 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("patchgen: interrupted: nothing was written", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # the reader of our output went away (`patchgen --check | head`): nothing to tell it; stdout is pointed
+        # at devnull so that the interpreter's final flush does not raise again
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # a stdout without a file descriptor
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except OSError as exc:  # the machine, not our code: a file that cannot be read or written
         where = f" {exc.filename}" if exc.filename else ""
         print(f"patchgen: error: cannot use{where}: {exc.strerror or exc}: check the path and its permissions",
@@ -93,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         print(f"patchgen: internal error: {type(exc).__name__}: {exc} (please report it)", file=sys.stderr)
         return EXIT_ERROR
+
+
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a process that signal ended
 
 
 @contextlib.contextmanager
@@ -136,8 +154,10 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return _usage(parser, refused)
 
     if args.list:
+        redirected = bool(os.environ.get("PATCHGEN_OUTPUT_DIR"))  # else the repository's path, as in the headers
         for target in targets_mod.all_targets():
-            print(f"{target.name}\t{target.config_path} -> generated/{target.model}/{target.output_name}.py")
+            output = target.output_path() if redirected else f"generated/{target.model}/{target.output_name}.py"
+            print(f"{target.name}\t{target.config_path} -> {output}")
         return EXIT_CLEAN
 
     from patchgen.source import TransformersSource, check_pinned_version
@@ -216,10 +236,13 @@ def _generate(selected, version, source, *, dry_run: bool, with_diff: bool, verb
 
 
 def _write_all(results, with_diff: bool, verbose: bool, *, verb: str) -> None:
-    """Write every result's files; on Ctrl-C, say which targets are complete and which are not."""
+    """Write every result's files; on Ctrl-C or a failed write, say which targets are complete and which are not."""
     from patchgen.check import expected_files
-    from patchgen.write import write_if_changed
+    from patchgen.write import check_writable, write_if_changed
 
+    for result in results:
+        for path in expected_files(result, with_diff):
+            check_writable(path)
     done: set = set()  # paths written or already up to date in this run
     try:
         for result in results:
@@ -231,6 +254,10 @@ def _write_all(results, with_diff: bool, verbose: bool, *, verb: str) -> None:
                 done.add(path)
     except KeyboardInterrupt:
         raise Interrupted(_partial_report(results, with_diff, done)) from None
+    except OutputError as exc:
+        if not done:
+            raise
+        raise OutputError(f"{exc}; {_partial_report(results, with_diff, done)}") from None
 
 
 def _partial_report(results, with_diff: bool, done: set) -> str:

@@ -261,9 +261,11 @@ def _check_target(patch, name, head, method, defined, nodes, config, upstream):
         return node
     methods = class_methods(node)
     if patch.verb == "override_method" and method not in methods:
+        close = difflib.get_close_matches(method, list(methods), n=3)
+        hint = f"closest methods of {head} upstream: {', '.join(close)}; " if close else ""
         raise PatchTargetMissing(
             f"override_method {name}: class {head} has no method {method!r} upstream ({where}); "
-            "use add_method to add one"
+            f"{hint}use add_method to add one"
         )
     if patch.verb == "add_method" and method in methods:
         raise PatchTargetMissing(

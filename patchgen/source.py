@@ -155,5 +155,8 @@ class TransformersSource:
         relative = module.replace(".", "/") + ".py"
         text = self._read(relative)
         if text is None:
-            raise SourceNotFound(f"upstream module {module} not found in {self.path} (transformers {self.version})")
+            raise SourceNotFound(
+                f"upstream module {module} not found in {self.path} (transformers {self.version}): that release "
+                "has no such model; give a release that has it (--source, or --base for upgrade-report)"
+            )
         return UpstreamSource(module, self.path / relative, text, self.version)

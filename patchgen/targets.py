@@ -9,7 +9,7 @@ import os
 import traceback
 from pathlib import Path
 
-from patchgen.errors import ConfigError, UnknownTarget
+from patchgen.errors import ConfigError, OutputError, UnknownTarget
 from patchgen.op_defaults import check_op_defaults
 from patchgen.spec import PatchConfig
 
@@ -31,6 +31,12 @@ def configs_dir() -> Path:
 def generated_dir() -> Path:
     """Where generated files live: the `patchgen.generated` package, or $PATCHGEN_OUTPUT_DIR if set."""
     override = os.environ.get("PATCHGEN_OUTPUT_DIR")
+    if override and override != override.strip():
+        # a path padded by a stray space names another folder (or, all blanks, a folder of blanks here)
+        raise OutputError(
+            f"PATCHGEN_OUTPUT_DIR={override!r} begins or ends with whitespace: "
+            "set it to the folder's path alone, or unset it for the checked-in generated/"
+        )
     return Path(override) if override else _package_dir("patchgen.generated")
 
 

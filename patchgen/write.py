@@ -17,14 +17,29 @@ from patchgen.errors import OutputError
 TEMP_PREFIX, TEMP_SUFFIX = ".", ".tmp"
 
 
+def check_writable(path: Path) -> None:
+    """OutputError if ``path`` cannot be written for a reason visible before writing: a folder in its place,
+    or a file where one of its folders should be. Run over every path of a run before the first write, so
+    that such a run writes nothing rather than some targets."""
+    if path.is_dir():
+        raise OutputError(f"cannot write {path}: a folder is in its place: remove or rename that folder")
+    for folder in path.parents:
+        if folder.exists():
+            if not folder.is_dir():
+                raise OutputError(
+                    f"cannot write {path}: {folder} is a file, not a folder: "
+                    "remove it, or point PATCHGEN_OUTPUT_DIR at a folder"
+                )
+            return
+
+
 def write_if_changed(path: Path, text: str) -> bool:
     """Write text to path atomically; return whether the file changed."""
     data = text.encode("utf-8")
     existing_mode = None
     try:
         if path.exists():
-            if path.is_dir():
-                raise OutputError(f"cannot write {path}: a folder is in its place: remove or rename that folder")
+            check_writable(path)
             if path.read_bytes() == data:
                 return False
             existing_mode = stat.S_IMODE(path.stat().st_mode)

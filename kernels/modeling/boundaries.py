@@ -95,6 +95,8 @@ def resolve_packed(kwargs: dict, position_ids, tokens: torch.Tensor, cache=None,
                     "within each of its own sequences, so both must be the same boundaries (pass cu_seq_lens_q as both)"
                 )
         _check_max_lengths(kwargs, host)
+        if seq_idx is not None:
+            _check_seq_idx(seq_idx, host, length)
         if cache is not None:
             raise PackedMetadataError(
                 "a packed row (cu_seq_lens_q) with a cache: the cached (generation) path runs one sequence per batch "
@@ -214,6 +216,18 @@ def _index_changes(seq_idx: torch.Tensor, length: int) -> torch.Tensor | None:
         return None
     ends = torch.tensor([0, length], device=changes.device, dtype=changes.dtype)
     return torch.cat([ends[:1], changes, ends[1:]]).to(torch.int32)
+
+
+def _check_seq_idx(seq_idx: torch.Tensor, cu: torch.Tensor, length: int) -> None:
+    """``seq_idx`` given beside ``cu_seq_lens_q`` must mark the same sequences (cu's empty ones aside): the
+    row follows the boundaries, so a disagreeing one would be ignored without a word."""
+    marked = _index_changes(seq_idx.detach().cpu(), length)
+    marked = torch.tensor([0, length]) if marked is None else marked
+    if not torch.equal(marked.long(), torch.unique_consecutive(cu.long())):
+        raise PackedMetadataError(
+            f"seq_idx marks the sequences {marked.tolist()}, which disagrees with cu_seq_lens_q {cu.tolist()}: both "
+            "describe the same packed row; pass the boundaries of one (or make the collator's two agree)"
+        )
 
 
 def _sequence_starts_as_positions(seq_idx: torch.Tensor) -> torch.Tensor:

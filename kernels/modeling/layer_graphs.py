@@ -174,7 +174,7 @@ def _refuse(text_model, graphs: LayerGraphs, hidden, kwargs, training: bool) -> 
             "shared_prefix_cuda_graphs is on together with activation checkpointing (layers "
             f"{checkpointed[:4]}{'...' if len(checkpointed) > 4 else ''}): the graphs keep the whole stack's "
             "activations in their memory pool, so a recompute would save no memory and cost time. Turn one off: "
-            f"model.gradient_checkpointing_disable() (or TrainingArguments(gradient_checkpointing=False)), or {FIX}"
+            f"model.activation_checkpointing_disable() (or TrainingArguments(gradient_checkpointing=False)), or {FIX}"
         )
     asked = _asked_outputs(text_model, kwargs)
     if asked:

@@ -40,3 +40,32 @@ def check_missing(cls, source: Any, info: dict, allowed: bool) -> None:
     missing = sorted(str(key) for key in info.get("missing_keys", ()) if not str(key).startswith(NEW_HEADS))
     if missing and not allowed:
         raise MissingWeights(cls.__name__, repr(str(source)), missing)
+
+
+# The published (vision-language) checkpoints hold the text weights here; transformers renames them to `model.`
+# for a text class while loading, and back when that model is saved.
+PUBLISHED_PREFIX = "model.language_model."
+
+
+def accept_published_layout(model) -> None:
+    """Let ``model.load_state_dict`` read the published layout's keys, for a text class loaded from it.
+
+    Such a model saves ``model.language_model.*`` (transformers reverts its load-time rename on save, for
+    upstream's class too), and Trainer's resume loads that file with ``load_state_dict(sd, strict=False)``,
+    which converts nothing: every backbone key missed, the trained LM head alone was loaded, and the run went
+    on from the initial backbone with a logged warning. Composite classes hold those keys themselves.
+    """
+    backbone = getattr(model, "model", None)
+    if backbone is None or hasattr(backbone, "language_model"):
+        return
+    model.register_load_state_dict_pre_hook(take_published_layout)
+
+
+def take_published_layout(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+    """``load_state_dict`` pre-hook: ``model.language_model.X`` becomes ``model.X`` (before the experts' own hook
+    fuses per-expert keys, which runs on the submodule, later); a key present under both names is left alone."""
+    old = prefix + PUBLISHED_PREFIX
+    for key in [k for k in state_dict if k.startswith(old)]:
+        new = prefix + "model." + key[len(old):]
+        if new not in state_dict:
+            state_dict[new] = state_dict.pop(key)

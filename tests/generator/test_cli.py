@@ -143,6 +143,20 @@ def test_list_prints_every_target(capsys):
     assert listed == ["qwen3_5/gpu", "qwen3_5/npu", "qwen3_5_moe/gpu", "qwen3_5_moe/npu"]
 
 
+def test_list_names_the_outputs_where_patchgen_output_dir_puts_them(capsys, monkeypatch, tmp_path):
+    # --list printed generated/... whatever PATCHGEN_OUTPUT_DIR said, not where the run would write
+    monkeypatch.setenv("PATCHGEN_OUTPUT_DIR", str(tmp_path))
+    assert cli.main(["--list"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.endswith(f" -> {tmp_path / 'qwen3_5' / 'patched_modeling_qwen3_5_gpu.py'}")
+
+
+def test_list_without_patchgen_output_dir_prints_the_repository_path(capsys, monkeypatch):
+    monkeypatch.delenv("PATCHGEN_OUTPUT_DIR", raising=False)
+    assert cli.main(["--list"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith(" -> generated/qwen3_5/patched_modeling_qwen3_5_gpu.py")
+
+
 def test_generation_is_deterministic_across_processes(tmp_path):
     """Two fresh processes, other hash seeds, cwd and TMPDIR: identical bytes for every target."""
     outputs = []

@@ -211,6 +211,69 @@ def test_ctrl_c_while_writing_all_says_which_targets_were_written(out_copy, monk
     assert not list(out_copy.rglob("*.tmp"))
 
 
+def test_a_folder_in_place_of_a_later_file_is_refused_before_anything_is_written(out_copy, capsys):
+    # the writes of --all went target by target: qwen3_5's files were rewritten before the error on
+    # the last target's .diff, leaving a set of generated files from two runs
+    for path in out_copy.rglob("patched_modeling_*"):
+        path.write_text("old")
+    blocked = out_copy / "qwen3_5_moe" / "patched_modeling_qwen3_5_moe_npu.diff"
+    blocked.unlink()
+    blocked.mkdir()
+    before = snapshot(out_copy)
+    assert cli.main(["--all"]) == 3
+    err = capsys.readouterr().err
+    assert f"cannot write {blocked}: a folder is in its place" in err and no_internal_error(err)
+    assert snapshot(out_copy) == before
+
+
+def test_a_write_failing_midway_says_which_targets_were_written(out_copy, monkeypatch, capsys):
+    from patchgen.errors import OutputError
+
+    for path in out_copy.rglob("patched_modeling_*"):
+        path.write_text("old")
+    real, calls = write.write_if_changed, []
+
+    def fail_at_fourth(path, text):  # the disk fills up at qwen3_5/npu's .diff
+        calls.append(path)
+        if len(calls) == 4:
+            raise OutputError(f"cannot write {path}: No space left on device: check the disk and the folder")
+        return real(path, text)
+
+    monkeypatch.setattr(write, "write_if_changed", fail_at_fourth)
+    assert cli.main(["--all"]) == 3
+    err = capsys.readouterr().err
+    assert "No space left on device" in err
+    assert "up to date: qwen3_5/gpu" in err
+    assert "qwen3_5/npu partly written (not written: " in err
+    assert "not written (old files kept): qwen3_5_moe/gpu, qwen3_5_moe/npu" in err
+
+
+@pytest.mark.parametrize("value", ["   ", "{out} "])
+def test_an_output_dir_with_stray_whitespace_is_refused_naming_the_variable(out_copy, monkeypatch, capsys, tmp_path, value):
+    # "   " was a folder named three spaces under the current one; "/x/generated " a sibling of the real one
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATCHGEN_OUTPUT_DIR", value.format(out=out_copy))
+    before = snapshot(tmp_path)
+    assert cli.main(["--all"]) == 3
+    err = capsys.readouterr().err
+    assert "PATCHGEN_OUTPUT_DIR=" in err and "whitespace" in err and no_internal_error(err)
+    assert snapshot(tmp_path) == before
+
+
+def test_a_reader_that_went_away_is_no_error_about_paths(monkeypatch, capsys):
+    # `patchgen --check | head` said "error: cannot use: Broken pipe: check the path and its permissions"
+    class ClosedPipe:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr("sys.stdout", ClosedPipe())
+    assert cli.main(["--list"]) == 141  # 128 + SIGPIPE, as a shell reports a process the signal ended
+    assert capsys.readouterr().err == ""
+
+
 def test_check_reports_a_temp_file_left_by_a_killed_write(out_copy, capsys):
     stray = out_copy / "qwen3_5" / ".patched_modeling_qwen3_5_gpu.py.k3j9x.tmp"
     stray.write_text("half")

@@ -36,6 +36,14 @@ def test_override_method_of_missing_method_names_target_config_line_and_version(
         toy_generate(toy_config)
 
 
+def test_misspelt_method_suggests_the_close_method_names(toy_config, toy_generate):
+    # docs/patchgen.md: a missing target lists the closest upstream names; a typo of a method got only
+    # "use add_method", which would add a second, never-called method
+    toy_config.override_method("ToyNorm.forwrd", reason="r")
+    with pytest.raises(PatchTargetMissing, match=r"no method 'forwrd'.*closest methods of ToyNorm upstream: forward"):
+        toy_generate(toy_config)
+
+
 def test_missing_class_suggests_close_names(toy_config, toy_generate):
     toy_config.override_method("ToyNrom.forward", reason="r")
     with pytest.raises(PatchTargetMissing, match="closest upstream names: ToyNorm"):

@@ -95,6 +95,17 @@ def test_source_reads_version_and_modules_from_a_wheel_and_a_directory(tmp_path)
     assert TransformersSource(unpacked).load(TOY_MODULE).version == "9.9.10"
 
 
+def test_a_release_without_the_model_names_the_fix(tmp_path):
+    # `upgrade-report --source transformers-4.57.6...whl` (before Qwen3.5) said only "not found"
+    from patchgen.errors import SourceNotFound
+
+    (tmp_path / "transformers").mkdir()
+    (tmp_path / "transformers-4.57.6.dist-info").mkdir()
+    (tmp_path / "transformers-4.57.6.dist-info" / "METADATA").write_text("Name: transformers\nVersion: 4.57.6\n")
+    with pytest.raises(SourceNotFound, match=r"not found in .*transformers 4\.57\.6.*: that release has no such model"):
+        TransformersSource(tmp_path).load(TOY_MODULE)
+
+
 def test_source_without_metadata_is_a_clear_error(tmp_path):
     from patchgen.errors import SourceNotFound
 

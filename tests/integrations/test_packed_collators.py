@@ -22,6 +22,7 @@ COLLATOR_OUTPUTS = {
     "flash_kwargs": {"return_flash_attn_kwargs": True},
     "seq_idx_and_positions": {"return_seq_idx": True},
     "seq_idx_alone": {"return_seq_idx": True, "return_position_ids": False},  # sequence indices only
+    "flash_kwargs_and_seq_idx": {"return_flash_attn_kwargs": True, "return_seq_idx": True},  # checked against each other
 }
 
 

@@ -131,3 +131,44 @@ def test_importing_the_kernel_layer_loads_no_kernel_library():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_setting_error_while_loading_is_raised_not_taken_for_an_unavailable_backend():
+    # A misspelt PATCHGEN_TRITON_CONV raised SettingError inside the backend's import; the handle cached it
+    # as "unavailable" and `auto` or a device default silently ran the next backend (the npu target's GDN,
+    # conv and gated norm all fell back to the torch references).
+    from patchgen.kernels.errors import SettingError
+
+    calls = []
+
+    def loader():
+        calls.append(1)
+        raise SettingError("PATCHGEN_TRITON_CONV='windw': unknown causal_conv1d launch preset 'windw'")
+
+    handle = KernelHandle("causal_conv1d", "fancy", loader)
+    with pytest.raises(SettingError, match="windw"):
+        assert handle.available
+    with pytest.raises(SettingError, match="windw"):
+        handle.load()
+    assert len(calls) == 2  # not cached: the next query, after the setting is fixed, loads again
+
+
+def test_a_bad_triton_launch_preset_is_refused_at_model_build_under_auto(monkeypatch):
+    # The whole route a user takes: the npu module's device default is our Triton conv, resolved at build.
+    from patchgen.kernels import registry
+    from patchgen.kernels.errors import SettingError
+    from patchgen.kernels.selection import resolve
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("PATCHGEN_TRITON_CONV", "windw")
+    # the handle's entry is the package (patchgen.kernels.triton:causal_conv1d): import it afresh, as a new process
+    # would; monkeypatch puts the modules of this process back afterwards
+    for name in [name for name in sys.modules if name.startswith("patchgen.kernels.triton")]:
+        monkeypatch.delitem(sys.modules, name)
+    registry.reset_all()
+    try:
+        with pytest.raises(SettingError, match="PATCHGEN_TRITON_CONV='windw'"):
+            resolve(None, device_target="npu", defaults={"causal_conv1d": "triton"})
+    finally:
+        monkeypatch.delenv("PATCHGEN_TRITON_CONV")
+        registry.reset_all()

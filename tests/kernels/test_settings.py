@@ -202,3 +202,21 @@ def test_a_per_layer_field_of_a_heterogeneous_config_is_refused_as_getattr_refus
         _ = config.shared_prefix_min_length
     with pytest.raises(type(refused.value), match="per-layer attribute"):
         field(config, "shared_prefix_min_length")
+
+
+@pytest.mark.parametrize("variable", ["PATCHGEN_FLA_JOINT_ROUNDS", "PATCHGEN_FLA_CONV_LOOK_BACK"])
+@pytest.mark.parametrize("value", ["false", "off", "no", "2"])
+def test_an_fla_switch_other_than_0_or_1_is_an_error(variable, value):
+    # kernels/backends/fla.py turns its path off only for "0": `false` silently kept it on
+    with pytest.raises(SettingError, match=re.escape(f"{variable}={value!r}: expected 1 (on) or 0 (off)")):
+        check_environment({variable: value})
+
+
+def test_a_misspelt_fla_switch_is_an_error_naming_what_was_meant():
+    with pytest.raises(SettingError, match=re.escape("did you mean PATCHGEN_FLA_JOINT_ROUNDS?")):
+        check_environment({"PATCHGEN_FLA_JOINT_ROUND": "0"})
+
+
+def test_the_fla_switches_accept_0_1_and_empty():
+    for value in ("0", "1", ""):
+        check_environment({"PATCHGEN_FLA_JOINT_ROUNDS": value, "PATCHGEN_FLA_CONV_LOOK_BACK": value})

@@ -228,6 +228,19 @@ def test_sequence_indices_that_disagree_with_the_positions_are_refused():
         net(input_ids=ids, position_ids=positions, seq_idx=seq_idx)
 
 
+@pytest.mark.parametrize("flag", [False, True])
+def test_sequence_indices_that_disagree_with_cu_seq_lens_are_refused(flag):
+    """With ``cu_seq_lens_q`` given, ``seq_idx`` (DataCollatorWithFlattening with both return_flash_attn_kwargs and
+    return_seq_idx) was never read: a disagreeing one passed silently, while disagreeing positions were refused."""
+    net = tiny.build("qwen3_5", "gpu", shared_prefix_training=flag)
+    ids, cu, _ = _row()
+    seq_idx = torch.repeat_interleave(torch.arange(len(LENGTHS)), torch.tensor(LENGTHS)).unsqueeze(0).int()
+    net(input_ids=ids, seq_idx=seq_idx, **tiny.packed_kwargs(cu))  # agreeing: accepted
+    seq_idx[0, 23:25] = 0
+    with pytest.raises(PackedMetadataError, match=r"seq_idx .* disagrees with cu_seq_lens_q \[0, 23, 28, 68, 69\]"):
+        net(input_ids=ids, seq_idx=seq_idx, **tiny.packed_kwargs(cu))
+
+
 def test_a_row_packed_by_position_ids_with_a_padded_tail_is_refused():
     """A restart on a real token marks a sequence even under a padding mask: such a row is packed, and packed rows
     carry no padding."""
