@@ -299,18 +299,26 @@ def take_weights(reference, loaded) -> None:
     The load has the policy's names, except for a text-only policy loaded from a vision-language checkpoint
     (the published layout), where TRL builds the vision-language class: its text model and LM head are taken.
     """
-    weights = loaded.state_dict()
-    if weights.keys() == reference.state_dict().keys():
-        reference.load_state_dict(weights)
-        return
-    if getattr(loaded.config, "text_config", None) is None or getattr(reference.config, "text_config", None) is not None:
-        raise ValueError(
-            f"SharedPrefixGRPOTrainer: TRL loaded the reference model as {type(loaded).__name__}, whose weights do not "
-            f"match the policy's ({type(reference).__name__}); load the policy with the class of the checkpoint at "
-            f"{reference.config._name_or_path!r}"
+    def unfit(detail: str) -> ValueError:
+        return ValueError(
+            f"SharedPrefixGRPOTrainer: TRL's reference model, {type(loaded).__name__} loaded from the policy's path "
+            f"{reference.config._name_or_path!r}, does not fit the policy ({type(reference).__name__}): {detail}. The "
+            "reference is the checkpoint at that path, as in stock GRPOTrainer: save the policy there (or set "
+            "config._name_or_path to its checkpoint) after changing its shapes"
         )
-    reference.get_decoder().load_state_dict(loaded.get_decoder().state_dict())
-    reference.get_output_embeddings().load_state_dict(loaded.get_output_embeddings().state_dict())
+
+    weights = loaded.state_dict()
+    try:
+        if weights.keys() == reference.state_dict().keys():
+            reference.load_state_dict(weights)
+        elif getattr(loaded.config, "text_config", None) is not None and getattr(reference.config, "text_config", None) is None:
+            reference.get_decoder().load_state_dict(loaded.get_decoder().state_dict())
+            reference.get_output_embeddings().load_state_dict(loaded.get_output_embeddings().state_dict())
+        else:
+            raise unfit("their weights have other names")
+    except RuntimeError as error:  # load_state_dict: a size mismatch, a missing or unexpected weight
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        raise unfit(lines[1] if len(lines) > 1 else lines[0]) from error  # the first weight that does not fit
 
 
 def shuffle_keeping_groups(batch: dict) -> dict:

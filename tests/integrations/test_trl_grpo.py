@@ -419,3 +419,19 @@ def test_a_text_policy_from_a_composite_checkpoint_gets_the_checkpoints_text_wei
     assert is_patchgen_model(reference) and type(reference) is type(net)
     differing = [name for name, tensor in reference.state_dict().items() if not torch.equal(tensor, saved[name])]
     assert not differing, differing[:3]
+
+
+def test_a_reference_checkpoint_that_does_not_fit_the_policy_is_refused_naming_the_path(tmp_path):
+    """Stock TRL would score with the checkpoint at the path; a policy resized since cannot take its weights."""
+    from patchgen.integrations.trl import SharedPrefixGRPOTrainer
+    from tests.models import tiny
+
+    net = tiny_trl.model(True)
+    net.save_pretrained(tmp_path / "policy")
+    net.config._name_or_path = str(tmp_path / "policy")
+    net.resize_token_embeddings(tiny.VOCAB + 8)
+    with pytest.raises(ValueError, match=r"does not fit the policy .*size mismatch.*save the policy there"):
+        SharedPrefixGRPOTrainer(
+            model=net, reward_funcs=tiny_trl.even_word_reward, args=_config(tmp_path / "out", beta=0.1, max_steps=1),
+            train_dataset=tiny_trl.prompts(8, 12), processing_class=tiny_trl.tokenizer(),
+        )
