@@ -85,7 +85,7 @@ def train(shared: bool, args) -> dict:
         model = build_model(shared)
         if args.beta:
             # Stock TRL loads the reference model from the policy's path (SharedPrefixGRPOTrainer then
-            # replaces it by a copy of the policy); a published checkpoint has its path already.
+            # replaces it by a patchgen copy holding those weights); a published checkpoint has its path already.
             model.save_pretrained(os.path.join(out_dir, "policy"))
             model.config._name_or_path = os.path.join(out_dir, "policy")
         cls = SharedPrefixGRPOTrainer if shared else GRPOTrainer

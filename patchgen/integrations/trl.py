@@ -258,11 +258,13 @@ class SharedPrefixGRPOTrainer(GRPOTrainer):
 
     # ---- reference model -----------------------------------------------------------------------
     def _share_reference_model(self) -> None:
-        """Score the reference pass with a patchgen copy of the initial policy, not TRL's upstream-class load.
+        """Score the reference pass with a patchgen model holding TRL's reference weights, not TRL's upstream-class load.
 
-        TRL loads the reference from the policy's path with the Auto classes, which build
-        transformers' own Qwen3.5, so its pass would neither pack nor share. The initial policy is the
-        reference, so a copy of it (made before any update) replaces that load.
+        TRL loads the reference from the policy's path (``config._name_or_path``) with the class its
+        ``architectures`` names in transformers, transformers' own Qwen3.5, so its pass would neither pack
+        nor share. A copy of the policy (its generated class, op table and fields) takes that load's
+        weights and replaces it: the reference is the checkpoint at the path, as in stock TRL, also when
+        the policy's weights moved after loading (an SFT stage in the same process).
         """
         if self.ref_model is None or is_patchgen_model(self.accelerator.unwrap_model(self.ref_model)):
             return
@@ -274,6 +276,7 @@ class SharedPrefixGRPOTrainer(GRPOTrainer):
         reference = copy.deepcopy(policy)
         reference.__dict__.pop("forward", None)  # the copied fused head would call the policy's forward
         reference.requires_grad_(False).eval()
+        take_weights(reference, self.accelerator.unwrap_model(self.ref_model))
         add_fused_lm_head(reference, temperature=self.temperature)
         # TRL's load is prepared already: accelerate holds it (until Trainer frees its models when training starts), so
         # the device would hold the policy and two references through construction and any evaluation before train()
@@ -287,7 +290,35 @@ class SharedPrefixGRPOTrainer(GRPOTrainer):
         gc.collect()  # a bound forward kept on the instance (a fused head, accelerate's autocast) is a cycle
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        logger.info("SharedPrefixGRPOTrainer: reference model is a patchgen copy of the initial policy")
+        logger.info("SharedPrefixGRPOTrainer: reference model is a patchgen copy of the policy with TRL's reference weights")
+
+
+def take_weights(reference, loaded) -> None:
+    """Copy the weights of TRL's reference load into ``reference`` (a copy of the policy), strictly.
+
+    The load has the policy's names, except for a text-only policy loaded from a vision-language checkpoint
+    (the published layout), where TRL builds the vision-language class: its text model and LM head are taken.
+    """
+    def unfit(detail: str) -> ValueError:
+        return ValueError(
+            f"SharedPrefixGRPOTrainer: TRL's reference model, {type(loaded).__name__} loaded from the policy's path "
+            f"{reference.config._name_or_path!r}, does not fit the policy ({type(reference).__name__}): {detail}. The "
+            "reference is the checkpoint at that path, as in stock GRPOTrainer: save the policy there (or set "
+            "config._name_or_path to its checkpoint) after changing its shapes"
+        )
+
+    weights = loaded.state_dict()
+    try:
+        if weights.keys() == reference.state_dict().keys():
+            reference.load_state_dict(weights)
+        elif getattr(loaded.config, "text_config", None) is not None and getattr(reference.config, "text_config", None) is None:
+            reference.get_decoder().load_state_dict(loaded.get_decoder().state_dict())
+            reference.get_output_embeddings().load_state_dict(loaded.get_output_embeddings().state_dict())
+        else:
+            raise unfit("their weights have other names")
+    except RuntimeError as error:  # load_state_dict: a size mismatch, a missing or unexpected weight
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        raise unfit(lines[1] if len(lines) > 1 else lines[0]) from error  # the first weight that does not fit
 
 
 def shuffle_keeping_groups(batch: dict) -> dict:

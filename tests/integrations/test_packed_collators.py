@@ -4,6 +4,7 @@ Both give rows whose sequences are marked by restarting position_ids (the flatte
 nothing else unless asked); a run on them must equal the same run on padded batches.
 """
 
+import numpy as np
 import pytest
 import torch
 
@@ -170,3 +171,54 @@ def test_trl_sft_padding_free_with_the_flag_on_warns_that_nothing_is_shared(tmp_
                          processing_class=tiny_trl.tokenizer())
     with pytest.warns(SharedPrefixUnused, match="through its own LM head"):
         trainer.train()
+
+
+def test_hf_trainer_flag_on_with_accumulation_evaluation_and_prediction_equals_upstreams_class_on_padded_batches(
+    tmp_path, monkeypatch
+):
+    """The whole Trainer flow a user runs on rollouts sharing prompts: gradient accumulation (the loss normalised by
+    Trainer's num_items_in_batch over micro-batches of unequal token counts), evaluate() before and after training,
+    and predict(), flag on with the flattening collator against transformers' own class on padded batches."""
+    import contextlib
+    import io
+
+    from datasets import Dataset
+    from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
+
+    def run(net, collator, out):
+        args = TrainingArguments(
+            output_dir=str(out), per_device_train_batch_size=4, per_device_eval_batch_size=3, gradient_accumulation_steps=2,
+            max_steps=3, learning_rate=0.1, optim="sgd", logging_steps=1, report_to="none", use_cpu=True, seed=0,
+            save_strategy="no", disable_tqdm=True, remove_unused_columns=False,
+        )
+        trainer = Trainer(
+            model=net, args=args, data_collator=collator,
+            train_dataset=Dataset.from_dict({"input_ids": _grouped_sequences(groups=4, rollouts=3)}),
+            eval_dataset=Dataset.from_dict({"input_ids": _grouped_sequences(groups=2, rollouts=3, seed=3)}),
+        )
+        with contextlib.redirect_stdout(io.StringIO()):
+            before = trainer.evaluate()["eval_loss"]
+            predicted = trainer.predict(trainer.eval_dataset)  # before training: the weights are equal to float64's
+            trainer.train()
+            after = trainer.evaluate()["eval_loss"]
+        return [e for e in trainer.state.log_history if "loss" in e], (before, after), predicted.predictions, net
+
+    ours = tiny_trl.model(True)
+    upstream = tiny.upstream_model("qwen3_5", monkeypatch, ours.state_dict())
+    logs_a, evals_a, logits_a, net_a = run(upstream, _padded, tmp_path / "upstream")
+    logs_b, evals_b, logits_b, net_b = run(ours, DataCollatorWithFlattening(return_tensors="pt"), tmp_path / "ours")
+    assert len(logs_a) == len(logs_b) == 3
+    # upstream's loss casts the logits to float32 (ForCausalLMLoss), so losses and gradients agree to float32 rounding
+    for a, b in zip(logs_a, logs_b):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-6)
+    assert evals_a == pytest.approx(evals_b, rel=1e-6)
+    weights = dict(net_a.named_parameters())
+    for name, p in net_b.named_parameters():
+        assert torch.allclose(p, weights[name], atol=1e-8, rtol=0), name
+    # predictions: [sequences, longest, vocab] padded against one flattened row per eval batch of three sequences
+    lengths = [len(s) for s in _grouped_sequences(groups=2, rollouts=3, seed=3)]
+    for i, n in enumerate(lengths):
+        row, start = divmod(i, 3)
+        offset = sum(lengths[row * 3 : row * 3 + start])
+        assert np.allclose(logits_b[row, offset : offset + n], logits_a[i, :n], atol=1e-10, rtol=0), i

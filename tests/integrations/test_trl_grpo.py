@@ -359,3 +359,79 @@ def test_evaluation_passes_are_counted_as_eval_not_as_an_old_policy_pass(tmp_pat
     trainer.evaluate()
     assert trainer.packed_tokens["old"] == 0 and trainer.packed_tokens["policy"] == 0
     assert trainer.packed_tokens["eval"] > 0
+
+
+def _changed_in_memory(net, seed=7):
+    """A policy whose weights moved after it was saved (an SFT stage in the same script, say)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+
+
+def test_reference_is_the_checkpoint_at_the_policys_path_as_in_stock_trl(tmp_path):
+    """Stock TRL's reference is the checkpoint at the policy's path, not the weights the policy holds when handed over:
+    the patchgen reference takes that checkpoint's weights too, so the KL (and the loss) are stock TRL's."""
+    from trl import GRPOTrainer
+
+    from patchgen.integrations.trl import SharedPrefixGRPOTrainer
+
+    def run(trainer_class, flag, out):
+        net = tiny_trl.model(flag)
+        net.save_pretrained(out / "policy")
+        net.config._name_or_path = str(out / "policy")
+        _changed_in_memory(net)
+        trainer = trainer_class(
+            # one micro-batch per generation batch: the logged KL, a mean per micro-batch, is then stock TRL's too
+            model=net, reward_funcs=tiny_trl.even_word_reward,
+            args=_config(out, beta=0.1, max_steps=1, per_device_train_batch_size=8, gradient_accumulation_steps=1),
+            train_dataset=tiny_trl.prompts(8, 12), processing_class=tiny_trl.tokenizer(),
+        )
+        trainer.train()
+        return trainer, [e for e in trainer.state.log_history if "loss" in e]
+
+    (_, stock), (trainer, ours) = run(GRPOTrainer, False, tmp_path / "stock"), run(SharedPrefixGRPOTrainer, True, tmp_path / "ours")
+    assert trainer.packed_tokens["ref"] > 0
+    assert stock[0]["kl"] > 1e-3  # the policy starts away from its reference
+    # KL is a difference of log-probs that stock TRL rounds to float32
+    assert ours[0]["kl"] == pytest.approx(stock[0]["kl"], rel=1e-6)
+    assert ours[0]["loss"] == pytest.approx(stock[0]["loss"], rel=1e-6)
+
+
+def test_a_text_policy_from_a_composite_checkpoint_gets_the_checkpoints_text_weights_as_reference(tmp_path):
+    """The published layout: ForCausalLM loaded from a ForConditionalGeneration checkpoint, for which TRL loads the
+    vision-language class as the reference; the patchgen reference is the text model with that load's weights."""
+    from patchgen.integrations.trl import SharedPrefixGRPOTrainer, is_patchgen_model
+    from tests.models import tiny
+
+    composite = tiny.build_conditional("qwen3_5", "gpu")
+    composite.save_pretrained(tmp_path / "ckpt")
+    net = type(tiny_trl.model(True)).from_pretrained(tmp_path / "ckpt", dtype=torch.float64)
+    net.config.shared_prefix_training, net.config.shared_prefix_min_length = True, 4
+    net.config.eos_token_id, net.config.pad_token_id = tiny_trl.EOS, tiny_trl.PAD
+    saved = {name: tensor.clone() for name, tensor in net.state_dict().items()}
+    _changed_in_memory(net)
+    trainer = SharedPrefixGRPOTrainer(
+        model=net, reward_funcs=tiny_trl.even_word_reward, args=_config(tmp_path / "out", beta=0.1, max_steps=1),
+        train_dataset=tiny_trl.prompts(8, 12), processing_class=tiny_trl.tokenizer(),
+    )
+    reference = trainer.accelerator.unwrap_model(trainer.ref_model)
+    assert is_patchgen_model(reference) and type(reference) is type(net)
+    differing = [name for name, tensor in reference.state_dict().items() if not torch.equal(tensor, saved[name])]
+    assert not differing, differing[:3]
+
+
+def test_a_reference_checkpoint_that_does_not_fit_the_policy_is_refused_naming_the_path(tmp_path):
+    """Stock TRL would score with the checkpoint at the path; a policy resized since cannot take its weights."""
+    from patchgen.integrations.trl import SharedPrefixGRPOTrainer
+    from tests.models import tiny
+
+    net = tiny_trl.model(True)
+    net.save_pretrained(tmp_path / "policy")
+    net.config._name_or_path = str(tmp_path / "policy")
+    net.resize_token_embeddings(tiny.VOCAB + 8)
+    with pytest.raises(ValueError, match=r"does not fit the policy .*size mismatch.*save the policy there"):
+        SharedPrefixGRPOTrainer(
+            model=net, reward_funcs=tiny_trl.even_word_reward, args=_config(tmp_path / "out", beta=0.1, max_steps=1),
+            train_dataset=tiny_trl.prompts(8, 12), processing_class=tiny_trl.tokenizer(),
+        )
