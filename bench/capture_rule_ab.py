@@ -10,7 +10,8 @@ read the rounds after it.
 `--min-calls 1` captures wherever a second layer of a kind runs (as before the rule), 3 is the rule's default;
 `--first-calls eager` runs every pass's first layer of a kind eagerly (as before `capture_guard.py`), `capture` is the
 default; `--chunk-aligned on` plans with `shared_prefix_chunk_aligned` (no GDN gathers, a few rows more), `off` is the
-default.
+default; `--placeholder-scan pytree` checks the layer tape's placeholder arguments with torch's pytree walks, as before
+the fifteenth session, `plain` is `graph_tape.py`'s scan.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import argparse
 
 import scoring_loop
 
-OPTIONS = ("min-calls", "first-calls", "chunk-aligned")
+OPTIONS = ("min-calls", "first-calls", "chunk-aligned", "placeholder-scan")
 
 
 def main(argv=None) -> list[tuple[str, list]]:

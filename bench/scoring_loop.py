@@ -344,6 +344,41 @@ def measure_shape(model, shape, args, device, module, given=None, name=None) -> 
     return result
 
 
+PLACEHOLDER_SCANS = ("plain", "pytree")
+
+
+def use_placeholder_scan(way: str) -> None:
+    """Set the layer tape's placeholder scan for this process (`--placeholder-scan`): `graph_tape.py`'s own, or the
+    way before it (torch's pytree walks for every call on a placeholder, and `Tape.linear` reading the weight's
+    metadata through the placeholder: three more dispatches a linear)."""
+    from patchgen.kernels.shared_prefix import graph_tape
+    from torch.utils._pytree import tree_map_only
+
+    plain = PLAIN_SCAN.setdefault("functions", (graph_tape._real, graph_tape._placeholders, graph_tape.Tape.linear))
+    if way == "plain":
+        graph_tape._real, graph_tape._placeholders, graph_tape.Tape.linear = plain
+        return
+    real_linear = plain[2]
+
+    def walked_real(args):
+        return tree_map_only(graph_tape.Placeholder, graph_tape._weight_of, args)
+
+    def walked_placeholders(args, kwargs):
+        found = []
+        tree_map_only(graph_tape.Placeholder, found.append, (args, kwargs))
+        return found
+
+    def linear_reading_through(self, x, held):
+        held.dtype, held.shape, held.dtype  # noqa: B018 - the old tape's reads, each a dispatch of its own
+        return real_linear(self, x, held)
+
+    graph_tape._real, graph_tape._placeholders, graph_tape.Tape.linear = walked_real, walked_placeholders, \
+        linear_reading_through
+
+
+PLAIN_SCAN: dict = {}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="4x2048x256,8x4096x256")
@@ -367,6 +402,10 @@ def main(argv=None):
     parser.add_argument("--chunk-aligned", choices=("on", "off"), default="off",
                         help="A/B: the shared arm's plan with shared_prefix_chunk_aligned (prefixes cut to whole GDN "
                              "chunks, the rounds read in place: no gathers, up to 63 rows more per member)")
+    parser.add_argument("--placeholder-scan", choices=PLACEHOLDER_SCANS, default=None,
+                        help="A/B: the layer tape's placeholders check their arguments by a plain scan (plain, "
+                             "graph_tape.py's) or by torch's pytree walks, and the tape reads a weight's metadata "
+                             "through the placeholder (pytree, as before the fifteenth session)")
     parser.add_argument("--host-split", action="store_true",
                         help="one more loop per arm (rows on the host) with the host's time per forward split by phase "
                              "and by what each layer did, by the clock (`host_split.py`)")
@@ -403,6 +442,9 @@ def main(argv=None):
         call_graphs.CAPTURE_FIRST_CALLS = args.first_calls == "capture"
         print(f"layer graphs: a pass's first layer of a kind {'captured' if args.first_calls == 'capture' else 'eager'} "
               "once a pass of its kind has run", flush=True)
+    if args.placeholder_scan is not None:
+        use_placeholder_scan(args.placeholder_scan)
+        print(f"layer tape: placeholders scanned by {args.placeholder_scan}", flush=True)
     if args.vary and args.labels:
         raise SystemExit("--vary draws each response's length, --labels scores the shape's fixed R: give one of them")
     if args.timeline and (args.tiny or not torch.cuda.is_available()):

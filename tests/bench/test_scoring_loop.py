@@ -343,3 +343,49 @@ def test_a_profile_of_a_method_restores_it_and_counts_its_calls():
         tape.replay()
     assert Tape.__dict__["replay"] is real
     assert "Tape.replay under cProfile (2 calls;" in report()
+
+
+def test_the_placeholder_scan_ab_swaps_the_tapes_scan_and_puts_it_back(monkeypatch):
+    # the fifteenth session's A/B needs both ways in one process: the pytree way must check and hand over the same
+    # arguments as the plain scan, read the weight's metadata through the placeholder, and the plain way restore
+    # graph_tape.py's own functions
+    import threading
+
+    import capture_rule_ab
+    import torch
+    from patchgen.kernels.shared_prefix import graph_tape
+
+    own = (graph_tape._real, graph_tape._placeholders, graph_tape.Tape.linear)
+    for name, value in zip(("_real", "_placeholders"), own):
+        monkeypatch.setattr(graph_tape, name, value)
+    monkeypatch.setattr(graph_tape.Tape, "linear", own[2])
+    loop = ["--", "--tiny", "--layers", "4", "--shapes", "2x64x16", "--batches", "1", "--repeats", "1"]
+    capture_rule_ab.main(["--option", "placeholder-scan", "--ways", "pytree", "--rounds", "1", *loop])
+    assert (graph_tape._real, graph_tape._placeholders) != own[:2] and graph_tape.Tape.linear is not own[2]
+
+    class Recorder:
+        thread = threading.get_ident()
+
+    weight = torch.randn(3, 2)
+    held = graph_tape.placeholder(weight, Recorder(), at=0)
+    args = ([held, 1], held)
+    assert [type(x) for x in graph_tape._real(args)[0]] == [torch.Tensor, int]
+    assert graph_tape._placeholders(args, {"w": held}) == [held, held, held]
+
+    reads = []
+    real_tf = graph_tape.Placeholder.__torch_function__.__func__
+
+    def noting(cls, func, types, args=(), kwargs=None):
+        reads.append(func)
+        return real_tf(cls, func, types, args, kwargs)
+
+    monkeypatch.setattr(graph_tape.Placeholder, "__torch_function__", classmethod(noting))
+    tape = graph_tape.Tape(None, None, graph_type=None)
+    monkeypatch.setattr(graph_tape.Tape, "_end", lambda self: None)
+    monkeypatch.setattr(graph_tape.Tape, "_begin", lambda self: None)
+    tape.thread = threading.get_ident()
+    out = graph_tape.Tape.linear(tape, torch.randn(1, 4, 2), held)
+    assert out.shape == (1, 4, 3) and len(reads) == 3  # the old tape's three reads through the placeholder
+
+    capture_rule_ab.main(["--option", "placeholder-scan", "--ways", "plain", "--rounds", "1", *loop])
+    assert (graph_tape._real, graph_tape._placeholders, graph_tape.Tape.linear) == own
