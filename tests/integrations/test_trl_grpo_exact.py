@@ -9,8 +9,6 @@ policy's generated class (flag off, padded rows), so the two runs must agree to 
 where test_trl_grpo.py can only ask for float32's.
 """
 
-import contextlib
-import io
 import warnings
 
 import pytest
@@ -70,7 +68,6 @@ def _conditional(flag):
 
 def _run(trainer_class, flag, tmp_path, exact_stock, eos_prone=False, conditional=False, family="qwen3_5", **extra):
     from datasets import Dataset
-    from patchgen.kernels.modeling.shared_prefix import observe_plans
     from trl import GRPOConfig
 
     net = _conditional(flag) if conditional else tiny_trl.model(flag, family=family)
@@ -97,10 +94,7 @@ def _run(trainer_class, flag, tmp_path, exact_stock, eos_prone=False, conditiona
             model=net, reward_funcs=tiny_trl.even_word_reward, args=GRPOConfig(**settings),
             train_dataset=Dataset.from_dict({"prompt": prompts}), processing_class=tiny_trl.tokenizer(),
         )
-    plans = []
-    with observe_plans(lambda plan, tokens: plans.append(plan)), contextlib.redirect_stdout(io.StringIO()):
-        trainer.train()
-    return trainer, [e for e in trainer.state.log_history if "loss" in e], [p for p in plans if p is not None]
+    return tiny_trl.train_observing_plans(trainer)
 
 
 def _assert_equal_to_stock(stock, ours):

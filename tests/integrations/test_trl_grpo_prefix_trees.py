@@ -2,8 +2,6 @@
 rollouts each), flag on vs off, in float64: TRL's GRPO loss variants give the same losses, gradient norms
 and weights to float64 rounding, and ``shared_prefix_max_depth=1`` (the one-level plan) does too."""
 
-import contextlib
-import io
 import os
 import tempfile
 import warnings
@@ -29,7 +27,6 @@ def _prompts(count=2, seed=0):
 
 
 def _run(flag, family="qwen3_5", max_depth=4, steps=2, **extra):
-    from patchgen.kernels.modeling.shared_prefix import observe_plans
     from trl import GRPOConfig
 
     from patchgen.integrations.trl import SharedPrefixGRPOTrainer
@@ -51,10 +48,7 @@ def _run(flag, family="qwen3_5", max_depth=4, steps=2, **extra):
             model=net, reward_funcs=tiny_trl.even_word_reward, args=GRPOConfig(**settings), train_dataset=_prompts(),
             processing_class=tiny_trl.tokenizer(),
         )
-    plans = []
-    with observe_plans(lambda plan, tokens: plans.append(plan)), contextlib.redirect_stdout(io.StringIO()):
-        trainer.train()
-    return trainer, [e for e in trainer.state.log_history if "loss" in e], [p for p in plans if p is not None]
+    return tiny_trl.train_observing_plans(trainer)
 
 
 def _assert_equal_runs(off, on):

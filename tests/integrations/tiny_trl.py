@@ -42,3 +42,16 @@ def model(flag: bool, seed: int = 0, module: str = "gpu", min_prefix: int = 4, f
     net.config.eos_token_id, net.config.pad_token_id = EOS, PAD
     net.generation_config.eos_token_id, net.generation_config.pad_token_id = EOS, PAD
     return net
+
+
+def train_observing_plans(trainer):
+    """Train (printing nothing): (the trainer, its logged steps with a loss, the shared-prefix plans its forwards built)."""
+    import contextlib
+    import io
+
+    from patchgen.kernels.modeling.shared_prefix import observe_plans
+
+    plans = []
+    with observe_plans(lambda plan, tokens: plans.append(plan)), contextlib.redirect_stdout(io.StringIO()):
+        trainer.train()
+    return trainer, [e for e in trainer.state.log_history if "loss" in e], [p for p in plans if p is not None]
