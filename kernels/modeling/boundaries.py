@@ -96,7 +96,9 @@ def resolve_packed(kwargs: dict, position_ids, tokens: torch.Tensor, cache=None,
                 )
         _check_max_lengths(kwargs, host)
         if seq_idx is not None:
-            _check_seq_idx(seq_idx, host, length)
+            # checked on its host copy where it came on the host: a read of the uploaded one would sync
+            host_seq_idx = None if uploaded is None else uploaded.seq_idx
+            _check_seq_idx(seq_idx if host_seq_idx is None else host_seq_idx, host, length)
         if cache is not None:
             raise PackedMetadataError(
                 "a packed row (cu_seq_lens_q) with a cache: the cached (generation) path runs one sequence per batch "
