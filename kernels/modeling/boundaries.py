@@ -47,8 +47,8 @@ def resolve_packed(kwargs: dict, position_ids, tokens: torch.Tensor, cache=None,
     ``input_ids`` without a batch dimension. Under a padding ``attention_mask`` only restarts on real
     tokens count: pads sit at 0 in a padded batch (``clip(cumsum(mask) - 1, 0)``).
 
-    ``uploaded``: the `host_rows.HostRow` of a row the top model uploaded; its boundaries and positions are
-    checked on that host copy, with no copy back from the device.
+    ``uploaded``: the `host_rows.HostRow` of a row the top model uploaded; its boundaries, positions and seq_idx
+    are checked on that host copy, with no copy back from the device.
     """
     if kwargs.get(PACKED_ROW) is not None:
         return kwargs  # checked by the top model already
