@@ -47,8 +47,8 @@ def resolve_packed(kwargs: dict, position_ids, tokens: torch.Tensor, cache=None,
     ``input_ids`` without a batch dimension. Under a padding ``attention_mask`` only restarts on real
     tokens count: pads sit at 0 in a padded batch (``clip(cumsum(mask) - 1, 0)``).
 
-    ``uploaded``: the `host_rows.HostRow` of a row the top model uploaded; its boundaries and positions are
-    checked on that host copy, with no copy back from the device.
+    ``uploaded``: the `host_rows.HostRow` of a row the top model uploaded; its boundaries, positions and seq_idx
+    are checked on that host copy, with no copy back from the device.
     """
     if kwargs.get(PACKED_ROW) is not None:
         return kwargs  # checked by the top model already
@@ -96,7 +96,9 @@ def resolve_packed(kwargs: dict, position_ids, tokens: torch.Tensor, cache=None,
                 )
         _check_max_lengths(kwargs, host)
         if seq_idx is not None:
-            _check_seq_idx(seq_idx, host, length)
+            # checked on its host copy where it came on the host: a read of the uploaded one would sync
+            host_seq_idx = None if uploaded is None else uploaded.seq_idx
+            _check_seq_idx(seq_idx if host_seq_idx is None else host_seq_idx, host, length)
         if cache is not None:
             raise PackedMetadataError(
                 "a packed row (cu_seq_lens_q) with a cache: the cached (generation) path runs one sequence per batch "

@@ -36,6 +36,7 @@ class HostRow:
     labels: torch.Tensor | None = None
     shift_labels: torch.Tensor | None = None
     positions_from_boundaries: bool = False
+    seq_idx: torch.Tensor | None = None
 
     def positions(self, device_positions: torch.Tensor | None) -> torch.Tensor | None:
         """The row's positions on the host for the plan: the host copy given, else those the forward derived
@@ -94,6 +95,7 @@ def upload(model, input_ids, position_ids, attention_mask, labels, kwargs: dict)
         shift_labels if _on_host(shift_labels) else None,
         # positions are left as given (None: the forward derives them, or computes M-RoPE's for media rows)
         positions_from_boundaries=position_ids is None and _on_host(cu),
+        seq_idx=kwargs.get("seq_idx") if _on_host(kwargs.get("seq_idx")) else None,
     )
     kwargs = {key: up(value) if key in ROW_KWARGS else value for key, value in kwargs.items()}
     return up(input_ids), up(position_ids), up(attention_mask), up(labels), kwargs, host

@@ -47,6 +47,24 @@ def test_positions_of_an_uploaded_row_are_checked_on_its_host_copy():
     resolve_packed(kwargs, wrong, ids, uploaded=host_rows.HostRow(ids, right, cu))  # the device copy is not read
 
 
+def test_seq_idx_of_an_uploaded_row_is_checked_on_its_host_copy(monkeypatch):
+    """`seq_idx` beside `cu_seq_lens_q` is checked against the boundaries: on an uploaded row, on its host copy
+    (the upload keeps it), not with a read back of the device copy, which would sync before the forward."""
+    ids, cu = _row()
+    seq_idx = torch.repeat_interleave(torch.arange(cu.numel() - 1), cu.diff().long()).unsqueeze(0).int()
+    garbage = torch.zeros_like(seq_idx)  # what a read of the device copy would see: one sequence
+    kwargs = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "seq_idx": garbage}
+    row = host_rows.HostRow(ids, None, cu, seq_idx=seq_idx)
+    assert resolve_packed(kwargs, None, ids, uploaded=row)[PACKED_ROW] is not None
+    with pytest.raises(PackedMetadataError, match="seq_idx marks the sequences"):
+        resolve_packed(kwargs, None, ids)  # control: the device copy does disagree
+    with pytest.raises(PackedMetadataError, match="seq_idx marks the sequences"):
+        resolve_packed({**kwargs, "seq_idx": seq_idx}, None, ids, uploaded=host_rows.HostRow(ids, None, cu, seq_idx=garbage))
+    monkeypatch.setattr(host_rows, "queue_upload", _Recorded())
+    *_, out_kwargs, host = host_rows.upload(_on("cuda"), ids, None, None, None, {"cu_seq_lens_q": cu, "seq_idx": seq_idx})
+    assert host.seq_idx is seq_idx and out_kwargs["seq_idx"] is not seq_idx
+
+
 @pytest.mark.parametrize("model", ["qwen3_5", "qwen3_5_moe"])
 def test_the_plan_of_an_uploaded_row_is_built_from_its_host_copy(model):
     ids, cu = _row()
