@@ -107,7 +107,7 @@ from transformers.models.auto import AutoModel
 from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config, Qwen3_5TextConfig, Qwen3_5VisionConfig
 
 from patchgen.kernels import ops
-from patchgen.kernels.modeling import fields, host_rows, layer_graphs, scoring_layers, shared_prefix, verify
+from patchgen.kernels.modeling import fields, host_rows, layer_graphs, loaded_weights, scoring_layers, shared_prefix, verify
 from patchgen.kernels.modeling.boundaries import resolve_packed
 from patchgen.kernels.modeling.generation import settle_use_cache, slot_rows, starts_from_zero_state, use_cache_for
 from patchgen.kernels.modeling.lm_head import HeadRequest, causal_lm_head
@@ -1029,6 +1029,9 @@ class Qwen3_5PreTrainedModel(PreTrainedModel):
         super().post_init()
         # Resolve the op slots once per model build; every submodule reads them with ops.of(self).
         ops.bind(self, self.config, defaults=PATCHGEN_OP_DEFAULTS)
+        # A text class saves the published layout's keys when it was loaded from them (as upstream's does):
+        # its load_state_dict takes them back (Trainer's resume), however the model was built.
+        loaded_weights.accept_published_layout(self)
     
     # patchgen[add_method]: patchgen's config fields as from_pretrained keywords or on a composite config, set on the text config the model reads
     @classmethod

@@ -97,7 +97,6 @@ def from_pretrained(cls, load, args: tuple, kwargs: dict, defaults):
     model, info = load(*args, output_loading_info=True, **kwargs)
     source = kwargs.get("pretrained_model_name_or_path", args[0] if args else None)
     loaded_weights.check_missing(cls, source, info, allow_missing)
-    loaded_weights.accept_published_layout(model)
     saved = composite_fields_of(composite, section)
     return apply_fields((model, info) if wants_info else model, {**saved, **fields}, defaults)
 

@@ -48,9 +48,10 @@ PUBLISHED_PREFIX = "model.language_model."
 
 
 def accept_published_layout(model) -> None:
-    """Let ``model.load_state_dict`` read the published layout's keys, for a text class loaded from it.
+    """Let ``model.load_state_dict`` read the published layout's keys: a text class's, registered when it is
+    built (``post_init``), so a model built from its config takes such a checkpoint too.
 
-    Such a model saves ``model.language_model.*`` (transformers reverts its load-time rename on save, for
+    One loaded from that layout saves ``model.language_model.*`` (transformers reverts its load-time rename on save, for
     upstream's class too), and Trainer's resume loads that file with ``load_state_dict(sd, strict=False)``,
     which converts nothing: every backbone key missed, the trained LM head alone was loaded, and the run went
     on from the initial backbone with a logged warning. Composite classes hold those keys themselves.

@@ -38,3 +38,18 @@ def test_keys_of_the_model_itself_load_as_before(tmp_path):
     result = b.load_state_dict(a.state_dict(), strict=True)
     assert not result.missing_keys and not result.unexpected_keys
     assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
+
+
+@pytest.mark.parametrize("model", ["qwen3_5", "qwen3_5_moe"])
+def test_a_model_built_from_its_config_takes_the_published_layout_too(tmp_path, model):
+    # a Trainer built with `model_init`, or a script that builds the model and loads a state dict: not from_pretrained
+    ckpt.save_upstream(model, "ForConditionalGeneration", tmp_path / "published")
+    cls = ckpt.generated_class(model, "gpu", "ForCausalLM")
+    trained = cls.from_pretrained(tmp_path / "published")
+    trained.save_pretrained(tmp_path / "checkpoint")
+    saved = load_file(tmp_path / "checkpoint" / "model.safetensors")
+    assert all(key.startswith(("model.language_model.", "lm_head.")) for key in saved)
+    built = cls(ckpt.config_for(model, "ForCausalLM"))
+    result = built.load_state_dict(saved, strict=True)
+    assert not result.missing_keys and not result.unexpected_keys
+    assert all(torch.equal(v, built.state_dict()[k]) for k, v in trained.state_dict().items())

@@ -39,7 +39,15 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (
 )
 
 from patchgen.kernels import ops
-from patchgen.kernels.modeling import fields, host_rows, layer_graphs, scoring_layers, shared_prefix, verify
+from patchgen.kernels.modeling import (
+    fields,
+    host_rows,
+    layer_graphs,
+    loaded_weights,
+    scoring_layers,
+    shared_prefix,
+    verify,
+)
 from patchgen.kernels.modeling.boundaries import resolve_packed
 from patchgen.kernels.modeling.generation import (
     settle_use_cache,
@@ -74,6 +82,9 @@ class Qwen3_5PreTrainedModel(upstream.Qwen3_5PreTrainedModel):
         super().post_init()
         # Resolve the op slots once per model build; every submodule reads them with ops.of(self).
         ops.bind(self, self.config, defaults=PATCHGEN_OP_DEFAULTS)
+        # A text class saves the published layout's keys when it was loaded from them (as upstream's does):
+        # its load_state_dict takes them back (Trainer's resume), however the model was built.
+        loaded_weights.accept_published_layout(self)
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
