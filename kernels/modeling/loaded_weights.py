@@ -51,10 +51,11 @@ def accept_published_layout(model) -> None:
     """Let ``model.load_state_dict`` read the published layout's keys: a text class's, registered when it is
     built (``post_init``), so a model built from its config takes such a checkpoint too.
 
-    One loaded from that layout saves ``model.language_model.*`` (transformers reverts its load-time rename on save, for
-    upstream's class too), and Trainer's resume loads that file with ``load_state_dict(sd, strict=False)``,
-    which converts nothing: every backbone key missed, the trained LM head alone was loaded, and the run went
-    on from the initial backbone with a logged warning. Composite classes hold those keys themselves.
+    One loaded from that layout saves ``model.language_model.*`` (transformers reverts its load-time rename
+    on save, for upstream's class too), and Trainer's resume loads that file with
+    ``load_state_dict(sd, strict=False)``, which converts nothing: every backbone key missed, the trained LM
+    head alone was loaded, and the run went on from the initial backbone with a logged warning. Composite
+    classes hold those keys themselves.
     """
     backbone = getattr(model, "model", None)
     if backbone is None or hasattr(backbone, "language_model"):
